@@ -1,0 +1,828 @@
+"""The event loop and the only caller of proton's C API (the cffi module `cproton_ffi` that
+python-qpid-proton ships).
+
+Everything above this module speaks broker terms: a connection, a link, a message's bytes, a
+credit grant, a settlement. proton's Python wrapper objects appear only on cold paths (reading
+link properties). The loop is an own epoll loop; each pass reads sockets, drains proton's
+collector, lets the broker dispatch once, then writes every connection that has output.
+
+Traps this module handles (measured): proton reuses the addresses of settled deliveries and
+freed links, so map entries are dropped on settlement and detach; every event is popped even
+when its handler raises; `pn_transport_push` takes at most the current capacity.
+"""
+from __future__ import annotations
+
+import errno
+import heapq
+import itertools
+import logging
+import select
+import signal
+import socket
+import ssl
+import time
+from typing import Any, Callable, Protocol
+
+from cproton_ffi import ffi, lib
+from proton import Data
+
+from ..config import LimitsConfig, ListenerConfig
+from .errors import BrokerError, RESOURCE_LIMIT, UNAUTHORIZED
+from .sasl import AMQP_HEADER, SASL_HEADER, Authenticator, SaslServer
+
+log = logging.getLogger("haqueue.engine")
+
+NULL = ffi.NULL
+ACCEPTED, REJECTED, RELEASED, MODIFIED = lib.PN_ACCEPTED, lib.PN_REJECTED, lib.PN_RELEASED, lib.PN_MODIFIED
+_PN_DELIVERY = lib.PN_DELIVERY
+_PN_LINK_FLOW = lib.PN_LINK_FLOW
+_READ_SIZE = 256 * 1024
+_RECEIVE_WINDOW = 2000  # credit a publisher link holds; topped up when half is used
+_EPOLL_IN = select.EPOLLIN | select.EPOLLRDHUP
+_EPOLL_OUT = select.EPOLLOUT
+
+
+class LinkHandler(Protocol):
+    """The broker's object behind one link (a publisher, consumer, browser or management end)."""
+
+    def on_message(self, delivery: Any, data: bytes, settled: bool) -> None: ...
+    def on_outcome(self, delivery: Any, outcome: int, failed: bool, undeliverable: bool) -> None: ...
+    def on_credit(self) -> None: ...
+    def on_detach(self) -> None: ...
+
+
+class EngineHandler(Protocol):
+    """What the engine asks of the broker."""
+
+    def connection_opened(self, conn: "Connection") -> None: ...  # raise BrokerError to refuse
+    def connection_closed(self, conn: "Connection") -> None: ...
+    def link_opened(self, link: "Link") -> LinkHandler: ...  # raise BrokerError to refuse
+    def after_pass(self) -> None: ...
+
+
+def _text(ptr: Any) -> str | None:
+    return None if ptr == NULL else ffi.string(ptr).decode("utf-8")
+
+
+def _data_object(ptr: Any) -> Any:
+    """Decode a pn_data_t (link properties, filters) through proton's Data: cold path only."""
+    data = Data(ptr)
+    data.rewind()
+    return data.get_object() if data.next() else None
+
+
+def _set_condition(cond: Any, name: str, description: str) -> None:
+    lib.pn_condition_set_name(cond, name.encode())
+    lib.pn_condition_set_description(cond, description.encode())
+
+
+class Link:
+    """One link end. `handler` is the broker's object; `address` the node it names (source for a
+    link the broker sends on, target for one it receives on)."""
+
+    __slots__ = ("ptr", "conn", "name", "is_sender", "address", "dynamic", "browse", "handler",
+                 "unsettled_out", "_tag", "_received", "_partial", "settle_first", "_properties_ptr",
+                 "closed")
+
+    def __init__(self, ptr: Any, conn: "Connection") -> None:
+        self.ptr = ptr
+        self.conn = conn
+        self.name = _text(lib.pn_link_name(ptr)) or ""
+        self.is_sender = bool(lib.pn_link_is_sender(ptr))
+        terminus = lib.pn_link_remote_source(ptr) if self.is_sender else lib.pn_link_remote_target(ptr)
+        self.address = _text(lib.pn_terminus_get_address(terminus))
+        self.dynamic = bool(lib.pn_terminus_is_dynamic(terminus))
+        self.browse = self.is_sender and lib.pn_terminus_get_distribution_mode(terminus) == lib.PN_DIST_MODE_COPY
+        # A consumer that sends settled (at-most-once) wants its deliveries pre-settled.
+        self.settle_first = lib.pn_link_remote_snd_settle_mode(ptr) == lib.PN_SND_SETTLED
+        self._properties_ptr = lib.pn_link_remote_properties(ptr)
+        self.handler: LinkHandler | None = None
+        self._tag = 0
+        self._received = 0
+        self._partial: dict[Any, bytearray] = {}
+        self.closed = False
+
+    @property
+    def properties(self) -> dict[Any, Any]:
+        value = _data_object(self._properties_ptr)
+        return {str(k): v for k, v in value.items()} if isinstance(value, dict) else {}
+
+    @property
+    def remote_container(self) -> str:
+        return self.conn.remote_container
+
+    # -- sending (the broker is the sender) --------------------------------------------------
+    def credit(self) -> int:
+        return lib.pn_link_credit(self.ptr)
+
+    def send(self, data: bytes, settled: bool = False) -> Any:
+        """Send one message; returns the delivery handle (None when sent pre-settled)."""
+        ptr = self.ptr
+        self._tag += 1
+        tag = self._tag.to_bytes(8, "little")
+        delivery = lib.pn_delivery(ptr, (8, ffi.from_buffer(tag)))
+        lib.pn_link_send(ptr, data, len(data))
+        lib.pn_link_advance(ptr)
+        self.conn.engine.dirty.add(self.conn)
+        if settled:
+            lib.pn_delivery_settle(delivery)
+            return None
+        return delivery
+
+    def drained(self) -> None:
+        """Answer a drain request: no more to send, the rest of the credit is spent."""
+        if lib.pn_link_get_drain(self.ptr):
+            lib.pn_link_drained(self.ptr)
+            self.conn.engine.dirty.add(self.conn)
+
+    def backlog(self) -> int:
+        """Bytes waiting to be written on this link's connection."""
+        return self.conn.backlog()
+
+    # -- settling ----------------------------------------------------------------------------
+    def settle(self, delivery: Any, outcome: int = ACCEPTED, condition: str | None = None,
+               description: str = "", failed: bool = False) -> None:
+        """Give an outcome (unless it is 0) and settle."""
+        if outcome:
+            if condition:
+                _set_condition(lib.pn_disposition_condition(lib.pn_delivery_local(delivery)),
+                               condition, description)
+            if failed:
+                lib.pn_disposition_set_failed(lib.pn_delivery_local(delivery), True)
+            lib.pn_delivery_update(delivery, outcome)
+        lib.pn_delivery_settle(delivery)
+        self.conn.engine.dirty.add(self.conn)
+
+    # -- receiving ---------------------------------------------------------------------------
+    def flow(self, credit: int) -> None:
+        lib.pn_link_flow(self.ptr, credit)
+        self.conn.engine.dirty.add(self.conn)
+
+    def close(self, condition: str | None = None, description: str = "") -> None:
+        if self.closed:
+            return
+        self.closed = True
+        if condition:
+            _set_condition(lib.pn_link_condition(self.ptr), condition, description)
+        lib.pn_link_close(self.ptr)
+        self.conn.engine.forget_link(self)
+
+
+class Connection:
+    """One socket: an optional TLS layer, the broker's SASL layer, then proton's transport."""
+
+    def __init__(self, engine: "Engine", sock: socket.socket, listener: "Listener") -> None:
+        self.engine = engine
+        self.sock = sock
+        self.fd = sock.fileno()
+        self.listener = listener
+        self.peer = "%s:%s" % sock.getpeername()[:2]
+        self.transport = lib.pn_transport()
+        lib.pn_transport_set_server(self.transport)
+        lib.pn_transport_set_max_frame(self.transport, listener.options.max_frame_size)
+        idle_ms = int(engine.limits.idle_timeout * 1000)
+        if idle_ms:
+            lib.pn_transport_set_idle_timeout(self.transport, idle_ms)
+        self.ptr = lib.pn_connection()
+        lib.pn_connection_collect(self.ptr, engine.collector)
+        lib.pn_transport_bind(self.transport, self.ptr)
+        self.phase = "header"  # header -> sasl -> amqp
+        self.header = b""
+        self.sasl: SaslServer | None = None
+        self.user: str | None = None
+        self.tls: ssl.SSLObject | None = None
+        self._tls_in: ssl.MemoryBIO | None = None
+        self._tls_out: ssl.MemoryBIO | None = None
+        self.raw_out = bytearray()  # bytes for the socket that did not come from proton directly
+        self.writing = False  # registered for EPOLLOUT
+        self.closing = False
+        self.closed = False
+        self.refusal: tuple[str, str] | None = None  # (condition, description) to close with at open
+        self.next_tick = 0
+        self.sessions = 0
+        self.links: dict[Any, Link] = {}
+        self.remote_container = ""
+        self.attachment: Any = None  # the broker's per-connection state
+        if listener.tls_context is not None:
+            self._tls_in, self._tls_out = ssl.MemoryBIO(), ssl.MemoryBIO()
+            self.tls = listener.tls_context.wrap_bio(self._tls_in, self._tls_out, server_side=True)
+
+    # -- input -------------------------------------------------------------------------------
+    def received(self, data: bytes) -> None:
+        if self.tls is not None:
+            data = self._decrypt(data)
+        if self.phase != "amqp":
+            data = self._before_amqp(data)
+        if data:
+            self._push(data)
+
+    def _decrypt(self, data: bytes) -> bytes:
+        assert self.tls is not None and self._tls_in is not None
+        self._tls_in.write(data)
+        chunks = []
+        try:
+            while True:
+                chunk = self.tls.read(_READ_SIZE)
+                if not chunk:
+                    break
+                chunks.append(chunk)
+        except ssl.SSLWantReadError:
+            pass
+        except ssl.SSLError as e:
+            log.warning("connection %s: TLS error: %s", self.peer, e)
+            self.abort()
+            return b""
+        self._tls_pump()
+        return b"".join(chunks)
+
+    def _tls_pump(self) -> None:
+        if self._tls_out is not None and self._tls_out.pending:
+            self.raw_out += self._tls_out.read()
+            self.engine.dirty.add(self)
+
+    def write_plain(self, data: bytes) -> None:
+        """Bytes of the pre-AMQP layers (headers, SASL frames), through TLS when it is on."""
+        if self.tls is not None:
+            self.tls.write(data)
+            self._tls_pump()
+        else:
+            self.raw_out += data
+        self.engine.dirty.add(self)
+
+    def _before_amqp(self, data: bytes) -> bytes:
+        if self.phase == "sasl":
+            assert self.sasl is not None
+            out, rest = self.sasl.feed(data)
+            if out:
+                self.write_plain(out)
+            if self.sasl.done or self.sasl.failed:
+                if self.sasl.user is None:
+                    log.warning("connection %s refused: %s", self.peer, self.sasl.failed or "authentication failed")
+                    self.close_after_write()
+                    return b""
+                self.user = self.sasl.user
+                self.phase = "header"
+                self.header = b""
+                return self._before_amqp(rest) if rest else b""
+            return b""
+        self.header += data
+        if len(self.header) < 8:
+            return b""
+        header, rest = self.header[:8], self.header[8:]
+        options = self.listener.options
+        if header == SASL_HEADER and self.user is None:
+            self.sasl = SaslServer(self.listener.mechanisms(), self.engine.authenticate)
+            self.phase = "sasl"
+            self.write_plain(self.sasl.greeting())
+            return self._before_amqp(rest) if rest else b""
+        if header == AMQP_HEADER:
+            if self.user is None:
+                if options.sasl == "required" or not self.engine.anonymous:
+                    log.warning("connection %s refused: SASL is required on %s:%s", self.peer,
+                                options.host, options.port)
+                    self.write_plain(SASL_HEADER)
+                    self.close_after_write()
+                    return b""
+                self.user = "anonymous"
+            self.phase = "amqp"
+            return header + rest
+        log.warning("connection %s refused: bad protocol header %r", self.peer, header)
+        self.write_plain(SASL_HEADER if options.sasl == "required" else AMQP_HEADER)
+        self.close_after_write()
+        return b""
+
+    def _push(self, data: bytes) -> None:
+        view = memoryview(data)
+        transport = self.transport
+        while view:
+            capacity = lib.pn_transport_capacity(transport)
+            if capacity <= 0:
+                break  # input side closed (error or close): proton has said what it will say
+            n = min(capacity, len(view))
+            lib.pn_transport_push(transport, ffi.from_buffer(view[:n]), n)
+            view = view[n:]
+        self.engine.dirty.add(self)
+
+    def input_closed(self) -> None:
+        if self.phase == "amqp":
+            lib.pn_transport_close_tail(self.transport)
+            self.engine.dirty.add(self)
+        else:
+            self.abort()
+
+    # -- output ------------------------------------------------------------------------------
+    def backlog(self) -> int:
+        return max(lib.pn_transport_pending(self.transport), 0) + len(self.raw_out)
+
+    def flush(self) -> None:
+        """Write what the layers have; register for EPOLLOUT when the socket is full."""
+        if self.closed:
+            return
+        transport = self.transport
+        engine = self.engine
+        blocked = False
+        if self.phase == "amqp":
+            while True:
+                pending = lib.pn_transport_pending(transport)
+                if pending <= 0:
+                    break
+                n = min(pending, _READ_SIZE)
+                lib.pn_transport_peek(transport, engine.out_buffer, n)
+                chunk = engine.out_view[:n]
+                if self.tls is not None:
+                    self.tls.write(chunk)
+                    lib.pn_transport_pop(transport, n)
+                    self._tls_pump()
+                    continue
+                if self.raw_out:
+                    self.raw_out += chunk
+                    lib.pn_transport_pop(transport, n)
+                    continue
+                try:
+                    sent = self.sock.send(chunk)
+                except BlockingIOError:
+                    sent = 0
+                except OSError:
+                    self.abort()
+                    return
+                lib.pn_transport_pop(transport, sent)
+                if sent < n:
+                    blocked = True
+                    break
+        if self.raw_out and not blocked:
+            try:
+                sent = self.sock.send(self.raw_out)
+            except BlockingIOError:
+                sent = 0
+            except OSError:
+                self.abort()
+                return
+            del self.raw_out[:sent]
+            blocked = bool(self.raw_out)
+        if blocked != self.writing:
+            self.writing = blocked
+            engine.epoll.modify(self.fd, _EPOLL_IN | (_EPOLL_OUT if blocked else 0))
+        if not blocked and self._finished():
+            self.abort()
+
+    def _finished(self) -> bool:
+        if self.closing and not self.raw_out:
+            return self.phase != "amqp" or lib.pn_transport_pending(self.transport) <= 0
+        return self.phase == "amqp" and bool(lib.pn_transport_closed(self.transport))
+
+    def close_after_write(self) -> None:
+        self.closing = True
+        self.engine.dirty.add(self)
+
+    def close(self, condition: str | None = None, description: str = "") -> None:
+        """Close the AMQP connection (with an error if given), then the socket once written."""
+        if self.phase != "amqp":
+            self.close_after_write()
+            return
+        if condition:
+            _set_condition(lib.pn_connection_condition(self.ptr), condition, description)
+        if not lib.pn_connection_state(self.ptr) & lib.PN_LOCAL_ACTIVE:
+            lib.pn_connection_open(self.ptr)
+        lib.pn_connection_close(self.ptr)
+        self.closing = True
+        self.engine.dirty.add(self)
+
+    def abort(self) -> None:
+        """Drop the socket now and tell the broker the connection is gone."""
+        if self.closed:
+            return
+        self.closed = True
+        self.engine.forget_connection(self)
+        for link in list(self.links.values()):
+            self.engine.forget_link(link)
+        try:
+            self.sock.close()
+        except OSError:
+            pass
+        lib.pn_transport_unbind(self.transport)
+        lib.pn_decref(self.transport)
+        lib.pn_connection_release(self.ptr)
+
+    def tick(self, now_ms: int) -> None:
+        if self.phase == "amqp" and not self.closed:
+            # proton answers 0 when no heartbeat is due; look again in a second (the peer's idle
+            # timeout is only known after its open).
+            self.next_tick = lib.pn_transport_tick(self.transport, now_ms) or now_ms + 1000
+            self.engine.dirty.add(self)
+
+
+class Listener:
+    def __init__(self, options: ListenerConfig, tls_context: ssl.SSLContext | None,
+                 users: dict[str, str], anonymous: bool) -> None:
+        self.options = options
+        self.tls_context = tls_context
+        self._users = users
+        self._anonymous = anonymous
+        self.sock = socket.socket(socket.AF_INET6 if ":" in options.host else socket.AF_INET)
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.sock.bind((options.host, options.port))
+        self.sock.listen(1024)
+        self.sock.setblocking(False)
+
+    def mechanisms(self) -> list[str]:
+        mechs = ["PLAIN"]
+        if self.options.sasl == "optional" and self._anonymous:
+            mechs.append("ANONYMOUS")
+        return mechs
+
+
+class Engine:
+    """The event loop: sockets, proton transports, timers and signals."""
+
+    def __init__(self, handler: EngineHandler, limits: LimitsConfig, container_id: str,
+                 authenticate: Authenticator, anonymous: bool) -> None:
+        self.handler = handler
+        self.limits = limits
+        self.container_id = container_id.encode()
+        self.authenticate = authenticate
+        self.anonymous = anonymous
+        self.collector = lib.pn_collector()
+        self.epoll = select.epoll()
+        self.listeners: dict[int, Listener] = {}
+        self.connections: dict[int, Connection] = {}  # by fd
+        self._by_ptr: dict[Any, Connection] = {}
+        self.links: dict[Any, Link] = {}  # by pn_link_t*
+        self.dirty: set[Connection] = set()
+        self.in_buffer = ffi.new("char[]", _READ_SIZE)
+        self.out_buffer = ffi.new("char[]", _READ_SIZE)
+        self.out_view = ffi.buffer(self.out_buffer)
+        self._timers: list[tuple[float, int, Callable[[], None]]] = []
+        self._timer_ids = itertools.count()
+        self._running = False
+        self._wakeup_r, self._wakeup_w = socket.socketpair()
+        self._wakeup_r.setblocking(False)
+        self._wakeup_w.setblocking(False)
+        self._handlers = {
+            lib.PN_CONNECTION_REMOTE_OPEN: self._on_connection_remote_open,
+            lib.PN_CONNECTION_REMOTE_CLOSE: self._on_connection_remote_close,
+            lib.PN_SESSION_REMOTE_OPEN: self._on_session_remote_open,
+            lib.PN_SESSION_REMOTE_CLOSE: self._on_session_remote_close,
+            lib.PN_LINK_REMOTE_OPEN: self._on_link_remote_open,
+            lib.PN_LINK_REMOTE_CLOSE: self._on_link_remote_close,
+            lib.PN_LINK_REMOTE_DETACH: self._on_link_remote_close,
+            lib.PN_TRANSPORT_ERROR: self._on_transport_error,
+        }
+
+    # -- set-up ------------------------------------------------------------------------------
+    def listen(self, listener: Listener) -> None:
+        self.listeners[listener.sock.fileno()] = listener
+        self.epoll.register(listener.sock.fileno(), select.EPOLLIN)
+
+    def call_later(self, delay: float, callback: Callable[[], None]) -> None:
+        heapq.heappush(self._timers, (time.monotonic() + delay, next(self._timer_ids), callback))
+
+    def every(self, interval: float, callback: Callable[[], None]) -> None:
+        def repeat() -> None:
+            callback()
+            self.call_later(interval, repeat)
+        self.call_later(interval, repeat)
+
+    def stop(self) -> None:
+        self._running = False
+        try:
+            self._wakeup_w.send(b"\0")
+        except OSError:
+            pass
+
+    # -- the loop ----------------------------------------------------------------------------
+    def run(self) -> None:
+        self._running = True
+        self.epoll.register(self._wakeup_r.fileno(), select.EPOLLIN)
+        old_wakeup = signal.set_wakeup_fd(self._wakeup_w.fileno())
+        self.every(0.1, self._tick_connections)
+        try:
+            while self._running:
+                self._one_pass()
+        finally:
+            signal.set_wakeup_fd(old_wakeup)
+
+    def _one_pass(self) -> None:
+        timeout = -1.0
+        if self._timers:
+            timeout = max(self._timers[0][0] - time.monotonic(), 0.0)
+        if self.dirty:
+            timeout = 0.0
+        try:
+            events = self.epoll.poll(timeout)
+        except InterruptedError:
+            events = []
+        for fd, mask in events:
+            conn = self.connections.get(fd)
+            if conn is not None:
+                if mask & (select.EPOLLIN | select.EPOLLHUP | select.EPOLLERR | select.EPOLLRDHUP):
+                    self._read(conn)
+                if mask & _EPOLL_OUT:
+                    self.dirty.add(conn)
+            elif fd in self.listeners:
+                self._accept(self.listeners[fd])
+            else:
+                try:
+                    while self._wakeup_r.recv(4096):
+                        pass
+                except BlockingIOError:
+                    pass
+        self._drain()
+        self.handler.after_pass()
+        self._drain()
+        if self._timers and self._timers[0][0] <= time.monotonic():
+            self._run_timers()
+        while self.dirty:
+            dirty, self.dirty = self.dirty, set()
+            for conn in dirty:
+                conn.flush()
+            self._drain()
+
+    def _run_timers(self) -> None:
+        now = time.monotonic()
+        while self._timers and self._timers[0][0] <= now:
+            _, _, callback = heapq.heappop(self._timers)
+            try:
+                callback()
+            except Exception:
+                log.exception("timer callback failed")
+        self._drain()
+
+    def _tick_connections(self) -> None:
+        now_ms = int(time.monotonic() * 1000)
+        for conn in list(self.connections.values()):
+            if conn.next_tick <= now_ms:
+                conn.tick(now_ms)
+
+    def _accept(self, listener: Listener) -> None:
+        while True:
+            try:
+                sock, _ = listener.sock.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as e:
+                if e.errno in (errno.EMFILE, errno.ENFILE):
+                    log.error("cannot accept a connection: %s", e)
+                return
+            sock.setblocking(False)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            conn = Connection(self, sock, listener)
+            if len(self.connections) >= self.limits.max_connections:
+                conn.refusal = (RESOURCE_LIMIT, f"too many connections (limit {self.limits.max_connections})")
+            self.connections[conn.fd] = conn
+            self._by_ptr[conn.ptr] = conn
+            self.epoll.register(conn.fd, _EPOLL_IN)
+            conn.tick(int(time.monotonic() * 1000))
+
+    def _read(self, conn: Connection) -> None:
+        try:
+            data = conn.sock.recv(_READ_SIZE)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            data = b""
+        if data:
+            conn.received(data)
+        else:
+            conn.input_closed()
+
+    def forget_connection(self, conn: Connection) -> None:
+        self.connections.pop(conn.fd, None)
+        self._by_ptr.pop(conn.ptr, None)
+        self.dirty.discard(conn)
+        try:
+            self.epoll.unregister(conn.fd)
+        except (OSError, ValueError):
+            pass
+        if conn.attachment is not None:
+            try:
+                self.handler.connection_closed(conn)
+            except Exception:
+                log.exception("connection close handler failed")
+
+    def forget_link(self, link: Link) -> None:
+        if self.links.pop(link.ptr, None) is None:
+            return
+        link.conn.links.pop(link.ptr, None)
+        link.closed = True
+        if link.handler is not None:
+            try:
+                link.handler.on_detach()
+            except Exception:
+                log.exception("link detach handler failed")
+
+    # -- proton events -----------------------------------------------------------------------
+    def _drain(self) -> None:
+        collector = self.collector
+        peek, pop, event_type = lib.pn_collector_peek, lib.pn_collector_pop, lib.pn_event_type
+        links = self.links
+        while True:
+            event = peek(collector)
+            if event == NULL:
+                return
+            try:
+                kind = event_type(event)
+                if kind == _PN_DELIVERY:
+                    delivery = lib.pn_event_delivery(event)
+                    link = links.get(lib.pn_delivery_link(delivery))
+                    if link is not None:
+                        if link.is_sender:
+                            self._on_outcome(link, delivery)
+                        else:
+                            self._on_transfer(link, delivery)
+                elif kind == _PN_LINK_FLOW:
+                    link = links.get(lib.pn_event_link(event))
+                    if link is not None and link.is_sender and link.handler is not None:
+                        link.handler.on_credit()
+                else:
+                    handler = self._handlers.get(kind)
+                    if handler is not None:
+                        handler(event)
+            except Exception:
+                log.exception("error handling proton event %s", ffi.string(lib.pn_event_type_name(event_type(event))))
+            pop(collector)
+
+    def _on_transfer(self, link: Link, delivery: Any) -> None:
+        """A message (or a piece of one) arrived from a publisher."""
+        if lib.pn_delivery_aborted(delivery):
+            link._partial.pop(delivery, None)
+            lib.pn_delivery_settle(delivery)
+            return
+        if not lib.pn_delivery_readable(delivery):
+            return
+        ptr = link.ptr
+        pending = lib.pn_delivery_pending(delivery)
+        partial = lib.pn_delivery_partial(delivery)
+        if not partial and not link._partial and pending <= _READ_SIZE:
+            # The common case: a whole message in hand, one copy out of proton.
+            lib.pn_link_recv(ptr, self.in_buffer, pending)
+            data = ffi.unpack(self.in_buffer, pending)
+        else:
+            buffered = link._partial.setdefault(delivery, bytearray())
+            if pending:
+                chunk = bytearray(pending)
+                lib.pn_link_recv(ptr, ffi.from_buffer(chunk), pending)
+                buffered += chunk
+            limit = self.limits.max_message_size
+            if limit and len(buffered) > limit:
+                link._partial.pop(delivery, None)
+                link.close(RESOURCE_LIMIT, f"message larger than {limit} bytes")
+                return
+            if partial:
+                return
+            data = bytes(link._partial.pop(delivery))
+        lib.pn_link_advance(ptr)
+        link._received += 1
+        if link._received >= _RECEIVE_WINDOW // 2:
+            lib.pn_link_flow(ptr, link._received)
+            link._received = 0
+        link.handler.on_message(delivery, data, bool(lib.pn_delivery_settled(delivery)))  # type: ignore[union-attr]
+
+    def _on_outcome(self, link: Link, delivery: Any) -> None:
+        """A consumer settled or gave an outcome for a message the broker sent."""
+        if not lib.pn_delivery_updated(delivery) and not lib.pn_delivery_settled(delivery):
+            return
+        state = lib.pn_delivery_remote_state(delivery)
+        if not state and not lib.pn_delivery_settled(delivery):
+            return
+        failed = undeliverable = False
+        if state == MODIFIED:
+            remote = lib.pn_delivery_remote(delivery)
+            failed = bool(lib.pn_disposition_is_failed(remote))
+            undeliverable = bool(lib.pn_disposition_is_undeliverable(remote))
+        link.handler.on_outcome(delivery, state or ACCEPTED, failed, undeliverable)  # type: ignore[union-attr]
+        lib.pn_delivery_settle(delivery)
+        self.dirty.add(link.conn)
+
+    def _conn_of(self, event: Any) -> Connection | None:
+        return self._by_ptr.get(lib.pn_event_connection(event))
+
+    def _on_connection_remote_open(self, event: Any) -> None:
+        conn = self._conn_of(event)
+        if conn is None:
+            return
+        conn.remote_container = _text(lib.pn_connection_remote_container(conn.ptr)) or ""
+        lib.pn_connection_set_container(conn.ptr, self.container_id)
+        if conn.refusal is None:
+            try:
+                self.handler.connection_opened(conn)
+            except BrokerError as e:
+                conn.refusal = (e.condition, e.description)
+        if conn.refusal is not None:
+            log.info("connection %s (%s, user %s) refused: %s", conn.peer, conn.remote_container, conn.user,
+                     conn.refusal[1])
+            conn.close(*conn.refusal)
+            return
+        lib.pn_connection_open(conn.ptr)
+        self.dirty.add(conn)
+
+    def _on_connection_remote_close(self, event: Any) -> None:
+        conn = self._conn_of(event)
+        if conn is None:
+            return
+        for link in list(conn.links.values()):
+            self.forget_link(link)
+        lib.pn_connection_close(conn.ptr)
+        conn.closing = True
+        self.dirty.add(conn)
+
+    def _on_session_remote_open(self, event: Any) -> None:
+        session = lib.pn_event_session(event)
+        conn = self._conn_of(event)
+        if conn is None:
+            return
+        conn.sessions += 1
+        lib.pn_session_open(session)
+        if conn.sessions > self.limits.max_sessions_per_connection:
+            _set_condition(lib.pn_session_condition(session), RESOURCE_LIMIT,
+                           f"too many sessions (limit {self.limits.max_sessions_per_connection})")
+            lib.pn_session_close(session)
+        self.dirty.add(conn)
+
+    def _on_session_remote_close(self, event: Any) -> None:
+        session = lib.pn_event_session(event)
+        conn = self._conn_of(event)
+        if conn is None:
+            return
+        conn.sessions -= 1
+        for link in [l for l in conn.links.values() if lib.pn_link_session(l.ptr) == session]:
+            self.forget_link(link)
+        lib.pn_session_close(session)
+        self.dirty.add(conn)
+
+    def _on_link_remote_open(self, event: Any) -> None:
+        ptr = lib.pn_event_link(event)
+        conn = self._conn_of(event)
+        if conn is None:
+            return
+        link = Link(ptr, conn)
+        self.dirty.add(conn)
+        remote_source, remote_target = lib.pn_link_remote_source(ptr), lib.pn_link_remote_target(ptr)
+        lib.pn_terminus_copy(lib.pn_link_source(ptr), remote_source)
+        lib.pn_terminus_copy(lib.pn_link_target(ptr), remote_target)
+        try:
+            if len(conn.links) >= self.limits.max_links_per_connection:
+                raise BrokerError(RESOURCE_LIMIT, f"too many links on this connection "
+                                                  f"(limit {self.limits.max_links_per_connection})")
+            link.handler = self.handler.link_opened(link)
+        except BrokerError as e:
+            log.info("link '%s' to %s refused: %s", link.name, link.address, e.description)
+            # Refusing an attach: answer it with a null terminus, then detach with the error.
+            lib.pn_terminus_set_type(lib.pn_link_source(ptr) if link.is_sender else lib.pn_link_target(ptr),
+                                     lib.PN_UNSPECIFIED)
+            lib.pn_link_open(ptr)
+            _set_condition(lib.pn_link_condition(ptr), e.condition, e.description)
+            lib.pn_link_close(ptr)
+            return
+        if link.dynamic and link.address:
+            terminus = lib.pn_link_source(ptr) if link.is_sender else lib.pn_link_target(ptr)
+            lib.pn_terminus_set_address(terminus, link.address.encode())
+        if link.is_sender:
+            lib.pn_link_set_snd_settle_mode(ptr, lib.pn_link_remote_snd_settle_mode(ptr))
+        else:
+            lib.pn_link_set_rcv_settle_mode(ptr, lib.PN_RCV_FIRST)
+            if self.limits.max_message_size:
+                lib.pn_link_set_max_message_size(ptr, self.limits.max_message_size)
+        self.links[ptr] = link
+        conn.links[ptr] = link
+        lib.pn_link_open(ptr)
+        if not link.is_sender:
+            lib.pn_link_flow(ptr, _RECEIVE_WINDOW)
+        elif lib.pn_link_credit(ptr):
+            link.handler.on_credit()
+
+    def _on_link_remote_close(self, event: Any) -> None:
+        ptr = lib.pn_event_link(event)
+        link = self.links.get(ptr)
+        if link is not None:
+            self.forget_link(link)
+        if lib.pn_event_type(event) == lib.PN_LINK_REMOTE_DETACH:
+            lib.pn_link_detach(ptr)
+        else:
+            lib.pn_link_close(ptr)
+        conn = self._conn_of(event)
+        if conn is not None:
+            self.dirty.add(conn)
+
+    def _on_transport_error(self, event: Any) -> None:
+        conn = self._conn_of(event)
+        cond = lib.pn_transport_condition(lib.pn_event_transport(event))
+        name = _text(lib.pn_condition_get_name(cond))
+        description = _text(lib.pn_condition_get_description(cond))
+        log.warning("connection %s: %s: %s", conn.peer if conn else "?", name, description)
+
+    def shutdown(self) -> None:
+        """Close every connection (telling clients the broker is going away) and write what is left."""
+        for conn in list(self.connections.values()):
+            conn.close("amqp:connection:forced", "broker shutting down")
+        deadline = time.monotonic() + 2.0
+        while self.connections and time.monotonic() < deadline:
+            for conn in list(self.connections.values()):
+                conn.flush()
+                if conn.closing and conn.backlog() == 0:
+                    conn.abort()
+            if self.connections:
+                self.epoll.poll(0.05)
+        for conn in list(self.connections.values()):
+            conn.abort()
+        for listener in self.listeners.values():
+            listener.sock.close()

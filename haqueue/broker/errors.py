@@ -1,0 +1,29 @@
+"""AMQP error conditions the broker reports, and the exception that carries one."""
+from __future__ import annotations
+
+NOT_FOUND = "amqp:not-found"
+INVALID_FIELD = "amqp:invalid-field"
+RESOURCE_LOCKED = "amqp:resource-locked"
+RESOURCE_LIMIT = "amqp:resource-limit-exceeded"
+UNAUTHORIZED = "amqp:unauthorized-access"
+NOT_ALLOWED = "amqp:not-allowed"
+INTERNAL = "amqp:internal-error"
+DECODE = "amqp:decode-error"
+CONNECTION_FORCED = "amqp:connection:forced"
+
+# The management status code for each condition (design/management.md).
+STATUS = {NOT_FOUND: 404, INVALID_FIELD: 400, RESOURCE_LOCKED: 409, RESOURCE_LIMIT: 403,
+          UNAUTHORIZED: 401, NOT_ALLOWED: 403, DECODE: 400}
+
+
+class BrokerError(Exception):
+    """A refusal with an AMQP condition and a description a client can read."""
+
+    def __init__(self, condition: str, description: str) -> None:
+        super().__init__(description)
+        self.condition = condition
+        self.description = description
+
+    @property
+    def status(self) -> int:
+        return STATUS.get(self.condition, 500)

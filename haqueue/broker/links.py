@@ -1,0 +1,141 @@
+"""The broker's end of client links: publishers (the client sends) and consumers/browsers (the
+broker sends). The hot path lives here: a message in, a message out, an outcome."""
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any
+
+from .completion import Completion
+from .engine import ACCEPTED, MODIFIED, REJECTED, RELEASED, Link
+from .errors import BrokerError, INVALID_FIELD, NOT_FOUND, RESOURCE_LIMIT
+from .exchange import Exchange
+from .message import MalformedMessage, Routing, ttl_ms
+from .queue import Entry, Queue
+
+if TYPE_CHECKING:
+    from .server import Broker
+
+
+class Publisher:
+    """A client's sending link, bound to a queue, an exchange, or nothing (anonymous relay: route by `to`)."""
+
+    def __init__(self, broker: "Broker", link: Link, node: Queue | Exchange | None) -> None:
+        self.broker = broker
+        self.link = link
+        self.node = node
+
+    def on_message(self, delivery: Any, data: bytes, settled: bool) -> None:
+        node = self.node
+        try:
+            if type(node) is Queue and not node.deleted:
+                queues: list[Queue] = [node]
+            else:
+                queues = self._route(node, data)
+            for queue in queues:
+                if queue.full():
+                    raise BrokerError(RESOURCE_LIMIT, f"queue '{queue.name}' is full (max_depth {queue.max_depth})")
+        except BrokerError as e:
+            self.link.settle(delivery, REJECTED, e.condition, e.description)
+            return
+        except MalformedMessage as e:
+            self.link.settle(delivery, REJECTED, "amqp:decode-error", str(e))
+            return
+        ttl = ttl_ms(data)
+        expiry = time.monotonic() + ttl / 1000.0 if ttl else 0.0
+        if settled or not any(q.guards for q in queues):
+            for queue in queues:
+                queue.enqueue(data, expiry)
+            self.link.settle(delivery, 0 if settled else ACCEPTED)
+            return
+        completion = Completion(lambda: self.link.closed or self.link.settle(delivery, ACCEPTED))
+        for queue in queues:
+            queue.enqueue(data, expiry, completion)
+        completion.release()
+
+    def _route(self, node: Queue | Exchange | None, data: bytes) -> list[Queue]:
+        if isinstance(node, Exchange):
+            return node.route(Routing(data).key)
+        if node is not None:  # a queue deleted under an attached publisher
+            raise BrokerError(NOT_FOUND, f"queue '{node.name}' has been deleted")
+        routing = Routing(data)
+        if not routing.to:
+            raise BrokerError(INVALID_FIELD, "anonymous relay needs the message's 'to' address")
+        target = self.broker.registry.resolve(routing.to)
+        return target.route(routing.key) if isinstance(target, Exchange) else [target]
+
+    def on_outcome(self, delivery: Any, outcome: int, failed: bool, undeliverable: bool) -> None:
+        pass
+
+    def on_credit(self) -> None:
+        pass
+
+    def on_detach(self) -> None:
+        pass
+
+
+class Consumer:
+    """A client's receiving link on a queue: acquires (or, as a browser, copies) messages."""
+
+    def __init__(self, broker: "Broker", link: Link, queue: Queue, browse: bool, owns_queue: bool) -> None:
+        self.broker = broker
+        self.link = link
+        self.queue = queue
+        self.browse = browse
+        self.cursor = 0
+        self.owns_queue = owns_queue  # a dynamic or private queue that goes with this link
+        self.presettled = link.settle_first
+        self.unsettled: dict[Any, Entry] = {}
+        self._output_limit = broker.config.limits.output_buffer
+
+    def credit(self) -> int:
+        link = self.link
+        if link.closed or link.backlog() > self._output_limit:
+            return 0  # a peer that does not read its socket gets nothing more
+        return link.credit()
+
+    def deliver(self, entry: Entry) -> None:
+        if self.browse:
+            self.link.send(entry.data, settled=True)
+        elif self.presettled:
+            self.link.send(entry.data, settled=True)
+            self.queue.dequeue(entry)
+        else:
+            self.unsettled[self.link.send(entry.data)] = entry
+
+    def after_dispatch(self) -> None:
+        if self.link.credit():
+            self.link.drained()
+
+    def on_outcome(self, delivery: Any, outcome: int, failed: bool, undeliverable: bool) -> None:
+        entry = self.unsettled.pop(delivery, None)
+        if entry is None:
+            return
+        queue = self.queue
+        if outcome == ACCEPTED:
+            queue.dequeue(entry)
+        elif outcome == RELEASED:
+            queue.release(entry)
+        elif outcome == MODIFIED:
+            queue.release(entry, failed=failed)
+        elif outcome == REJECTED:
+            queue.dequeue(entry)
+            self.broker.dead_letter(queue, entry)
+        else:
+            queue.release(entry)
+
+    def on_credit(self) -> None:
+        self.broker.schedule(self.queue)
+
+    def on_message(self, delivery: Any, data: bytes, settled: bool) -> None:
+        pass
+
+    def on_detach(self) -> None:
+        """Unsettled messages go back to the queue as failed deliveries (delivery-count + 1)."""
+        queue = self.queue
+        queue.unsubscribe(self)
+        for entry in self.unsettled.values():
+            queue.release(entry, failed=True)
+        self.unsettled.clear()
+        if not queue.deleted and (self.owns_queue or queue.auto_delete) \
+                and not queue.consumers and not queue.browsers:
+            self.broker.registry.delete(queue.name)

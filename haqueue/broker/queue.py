@@ -1,0 +1,235 @@
+"""Queue: an ordered log of entries, each with a per-queue sequence number `seq`.
+
+Consumers acquire entries (one holder at a time) and settle them; browsers read without
+acquiring. Released entries go back to their place, ahead of newer ones. Observers (HA, the
+audit log) are told of every enqueue and dequeue; guards may hold a publisher's completion.
+"""
+from __future__ import annotations
+
+import heapq
+import time
+from typing import Any, Callable, Protocol
+
+from .completion import Completion, Guard
+from .message import with_delivery_count, delivery_count
+
+AVAILABLE, ACQUIRED, DEQUEUED = 0, 1, 2
+
+
+class Entry:
+    __slots__ = ("seq", "data", "expiry", "state")
+
+    def __init__(self, seq: int, data: bytes, expiry: float) -> None:
+        self.seq = seq
+        self.data = data
+        self.expiry = expiry  # monotonic deadline; 0.0: never expires
+        self.state = AVAILABLE
+
+
+class Subscriber(Protocol):
+    """A consumer or browser link end, as the queue sees it."""
+
+    browse: bool
+    cursor: int  # browsers: absolute log index of the next entry to look at
+
+    def credit(self) -> int: ...
+    def deliver(self, entry: Entry) -> None: ...
+    def after_dispatch(self) -> None: ...  # the queue has nothing more for it now
+
+
+class QueueObserver(Protocol):
+    def enqueued(self, queue: "Queue", entry: Entry) -> None: ...
+    def dequeued(self, queue: "Queue", entry: Entry) -> None: ...
+
+
+class Queue:
+    kind = "queue"
+
+    def __init__(self, name: str, args: dict[str, Any], uid: str,
+                 schedule: Callable[["Queue"], None]) -> None:
+        self.name = name
+        self.args = args
+        self.uid = uid  # distinguishes a queue from an earlier one of the same name
+        self.max_depth: int = int(args.get("max_depth", 0))
+        self.exclusive: bool = bool(args.get("exclusive", False))
+        self.auto_delete: bool = bool(args.get("auto-delete", False))
+        self.default_ttl: float = float(args.get("ttl", 0))
+        self.dead_letter_address: str | None = args.get("dead_letter_address")
+        self._schedule = schedule  # asks the broker to dispatch this queue at the end of the pass
+        # The log holds entries in seq order; dequeued ones are dropped lazily from the front.
+        self._log: list[Entry] = []
+        self._base = 0  # absolute index of _log[0]
+        self._head = 0  # index in _log of the first entry that may be live
+        self._cursor = 0  # absolute index of the first entry never handed to a consumer
+        self._returned: list[tuple[int, Entry]] = []  # released entries, back in seq order
+        self.next_seq = 1
+        self.depth = 0
+        self.expiring = 0  # entries with an expiry, so the TTL sweep can skip queues without
+        self.consumers: list[Subscriber] = []
+        self.browsers: list[Subscriber] = []
+        self._rotation = 0
+        self.observers: list[QueueObserver] = []
+        self.guards: list[Guard] = []
+        self.deleted = False
+
+    # -- enqueue -------------------------------------------------------------------------
+    def full(self) -> bool:
+        return self.max_depth > 0 and self.depth >= self.max_depth
+
+    def enqueue(self, data: bytes, expiry: float, completion: Completion | None = None) -> Entry:
+        if self.default_ttl and not expiry:
+            expiry = time.monotonic() + self.default_ttl
+        entry = Entry(self.next_seq, data, expiry)
+        self.next_seq += 1
+        self._log.append(entry)
+        self.depth += 1
+        if expiry:
+            self.expiring += 1
+        if self.guards and completion is not None:
+            for guard in self.guards:
+                guard.enqueued(self, entry, completion)
+        for observer in self.observers:
+            observer.enqueued(self, entry)
+        if self.consumers or self.browsers:
+            self._schedule(self)
+        return entry
+
+    # -- settlement ------------------------------------------------------------------------
+    def dequeue(self, entry: Entry) -> None:
+        if entry.state == DEQUEUED:
+            return
+        entry.state = DEQUEUED
+        self.depth -= 1
+        if entry.expiry:
+            self.expiring -= 1
+        for observer in self.observers:
+            observer.dequeued(self, entry)
+        self._compact()
+
+    def release(self, entry: Entry, failed: bool = False) -> None:
+        """Make an acquired entry available again at its place; a failed delivery raises its delivery-count."""
+        if entry.state != ACQUIRED:
+            return
+        if failed:
+            entry.data = with_delivery_count(entry.data, delivery_count(entry.data) + 1)
+        entry.state = AVAILABLE
+        heapq.heappush(self._returned, (entry.seq, entry))
+        self._schedule(self)
+
+    # -- dispatch --------------------------------------------------------------------------
+    def _next_available(self, now: float) -> Entry | None:
+        returned = self._returned
+        while returned:
+            entry = heapq.heappop(returned)[1]
+            if entry.state == AVAILABLE and not self._expired(entry, now):
+                return entry
+        log = self._log
+        i = max(self._cursor - self._base, 0)
+        n = len(log)
+        while i < n:
+            entry = log[i]
+            i += 1
+            if entry.state == AVAILABLE and not self._expired(entry, now):
+                self._cursor = self._base + i
+                return entry
+        self._cursor = self._base + n
+        return None
+
+    def _expired(self, entry: Entry, now: float) -> bool:
+        if entry.expiry and entry.expiry <= now:
+            self.dequeue(entry)
+            return True
+        return False
+
+    def dispatch(self) -> None:
+        """Hand available entries to consumers with credit (round robin), then feed browsers."""
+        now = time.monotonic() if self.expiring else 0.0
+        consumers = self.consumers
+        if consumers:
+            exhausted = True
+            if self.depth:
+                credits = [c.credit() for c in consumers]
+                n = len(consumers)
+                remaining = sum(credits)
+                i = self._rotation % n
+                while remaining:
+                    while not credits[i]:
+                        i = (i + 1) % n
+                    entry = self._next_available(now)
+                    if entry is None:
+                        break
+                    entry.state = ACQUIRED
+                    credits[i] -= 1
+                    remaining -= 1
+                    consumers[i].deliver(entry)
+                    i = (i + 1) % n
+                else:
+                    exhausted = False
+                self._rotation = i
+            if exhausted:  # nothing left to send: answer any drain request
+                for consumer in consumers:
+                    consumer.after_dispatch()
+        for browser in self.browsers:
+            self._browse(browser, now)
+
+    def _browse(self, browser: Subscriber, now: float) -> None:
+        credit = browser.credit()
+        log = self._log
+        i = max(browser.cursor - self._base, 0)
+        n = len(log)
+        while credit and i < n:
+            entry = log[i]
+            i += 1
+            if entry.state != DEQUEUED and not self._expired(entry, now):
+                browser.deliver(entry)
+                credit -= 1
+        browser.cursor = self._base + i
+        if i >= n:
+            browser.after_dispatch()
+
+    def expire(self) -> None:
+        """Drop expired entries that no consumer has looked at (called by a periodic sweep)."""
+        if not self.expiring:
+            return
+        now = time.monotonic()
+        for entry in self._log:
+            if entry.state == AVAILABLE and entry.expiry and entry.expiry <= now:
+                self.dequeue(entry)
+
+    def _compact(self) -> None:
+        log = self._log
+        head = self._head
+        n = len(log)
+        while head < n and log[head].state == DEQUEUED:
+            head += 1
+        if head >= 1024 or head == n:  # drop the dequeued prefix in batches, not per entry
+            del log[:head]
+            self._base += head
+            head = 0
+        self._head = head
+
+    # -- subscribers -----------------------------------------------------------------------
+    def subscribe(self, subscriber: Subscriber) -> None:
+        if subscriber.browse:
+            subscriber.cursor = self._base
+            self.browsers.append(subscriber)
+        else:
+            self.consumers.append(subscriber)
+        self._schedule(self)
+
+    def unsubscribe(self, subscriber: Subscriber) -> None:
+        group = self.browsers if subscriber.browse else self.consumers
+        if subscriber in group:
+            group.remove(subscriber)
+
+    def entries(self) -> list[Entry]:
+        """Live entries in seq order (cold path: management, HA snapshots)."""
+        return [e for e in self._log if e.state != DEQUEUED]
+
+    def purge(self) -> None:
+        for entry in self.entries():
+            self.dequeue(entry)
+
+    def info(self) -> dict[str, Any]:
+        return {"name": self.name, "depth": self.depth, "consumers": len(self.consumers) + len(self.browsers),
+                "args": dict(self.args)}

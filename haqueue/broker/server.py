@@ -1,0 +1,204 @@
+"""Broker: listeners, connections, link attachment, dispatch, lifecycle.
+
+Plug-ins (HA, the audit log) use the named hooks and nothing else:
+`registry.observers` / `registry.validators` / `registry.queue_hooks` (wiring and per-queue
+observers and guards), `admission` (who may connect), `endpoints` (link handlers for `$`
+addresses), `management.register` (operations) and `status_hooks` (fields of the broker status).
+"""
+from __future__ import annotations
+
+import hmac
+import logging
+import os
+import signal
+import ssl
+import uuid
+from typing import Any, Callable
+
+from .. import __version__
+from ..config import BrokerConfig
+from .engine import Connection, Engine, Link, LinkHandler, Listener
+from .errors import BrokerError, INVALID_FIELD, RESOURCE_LOCKED
+from .exchange import Exchange
+from .links import Consumer, Publisher
+from .management import ADDRESS as MANAGEMENT, Management
+from .message import Routing
+from .queue import Entry, Queue
+from .registry import Registry
+
+log = logging.getLogger("haqueue.broker")
+
+Admission = Callable[[Connection], None]  # raises BrokerError to refuse
+
+
+class Broker:
+    def __init__(self, config: BrokerConfig) -> None:
+        self.config = config
+        self.name = config.name
+        self._dirty: set[Queue] = set()
+        self.registry = Registry(config.auto_create, config.limits.max_depth, self._dirty.add)
+        self.engine = Engine(self, config.limits, config.name, self.authenticate, config.anonymous)
+        self.management = Management(self)
+        self.admission: list[Admission] = []
+        self.endpoints: dict[str, Callable[[Link], LinkHandler]] = {}
+        self.status_hooks: list[Callable[[dict[str, Any]], None]] = []
+        self.connections: set[Connection] = set()
+
+    # -- set-up ------------------------------------------------------------------------------
+    def declare_configured(self) -> None:
+        """The queues, exchanges and bindings named in the config."""
+        for q in self.config.queues:
+            self.registry.declare_queue(q.name, dict(q.args))
+        for x in self.config.exchanges:
+            self.registry.declare_exchange(x.name, x.type, dict(x.args))
+        for b in self.config.bindings:
+            self.registry.resolve(b.queue)
+            self.registry.bind(b.exchange, b.queue, b.key, dict(b.args))
+
+    def open_listeners(self) -> None:
+        tls_context = None
+        if self.config.tls is not None:
+            tls_context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+            tls_context.load_cert_chain(self.config.tls.cert_file, self.config.tls.key_file)
+            if self.config.tls.ca_file:
+                tls_context.load_verify_locations(self.config.tls.ca_file)
+                tls_context.verify_mode = ssl.CERT_OPTIONAL
+        for options in self.config.listen:
+            listener = Listener(options, tls_context if options.tls else None, self.config.users,
+                                self.config.anonymous)
+            self.engine.listen(listener)
+            log.info("listening on %s:%s%s", options.host, options.port, " (TLS)" if options.tls else "")
+
+    def authenticate(self, mechanism: str, user: str, password: str) -> bool:
+        if mechanism == "ANONYMOUS":
+            return self.config.anonymous
+        expected = self.config.users.get(user)
+        return expected is not None and hmac.compare_digest(expected.encode(), password.encode())
+
+    # -- engine events -----------------------------------------------------------------------
+    def connection_opened(self, conn: Connection) -> None:
+        for admit in self.admission:
+            admit(conn)
+        conn.attachment = True
+        self.connections.add(conn)
+        log.debug("connection %s from %s (user %s)", conn.remote_container, conn.peer, conn.user)
+
+    def connection_closed(self, conn: Connection) -> None:
+        self.connections.discard(conn)
+
+    def link_opened(self, link: Link) -> LinkHandler:
+        address = link.address
+        special = self._special_endpoint(address)
+        if special is not None:
+            return special(link)
+        if not link.is_sender:  # the client publishes
+            if link.dynamic:
+                link.address = address = self._temporary_name()
+                return Publisher(self, link, self.registry.declare_queue(address, {"auto-delete": True})[0])
+            return Publisher(self, link, self.registry.resolve(address) if address else None)
+        # the client consumes
+        owns = False
+        if link.dynamic:
+            link.address = self._temporary_name()
+            queue = self.registry.declare_queue(link.address, {})[0]
+            owns = True
+        elif not address:
+            raise BrokerError(INVALID_FIELD, "a receiving link needs a source address (or dynamic)")
+        else:
+            node = self.registry.resolve(address)
+            if isinstance(node, Exchange):
+                queue = self._subscription_queue(node)
+                owns = True
+            else:
+                queue = node
+        if queue.exclusive and not link.browse and (queue.consumers or queue.browsers):
+            raise BrokerError(RESOURCE_LOCKED, f"queue '{queue.name}' is exclusive and already has a consumer")
+        consumer = Consumer(self, link, queue, link.browse, owns)
+        queue.subscribe(consumer)
+        return consumer
+
+    def _special_endpoint(self, address: str | None) -> Callable[[Link], LinkHandler] | None:
+        if not address or not address.startswith("$"):
+            return None
+        if address == MANAGEMENT:
+            return self.management.endpoint
+        for prefix, factory in self.endpoints.items():
+            if address == prefix or address.startswith(prefix + "/"):
+                return factory
+        return None
+
+    def _temporary_name(self) -> str:
+        return f"amq.tmp.{uuid.uuid4().hex}"
+
+    def _subscription_queue(self, exchange: Exchange) -> Queue:
+        """A private queue bound to an exchange for a client that consumes from the exchange itself."""
+        name = f"{exchange.name}.sub.{uuid.uuid4().hex[:12]}"
+        queue = self.registry.declare_queue(name, {"auto-delete": True})[0]
+        self.registry.bind(exchange.name, name, "#" if exchange.type == "topic" else "", {})
+        return queue
+
+    def after_pass(self) -> None:
+        dirty = self._dirty
+        while dirty:
+            queue = dirty.pop()
+            if not queue.deleted:
+                queue.dispatch()
+
+    def schedule(self, queue: Queue) -> None:
+        self._dirty.add(queue)
+
+    # -- routing for the broker's own messages -----------------------------------------------
+    def deliver(self, address: str, data: bytes) -> None:
+        """Route a message the broker itself makes (management answers, dead letters)."""
+        node = self.registry.resolve(address)
+        queues = node.route(Routing(data).key) if isinstance(node, Exchange) else [node]
+        for queue in queues:
+            queue.enqueue(data, 0.0)
+
+    def dead_letter(self, queue: Queue, entry: Entry) -> None:
+        if queue.dead_letter_address:
+            try:
+                self.deliver(queue.dead_letter_address, entry.data)
+                return
+            except BrokerError as e:
+                log.warning("queue %s: rejected message not dead-lettered: %s", queue.name, e.description)
+        log.info("queue %s: message seq %d rejected by its consumer and dropped", queue.name, entry.seq)
+
+    # -- status and lifecycle ----------------------------------------------------------------
+    def status(self) -> dict[str, Any]:
+        status: dict[str, Any] = {"name": self.name, "role": "standalone", "state": "active",
+                                  "queues": len(self.registry.queues()), "connections": len(self.connections),
+                                  "version": __version__}
+        for hook in self.status_hooks:
+            hook(status)
+        return status
+
+    def start(self) -> None:
+        os.makedirs(self.config.data_dir, exist_ok=True)
+        self.declare_configured()
+        self.open_listeners()
+        self.engine.every(1.0, self._expire)
+
+    def _expire(self) -> None:
+        for queue in self.registry.queues():
+            queue.expire()
+
+    def run(self) -> None:
+        self.engine.run()
+        self.engine.shutdown()
+
+
+def run(config: BrokerConfig) -> int:
+    """Run a broker in the foreground until SIGTERM or SIGINT; the exit code."""
+    broker = Broker(config)
+    try:
+        broker.start()
+    except (OSError, BrokerError) as e:
+        log.error("cannot start: %s", e)
+        return 1
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: broker.engine.stop())
+    log.info("broker %s running", config.name)
+    broker.run()
+    log.info("broker %s stopped", config.name)
+    return 0

@@ -1,0 +1,307 @@
+"""The broker's YAML config as dataclasses; every error names the file, the key and the reason.
+
+The schema is documented in design/management.md.
+"""
+from __future__ import annotations
+
+import json
+import math
+import socket
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import yaml
+
+DEFAULT_LISTEN = "127.0.0.1:5672"
+EXCHANGE_TYPES = ("direct", "topic", "fanout")
+SASL_MODES = ("optional", "required")
+
+
+class ConfigError(Exception):
+    """A config file or command line that cannot be used; the message names file, key and reason."""
+
+
+@dataclass
+class ListenerConfig:
+    host: str
+    port: int
+    max_frame_size: int = 65536
+    sasl: str = "optional"  # "optional": anonymous and no-SASL clients allowed (if `anonymous`); "required"
+    tls: bool = False
+
+
+@dataclass
+class TlsConfig:
+    cert_file: str
+    key_file: str
+    ca_file: str | None = None
+
+
+@dataclass
+class LimitsConfig:
+    max_connections: int = 1000
+    max_links_per_connection: int = 1000
+    max_sessions_per_connection: int = 64
+    max_depth: int = 0  # 0: unbounded
+    max_frame_size: int = 65536
+    max_message_size: int = 0  # 0: unbounded
+    idle_timeout: float = 60.0  # seconds; 0 disables heartbeats
+    output_buffer: int = 4 * 1024 * 1024
+
+
+@dataclass
+class QueueConfig:
+    name: str
+    args: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class ExchangeConfig:
+    name: str
+    type: str
+    args: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class BindingConfig:
+    exchange: str
+    queue: str
+    key: str = ""
+    args: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class BrokerConfig:
+    name: str
+    listen: list[ListenerConfig]
+    data_dir: str = "./data"
+    auto_create: list[str] = field(default_factory=lambda: ["*"])
+    queues: list[QueueConfig] = field(default_factory=list)
+    exchanges: list[ExchangeConfig] = field(default_factory=list)
+    bindings: list[BindingConfig] = field(default_factory=list)
+    users: dict[str, str] = field(default_factory=dict)
+    anonymous: bool = True
+    tls: TlsConfig | None = None
+    limits: LimitsConfig = field(default_factory=LimitsConfig)
+
+
+def parse_address(text: str) -> tuple[str, int]:
+    """Split "HOST:PORT" (or "[IPv6]:PORT") into host and port; ValueError names what is wrong."""
+    host, sep, port = text.rpartition(":")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]  # sockets want the bare IPv6 address
+    if not sep or not host or not (port.isascii() and port.isdigit()) or not 1 <= int(port) <= 65535:
+        raise ValueError(f"must be HOST:PORT with a port 1..65535, got {_show(text)}")
+    return host, int(port)
+
+
+def load_config(path: str) -> BrokerConfig:
+    """Read and check a YAML config file; an empty file gives the defaults."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            raw = yaml.safe_load(f)
+    except OSError as e:
+        raise ConfigError(f"{path}: cannot read: {e.strerror}") from e
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{path}: invalid YAML: {' '.join(str(e).split())}") from e
+    try:
+        return _broker({} if raw is None else raw)
+    except _Bad as e:
+        raise ConfigError(f"{path}: {e.path}: {e.reason}") from e
+
+
+def config_from_args(listen: list[str], name: str | None, data_dir: str | None) -> BrokerConfig:
+    """The config for `haqueue broker --listen ... [--name] [--data-dir]`; no listener means the default."""
+    raw: dict[str, Any] = {"listen": listen or [DEFAULT_LISTEN]}
+    if name is not None:
+        raw["name"] = name
+    if data_dir is not None:
+        raw["data_dir"] = data_dir
+    try:
+        return _broker(raw)
+    except _Bad as e:
+        option = "--" + e.path.partition("[")[0].replace("_", "-")  # listen[1] -> --listen
+        raise ConfigError(f"command line: {option}: {e.reason}") from e
+
+
+# ---- checking -------------------------------------------------------------------------------
+# Each check takes (value, key path) and returns the value to store, or raises _Bad; the
+# public functions add the file name, so every message reads "FILE: key.path: reason".
+
+class _Bad(Exception):
+    def __init__(self, path: str, reason: str) -> None:
+        super().__init__(f"{path}: {reason}")
+        self.path, self.reason = path, reason
+
+
+Check = Callable[[Any, str], Any]
+
+
+def _show(value: Any) -> str:
+    """A value as the user wrote it in YAML, short."""
+    if isinstance(value, dict):
+        return "a map"
+    if isinstance(value, list):
+        return "a list"
+    return json.dumps(value, default=str)
+
+
+def _expect(ok: bool, path: str, what: str, value: Any) -> None:
+    if not ok:
+        raise _Bad(path, f"must be {what}, got {_show(value)}")
+
+
+def _string(value: Any, path: str) -> str:
+    _expect(isinstance(value, str), path, "a string", value)
+    return value
+
+
+def _name(value: Any, path: str) -> str:
+    _expect(isinstance(value, str) and value != "", path, "a non-empty string", value)
+    return value
+
+
+def _bool(value: Any, path: str) -> bool:
+    _expect(isinstance(value, bool), path, "true or false", value)
+    return value
+
+
+def _int(low: int) -> Check:
+    what = "a non-negative integer" if low == 0 else f"an integer >= {low}"
+
+    def check(value: Any, path: str) -> int:
+        # bool is an int in Python, but `max_depth: true` is a mistake
+        _expect(isinstance(value, int) and not isinstance(value, bool) and value >= low, path, what, value)
+        return value
+    return check
+
+
+def _seconds(value: Any, path: str) -> float:
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value >= 0
+    _expect(ok, path, "a non-negative number of seconds", value)
+    return float(value)
+
+
+def _choice(*options: str) -> Check:
+    def check(value: Any, path: str) -> str:
+        _expect(isinstance(value, str) and value in options, path, " or ".join(options), value)
+        return value
+    return check
+
+
+def _address(value: Any, path: str) -> tuple[str, int]:
+    _expect(isinstance(value, str), path, "a string HOST:PORT", value)
+    try:
+        return parse_address(value)
+    except ValueError as e:
+        raise _Bad(path, str(e)) from None
+
+
+def _list_of(item: Check) -> Check:
+    def check(value: Any, path: str) -> list[Any]:
+        _expect(isinstance(value, list), path, "a list", value)
+        return [item(x, f"{path}[{i}]") for i, x in enumerate(value)]
+    return check
+
+
+def _map_of(item: Check) -> Check:
+    def check(value: Any, path: str) -> dict[str, Any]:
+        _expect(isinstance(value, dict), path, "a map", value)
+        for key in value:
+            if not isinstance(key, str) or key == "":
+                raise _Bad(path, f"keys must be non-empty strings, got {_show(key)}")
+        return {k: item(x, f"{path}.{k}") for k, x in value.items()}
+    return check
+
+
+def _fields(value: Any, path: str, table: dict[str, Check], required: tuple[str, ...] = ()) -> dict[str, Any]:
+    """Check a map against a table of known keys; returns the checked values of the keys present."""
+    _expect(isinstance(value, dict), path, "a map", value)
+    prefix = f"{path}." if path else ""
+    for key in value:
+        if key not in table:
+            raise _Bad(f"{prefix}{key}", f"unknown key (known: {', '.join(table)})")
+    for key in required:
+        if key not in value:
+            raise _Bad(f"{prefix}{key}", "missing")
+    return {key: table[key](x, f"{prefix}{key}") for key, x in value.items()}
+
+
+def _record(cls: type, table: dict[str, Check], required: tuple[str, ...] = ()) -> Check:
+    return lambda value, path: cls(**_fields(value, path, table, required))
+
+
+_ARGS = _map_of(lambda value, path: value)  # queue/exchange arguments are the broker's to judge
+
+_LISTENER: dict[str, Check] = {
+    "address": _address,
+    "max_frame_size": _int(512),  # AMQP's minimum max-frame-size
+    "sasl": _choice(*SASL_MODES),
+    "tls": _bool,
+}
+
+
+def _listener(value: Any, path: str) -> dict[str, Any]:
+    """A listen item as ListenerConfig arguments; max_frame_size is left out unless given,
+    because its default comes from limits, which may be checked later."""
+    if isinstance(value, str):
+        fields: dict[str, Any] = {"address": _address(value, path)}
+    else:
+        _expect(isinstance(value, dict), path, '"HOST:PORT" or a map', value)
+        fields = _fields(value, path, _LISTENER, required=("address",))
+    fields["host"], fields["port"] = fields.pop("address")
+    return fields
+
+
+_LIMITS: dict[str, Check] = {
+    "max_connections": _int(1),
+    "max_links_per_connection": _int(1),
+    "max_sessions_per_connection": _int(1),
+    "max_depth": _int(0),
+    "max_frame_size": _int(512),
+    "max_message_size": _int(0),
+    "idle_timeout": _seconds,
+    "output_buffer": _int(1),
+}
+
+_TOP: dict[str, Check] = {
+    "name": _name,
+    "listen": _list_of(_listener),
+    "data_dir": _name,
+    "auto_create": _list_of(_name),
+    "queues": _list_of(_record(QueueConfig, {"name": _name, "args": _ARGS}, ("name",))),
+    "exchanges": _list_of(_record(ExchangeConfig, {"name": _name, "type": _choice(*EXCHANGE_TYPES), "args": _ARGS},
+                                  ("name", "type"))),
+    "bindings": _list_of(_record(BindingConfig, {"exchange": _name, "queue": _name, "key": _string, "args": _ARGS},
+                                 ("exchange", "queue"))),
+    "users": _map_of(_string),
+    "anonymous": _bool,
+    "tls": _record(TlsConfig, {"cert_file": _name, "key_file": _name, "ca_file": _name}, ("cert_file", "key_file")),
+    "limits": _record(LimitsConfig, _LIMITS),
+}
+
+
+def _unique(items: list[QueueConfig] | list[ExchangeConfig], path: str) -> None:
+    first: dict[str, int] = {}
+    for i, item in enumerate(items):
+        if item.name in first:
+            raise _Bad(f"{path}[{i}].name", f"duplicate name {_show(item.name)} (first at {path}[{first[item.name]}])")
+        first[item.name] = i
+
+
+def _broker(raw: Any) -> BrokerConfig:
+    if not isinstance(raw, dict):
+        raise _Bad("top level", f"must be a map of the keys {', '.join(_TOP)}, got {_show(raw)}")
+    fields = _fields(raw, "", _TOP)
+    limits = fields.setdefault("limits", LimitsConfig())
+    listen = fields.get("listen", [_listener(DEFAULT_LISTEN, "listen")])
+    if not listen:
+        raise _Bad("listen", "must name at least one address")
+    fields["listen"] = [ListenerConfig(**{"max_frame_size": limits.max_frame_size, **item}) for item in listen]
+    for i, listener in enumerate(fields["listen"]):
+        if listener.tls and "tls" not in fields:
+            raise _Bad(f"listen[{i}].tls", "is true but there is no top-level tls section (cert_file, key_file)")
+    _unique(fields.get("queues", []), "queues")
+    _unique(fields.get("exchanges", []), "exchanges")
+    fields.setdefault("name", socket.gethostname())
+    return BrokerConfig(**fields)
