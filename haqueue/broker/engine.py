@@ -28,7 +28,7 @@ from proton import Data
 
 from ..config import LimitsConfig, ListenerConfig
 from .errors import BrokerError, RESOURCE_LIMIT, UNAUTHORIZED
-from .sasl import AMQP_HEADER, SASL_HEADER, Authenticator, SaslServer
+from .sasl import AMQP_HEADER, SASL_HEADER, Authenticator, SaslClient, SaslServer
 
 log = logging.getLogger("haqueue.engine")
 
@@ -49,6 +49,13 @@ class LinkHandler(Protocol):
     def on_outcome(self, delivery: Any, outcome: int, failed: bool, undeliverable: bool) -> None: ...
     def on_credit(self) -> None: ...
     def on_detach(self) -> None: ...
+
+
+class ConnectionHandler(Protocol):
+    """The owner of one of the broker's own outgoing connections."""
+
+    def on_open(self, conn: "Connection") -> None: ...
+    def on_closed(self, conn: "Connection", reason: str) -> None: ...
 
 
 class EngineHandler(Protocol):
@@ -84,11 +91,20 @@ class Link:
                  "unsettled_out", "_tag", "_received", "_partial", "settle_first", "_properties_ptr",
                  "closed")
 
-    def __init__(self, ptr: Any, conn: "Connection") -> None:
+    def __init__(self, ptr: Any, conn: "Connection", outgoing_address: str | None = None) -> None:
         self.ptr = ptr
         self.conn = conn
         self.name = _text(lib.pn_link_name(ptr)) or ""
         self.is_sender = bool(lib.pn_link_is_sender(ptr))
+        self.handler: LinkHandler | None = None
+        self._tag = 0
+        self._received = 0
+        self._partial: dict[Any, bytearray] = {}
+        self.closed = False
+        if outgoing_address is not None:  # a link the broker opens: nothing remote to read yet
+            self.address, self.dynamic, self.browse, self.settle_first = outgoing_address, False, False, False
+            self._properties_ptr = lib.pn_link_properties(ptr)
+            return
         terminus = lib.pn_link_remote_source(ptr) if self.is_sender else lib.pn_link_remote_target(ptr)
         self.address = _text(lib.pn_terminus_get_address(terminus))
         self.dynamic = bool(lib.pn_terminus_is_dynamic(terminus))
@@ -96,11 +112,6 @@ class Link:
         # A consumer that sends settled (at-most-once) wants its deliveries pre-settled.
         self.settle_first = lib.pn_link_remote_snd_settle_mode(ptr) == lib.PN_SND_SETTLED
         self._properties_ptr = lib.pn_link_remote_properties(ptr)
-        self.handler: LinkHandler | None = None
-        self._tag = 0
-        self._received = 0
-        self._partial: dict[Any, bytearray] = {}
-        self.closed = False
 
     @property
     def properties(self) -> dict[Any, Any]:
@@ -115,12 +126,13 @@ class Link:
     def credit(self) -> int:
         return lib.pn_link_credit(self.ptr)
 
-    def send(self, data: bytes, settled: bool = False) -> Any:
+    def send(self, data: bytes, settled: bool = False, tag: bytes | None = None) -> Any:
         """Send one message; returns the delivery handle (None when sent pre-settled)."""
         ptr = self.ptr
-        self._tag += 1
-        tag = self._tag.to_bytes(8, "little")
-        delivery = lib.pn_delivery(ptr, (8, ffi.from_buffer(tag)))
+        if tag is None:
+            self._tag += 1
+            tag = self._tag.to_bytes(8, "little")
+        delivery = lib.pn_delivery(ptr, (len(tag), ffi.from_buffer(tag)))
         lib.pn_link_send(ptr, data, len(data))
         lib.pn_link_advance(ptr)
         self.conn.engine.dirty.add(self.conn)
@@ -128,6 +140,17 @@ class Link:
             lib.pn_delivery_settle(delivery)
             return None
         return delivery
+
+    @staticmethod
+    def tag(delivery: Any) -> bytes:
+        tag = lib.pn_delivery_tag(delivery)
+        return ffi.unpack(tag.start, tag.size)
+
+    def remote_error(self) -> str | None:
+        cond = lib.pn_link_remote_condition(self.ptr)
+        if not lib.pn_condition_is_set(cond):
+            return None
+        return f"{_text(lib.pn_condition_get_name(cond))}: {_text(lib.pn_condition_get_description(cond))}"
 
     def drained(self) -> None:
         """Answer a drain request: no more to send, the rest of the credit is spent."""
@@ -171,15 +194,19 @@ class Link:
 class Connection:
     """One socket: an optional TLS layer, the broker's SASL layer, then proton's transport."""
 
-    def __init__(self, engine: "Engine", sock: socket.socket, listener: "Listener") -> None:
+    def __init__(self, engine: "Engine", sock: socket.socket, peer: str, listener: "Listener | None",
+                 client: "ConnectionHandler | None" = None, sasl_client: SaslClient | None = None) -> None:
         self.engine = engine
         self.sock = sock
         self.fd = sock.fileno()
         self.listener = listener
-        self.peer = "%s:%s" % sock.getpeername()[:2]
+        self.client = client  # set for the broker's own outgoing connections
+        self.peer = peer
         self.transport = lib.pn_transport()
-        lib.pn_transport_set_server(self.transport)
-        lib.pn_transport_set_max_frame(self.transport, listener.options.max_frame_size)
+        if client is None:
+            assert listener is not None
+            lib.pn_transport_set_server(self.transport)
+            lib.pn_transport_set_max_frame(self.transport, listener.options.max_frame_size)
         idle_ms = int(engine.limits.idle_timeout * 1000)
         if idle_ms:
             lib.pn_transport_set_idle_timeout(self.transport, idle_ms)
@@ -188,7 +215,8 @@ class Connection:
         lib.pn_transport_bind(self.transport, self.ptr)
         self.phase = "header"  # header -> sasl -> amqp
         self.header = b""
-        self.sasl: SaslServer | None = None
+        self.sasl: SaslServer | SaslClient | None = sasl_client
+        self.session: Any = None  # the one session of an outgoing connection
         self.user: str | None = None
         self.tls: ssl.SSLObject | None = None
         self._tls_in: ssl.MemoryBIO | None = None
@@ -203,7 +231,13 @@ class Connection:
         self.links: dict[Any, Link] = {}
         self.remote_container = ""
         self.attachment: Any = None  # the broker's per-connection state
-        if listener.tls_context is not None:
+        self.client_error: str | None = None  # why an outgoing connection failed
+        if sasl_client is not None:
+            self.phase = "sasl"
+            self.raw_out += sasl_client.greeting()
+            self.writing = True  # flush once the non-blocking connect completes
+            engine.epoll.register(self.fd, _EPOLL_IN | _EPOLL_OUT)
+        if listener is not None and listener.tls_context is not None:
             self._tls_in, self._tls_out = ssl.MemoryBIO(), ssl.MemoryBIO()
             self.tls = listener.tls_context.wrap_bio(self._tls_in, self._tls_out, server_side=True)
 
@@ -255,6 +289,8 @@ class Connection:
             out, rest = self.sasl.feed(data)
             if out:
                 self.write_plain(out)
+            if self.client is not None:
+                return self._after_client_sasl(rest)
             if self.sasl.done or self.sasl.failed:
                 if self.sasl.user is None:
                     log.warning("connection %s refused: %s", self.peer, self.sasl.failed or "authentication failed")
@@ -290,6 +326,22 @@ class Connection:
         self.write_plain(SASL_HEADER if options.sasl == "required" else AMQP_HEADER)
         self.close_after_write()
         return b""
+
+    def _after_client_sasl(self, rest: bytes) -> bytes:
+        assert isinstance(self.sasl, SaslClient)
+        if self.sasl.failed:
+            log.warning("connection to %s: %s", self.peer, self.sasl.failed)
+            self.client_error = self.sasl.failed
+            self.abort()
+            return b""
+        if not self.sasl.done:
+            return b""
+        self.phase = "amqp"  # proton's client transport now writes the AMQP header and open
+        lib.pn_connection_open(self.ptr)
+        self.session = lib.pn_session(self.ptr)
+        lib.pn_session_open(self.session)
+        self.engine.dirty.add(self)
+        return rest
 
     def _push(self, data: bytes) -> None:
         view = memoryview(data)
@@ -403,6 +455,24 @@ class Connection:
         lib.pn_decref(self.transport)
         lib.pn_connection_release(self.ptr)
 
+    def open_link(self, sender: bool, address: str, name: str, handler: LinkHandler,
+                  properties: dict[Any, Any] | None = None, credit: int = 0) -> Link:
+        """Attach a link from this (outgoing) connection: the broker sends to, or receives from, address."""
+        ptr = (lib.pn_sender if sender else lib.pn_receiver)(self.session, name.encode())
+        terminus = lib.pn_link_target(ptr) if sender else lib.pn_link_source(ptr)
+        lib.pn_terminus_set_address(terminus, address.encode())
+        if properties:
+            Data(lib.pn_link_properties(ptr)).put_object(properties)
+        link = Link(ptr, self, address)
+        link.handler = handler
+        self.engine.links[ptr] = link
+        self.links[ptr] = link
+        lib.pn_link_open(ptr)
+        if credit:
+            lib.pn_link_flow(ptr, credit)
+        self.engine.dirty.add(self)
+        return link
+
     def tick(self, now_ms: int) -> None:
         if self.phase == "amqp" and not self.closed:
             # proton answers 0 when no heartbeat is due; look again in a second (the peer's idle
@@ -472,6 +542,23 @@ class Engine:
     def listen(self, listener: Listener) -> None:
         self.listeners[listener.sock.fileno()] = listener
         self.epoll.register(listener.sock.fileno(), select.EPOLLIN)
+
+    def connect(self, host: str, port: int, handler: ConnectionHandler, user: str | None = None,
+                password: str | None = None, idle_timeout: float = 0.0) -> Connection:
+        """An outgoing connection (HA peers). handler.on_open once the peer has opened; on_closed when it goes."""
+        sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+        sock.setblocking(False)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        sock.connect_ex((host, port))
+        conn = Connection(self, sock, f"{host}:{port}", None, client=handler, sasl_client=SaslClient(user, password))
+        lib.pn_connection_set_container(conn.ptr, self.container_id)
+        lib.pn_connection_set_hostname(conn.ptr, host.encode())
+        if idle_timeout:
+            lib.pn_transport_set_idle_timeout(conn.transport, int(idle_timeout * 1000))
+        self.connections[conn.fd] = conn
+        self._by_ptr[conn.ptr] = conn
+        self.dirty.add(conn)
+        return conn
 
     def call_later(self, delay: float, callback: Callable[[], None]) -> None:
         heapq.heappush(self._timers, (time.monotonic() + delay, next(self._timer_ids), callback))
@@ -565,7 +652,12 @@ class Engine:
                 return
             sock.setblocking(False)
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            conn = Connection(self, sock, listener)
+            try:
+                peer = "%s:%s" % sock.getpeername()[:2]
+            except OSError:
+                sock.close()
+                continue
+            conn = Connection(self, sock, peer, listener)
             if len(self.connections) >= self.limits.max_connections:
                 conn.refusal = (RESOURCE_LIMIT, f"too many connections (limit {self.limits.max_connections})")
             self.connections[conn.fd] = conn
@@ -593,11 +685,13 @@ class Engine:
             self.epoll.unregister(conn.fd)
         except (OSError, ValueError):
             pass
-        if conn.attachment is not None:
-            try:
+        try:
+            if conn.client is not None:
+                conn.client.on_closed(conn, conn.client_error or "connection closed")
+            elif conn.attachment is not None:
                 self.handler.connection_closed(conn)
-            except Exception:
-                log.exception("connection close handler failed")
+        except Exception:
+            log.exception("connection close handler failed")
 
     def forget_link(self, link: Link) -> None:
         if self.links.pop(link.ptr, None) is None:
@@ -701,6 +795,9 @@ class Engine:
         if conn is None:
             return
         conn.remote_container = _text(lib.pn_connection_remote_container(conn.ptr)) or ""
+        if conn.client is not None:
+            conn.client.on_open(conn)
+            return
         lib.pn_connection_set_container(conn.ptr, self.container_id)
         if conn.refusal is None:
             try:
@@ -719,6 +816,10 @@ class Engine:
         conn = self._conn_of(event)
         if conn is None:
             return
+        cond = lib.pn_connection_remote_condition(conn.ptr)
+        if lib.pn_condition_is_set(cond):
+            conn.client_error = f"{_text(lib.pn_condition_get_name(cond))}: " \
+                                f"{_text(lib.pn_condition_get_description(cond))}"
         for link in list(conn.links.values()):
             self.forget_link(link)
         lib.pn_connection_close(conn.ptr)
@@ -752,7 +853,7 @@ class Engine:
     def _on_link_remote_open(self, event: Any) -> None:
         ptr = lib.pn_event_link(event)
         conn = self._conn_of(event)
-        if conn is None:
+        if conn is None or ptr in self.links:  # our own outgoing link, answered
             return
         link = Link(ptr, conn)
         self.dirty.add(conn)

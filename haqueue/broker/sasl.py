@@ -98,3 +98,63 @@ class SaslServer:
             self.failed = f"wrong user name or password for '{user}'"
             return None
         return user
+
+
+class SaslClient:
+    """The client side, for the broker's own outgoing connections (HA peers): PLAIN or ANONYMOUS."""
+
+    def __init__(self, user: str | None, password: str | None) -> None:
+        self.user = user
+        self.password = password
+        self.done = False
+        self.failed: str | None = None
+        self._buffer = b""
+        self._header_seen = False
+
+    def greeting(self) -> bytes:
+        return SASL_HEADER
+
+    def feed(self, data: bytes) -> tuple[bytes, bytes]:
+        """(bytes to send, bytes that follow the SASL exchange)."""
+        self._buffer += data
+        out = b""
+        if not self._header_seen:
+            if len(self._buffer) < 8:
+                return b"", b""
+            if self._buffer[:8] != SASL_HEADER:
+                self.failed = f"peer answered with protocol header {self._buffer[:8]!r}, not SASL"
+                return b"", b""
+            self._header_seen = True
+            self._buffer = self._buffer[8:]
+        while not self.done and not self.failed and len(self._buffer) >= 8:
+            size, doff, _ftype, _channel = _FRAME.unpack_from(self._buffer)
+            if len(self._buffer) < size:
+                break
+            body = self._buffer[doff * 4:size]
+            self._buffer = self._buffer[size:]
+            if body:
+                out += self._on_frame(body)
+        return out, (self._buffer if self.done else b"")
+
+    def _on_frame(self, body: bytes) -> bytes:
+        data = Data()
+        data.decode(body)
+        data.rewind()
+        data.next()
+        frame = data.get_object()
+        if frame.descriptor == _MECHANISMS:
+            offered = frame.value[0]
+            offered = [str(m) for m in (offered.elements if isinstance(offered, Array) else [offered])]
+            mechanism = "PLAIN" if self.user else "ANONYMOUS"
+            if mechanism not in offered:
+                self.failed = f"peer does not offer {mechanism} (offers {', '.join(offered)})"
+                return b""
+            response = f"\0{self.user}\0{self.password}".encode() if self.user else b""
+            return _frame(_INIT, [symbol(mechanism), response])
+        if frame.descriptor == _OUTCOME:
+            code = int(frame.value[0])
+            if code != OK:
+                self.failed = f"authentication failed (SASL outcome {code})"
+            else:
+                self.done = True
+        return b""

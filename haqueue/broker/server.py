@@ -150,6 +150,7 @@ class Broker:
     # -- routing for the broker's own messages -----------------------------------------------
     def deliver(self, address: str, data: bytes) -> None:
         """Route a message the broker itself makes (management answers, dead letters)."""
+        data = bytes(data)  # proton's Message.encode gives a bytearray; queues hold bytes
         node = self.registry.resolve(address)
         queues = node.route(Routing(data).key) if isinstance(node, Exchange) else [node]
         for queue in queues:

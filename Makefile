@@ -1,0 +1,50 @@
+# `make run` and `make test` work on a fresh Debian 12 machine as root: both run `setup` first,
+# which installs whatever is missing and is quick when everything is there (stamp files).
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+# gcc, pkg-config and the -dev packages build python-qpid-proton's C core; it only enables TLS and
+# SASL if pkg-config finds openssl and libsasl2 at build time. python3-venv/-dev serve Debian's python3.
+APT_PACKAGES := python3-venv python3-dev gcc pkg-config libssl-dev libsasl2-dev
+PROTON := $(shell grep -o 'python-qpid-proton==[0-9.]*' pyproject.toml)
+PROTON_OK := $(VENV)/bin/python -c 'import proton, sys; sys.exit(not (proton.SSL.present() and proton.SASL.extended()))'
+
+.PHONY: setup apt run test quick clean
+
+setup: $(VENV)/.installed tests/js/node_modules/.installed
+
+# Asks apt only for what is missing, so a set-up machine needs neither the network nor root here.
+apt:
+	@missing=""; \
+	for p in $(APT_PACKAGES); do \
+		dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q 'ok installed' || missing="$$missing $$p"; \
+	done; \
+	command -v node >/dev/null && command -v npm >/dev/null || missing="$$missing nodejs npm"; \
+	if [ -n "$$missing" ]; then \
+		echo "apt-get install$$missing"; \
+		apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends $$missing; \
+	fi
+
+$(VENV)/.installed: pyproject.toml | apt
+	test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
+	$(VENV)/bin/pip install -q -e '.[test]'
+	@# pip may reuse a wheel it cached from a build without the -dev packages: rebuild it then.
+	$(PROTON_OK) || $(VENV)/bin/pip install -q --no-cache-dir --force-reinstall --no-deps '$(PROTON)'
+	@$(PROTON_OK) || { echo "python-qpid-proton was built without TLS or SASL" >&2; exit 1; }
+	touch $@
+
+tests/js/node_modules/.installed: tests/js/package.json | apt
+	cd tests/js && npm install --no-audit --no-fund
+	touch $@
+
+run: setup
+	$(VENV)/bin/haqueue broker --listen 127.0.0.1:5672
+
+test: setup
+	$(VENV)/bin/pytest -q
+
+quick: setup
+	$(VENV)/bin/pytest -q -m "not slow"
+
+clean:
+	rm -rf $(VENV) tests/js/node_modules

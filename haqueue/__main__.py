@@ -1,0 +1,6 @@
+"""`python -m haqueue` is the `haqueue` command."""
+import sys
+
+from haqueue.cli import main
+
+sys.exit(main())

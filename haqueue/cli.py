@@ -1,0 +1,224 @@
+"""The `haqueue` command: `haqueue broker ...` runs a broker, `haqueue admin ...` manages one.
+
+Exit codes: 0 done; 1 refused by the broker (statusCode >= 400); 2 usage, config or connection error.
+Each subcommand is an `_add_*` function that builds its parser and sets `func`, the function
+that runs it, so new subcommands are one more `_add_*` call.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from typing import Any, Callable
+
+from haqueue.admin import AdminClient, AdminError
+from haqueue.config import DEFAULT_LISTEN, EXCHANGE_TYPES, ConfigError, config_from_args, load_config, parse_address
+
+EXIT_OK, EXIT_REFUSED, EXIT_USAGE = 0, 1, 2
+LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+
+Subparsers = Any  # argparse's _SubParsersAction is private
+
+
+def _error(message: str) -> None:
+    print(f"haqueue: {message}", file=sys.stderr)
+
+
+# ---- haqueue broker ----------------------------------------------------------------------
+
+def _add_broker(commands: Subparsers) -> None:
+    p = commands.add_parser("broker", help="run a broker in the foreground until SIGTERM/SIGINT",
+                            description="Run a broker from a config file, or from --listen/--name/--data-dir "
+                                        f"(no option at all: listen on {DEFAULT_LISTEN}).")
+    p.add_argument("--config", metavar="FILE", help="YAML config file (design/management.md)")
+    p.add_argument("--listen", metavar="HOST:PORT", action="append", default=[], help="listen here (repeatable)")
+    p.add_argument("--name", help="broker name (default: the host name)")
+    p.add_argument("--data-dir", metavar="DIR", help="where the broker keeps state (default: ./data)")
+    p.set_defaults(func=_broker)
+
+
+def _broker(args: argparse.Namespace) -> int:
+    if args.config and (args.listen or args.name is not None or args.data_dir is not None):
+        _error("broker: --config cannot be combined with --listen, --name or --data-dir")
+        return EXIT_USAGE
+    try:
+        config = load_config(args.config) if args.config else config_from_args(args.listen, args.name, args.data_dir)
+    except ConfigError as e:
+        _error(str(e))
+        return EXIT_USAGE
+    logging.basicConfig(stream=sys.stderr, level=logging.INFO, format=LOG_FORMAT)
+    from haqueue.broker.server import run  # lazily: admin commands need none of the broker
+    return run(config)
+
+
+# ---- haqueue admin -----------------------------------------------------------------------
+
+class _Refused(Exception):
+    """The broker answered with statusCode >= 400."""
+
+
+Action = Callable[[AdminClient, argparse.Namespace], None]
+
+
+def _call(client: AdminClient, operation: str, type: str, name: str | None = None,
+          body: dict | None = None) -> Any:
+    code, description, answer = client.request(operation, type, name, body)
+    if code >= 400:
+        raise _Refused(description or f"refused with status {code}")
+    return answer
+
+
+def _print_json(value: Any) -> None:
+    print(json.dumps(value, default=str))  # default: AMQP types JSON lacks (timestamps, binary, ...)
+
+
+def _key_value(text: str) -> tuple[str, Any]:
+    """--arg KEY=VALUE; VALUE is JSON when it parses (10, 2.5, true), else a plain string."""
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
+    try:
+        return key, json.loads(value)
+    except ValueError:
+        return key, value
+
+
+def _address(text: str) -> str:
+    try:
+        parse_address(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    return text
+
+
+def _add_action(commands: Subparsers, name: str, action: Action, help: str) -> argparse.ArgumentParser:
+    p = commands.add_parser(name, help=help, description=help)
+    p.set_defaults(func=_admin, action=action)
+    return p
+
+
+def _add_arg_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--arg", metavar="KEY=VALUE", dest="args", action="append", type=_key_value, default=[],
+                   help="an argument; VALUE is JSON if it parses, else a string (repeatable)")
+
+
+def _add_admin(commands: Subparsers) -> None:
+    p = commands.add_parser("admin", help="manage a running broker through its $management node")
+    p.add_argument("-b", "--broker", metavar="HOST:PORT", type=_address, default=DEFAULT_LISTEN,
+                   help=f"the broker (default {DEFAULT_LISTEN})")
+    p.add_argument("--timeout", metavar="S", type=float, default=10.0, help="seconds to wait for the broker")
+    p.add_argument("--user", help="SASL PLAIN user (default: no SASL)")
+    p.add_argument("--password", help="SASL PLAIN password")
+    actions = p.add_subparsers(dest="admin_command", metavar="COMMAND", required=True)
+    _add_action(actions, "status", _status, "print the broker's status as one JSON object")
+    _add_queue(actions)
+    _add_exchange(actions)
+    _add_binding(actions)
+
+
+def _admin(args: argparse.Namespace) -> int:
+    try:
+        with AdminClient(args.broker, args.timeout, args.user, args.password) as client:
+            args.action(client, args)
+    except _Refused as e:
+        _error(str(e))
+        return EXIT_REFUSED
+    except AdminError as e:
+        _error(str(e))
+        return EXIT_USAGE
+    return EXIT_OK
+
+
+def _status(client: AdminClient, args: argparse.Namespace) -> None:
+    _print_json(_call(client, "READ", "broker"))
+
+
+def _add_queue(actions: Subparsers) -> None:
+    p = actions.add_parser("queue", help="add, delete or list queues")
+    sub = p.add_subparsers(dest="queue_command", metavar="COMMAND", required=True)
+    add = _add_action(sub, "add", _queue_add, "declare a queue; prints its attributes")
+    add.add_argument("name")
+    _add_arg_option(add)
+    _add_action(sub, "del", _queue_del, "delete a queue").add_argument("name")
+    _add_action(sub, "list", _queue_list, "print one JSON object per queue (name, depth, consumers, args)")
+
+
+def _queue_add(client: AdminClient, args: argparse.Namespace) -> None:
+    _print_json(_call(client, "CREATE", "queue", args.name, dict(args.args)))
+
+
+def _queue_del(client: AdminClient, args: argparse.Namespace) -> None:
+    _call(client, "DELETE", "queue", args.name)
+
+
+def _queue_list(client: AdminClient, args: argparse.Namespace) -> None:
+    for queue in _call(client, "QUERY", "queue") or []:
+        _print_json(queue)
+
+
+def _add_exchange(actions: Subparsers) -> None:
+    p = actions.add_parser("exchange", help="add, delete or list exchanges")
+    sub = p.add_subparsers(dest="exchange_command", metavar="COMMAND", required=True)
+    add = _add_action(sub, "add", _exchange_add, "declare an exchange; prints its attributes")
+    add.add_argument("name")
+    add.add_argument("--type", required=True, choices=EXCHANGE_TYPES)
+    _add_arg_option(add)
+    _add_action(sub, "del", _exchange_del, "delete an exchange").add_argument("name")
+    _add_action(sub, "list", _exchange_list, "print one JSON object per exchange (name, type, args)")
+
+
+def _exchange_add(client: AdminClient, args: argparse.Namespace) -> None:
+    _print_json(_call(client, "CREATE", "exchange", args.name, {**dict(args.args), "type": args.type}))
+
+
+def _exchange_del(client: AdminClient, args: argparse.Namespace) -> None:
+    _call(client, "DELETE", "exchange", args.name)
+
+
+def _exchange_list(client: AdminClient, args: argparse.Namespace) -> None:
+    for exchange in _call(client, "QUERY", "exchange") or []:
+        _print_json(exchange)
+
+
+def _add_binding(actions: Subparsers) -> None:
+    for name, action, help in (("bind", _bind, "bind a queue to an exchange"),
+                               ("unbind", _unbind, "remove a binding")):
+        p = _add_action(actions, name, action, help)
+        p.add_argument("exchange")
+        p.add_argument("queue")
+        p.add_argument("--key", default="", help="binding key (default: empty)")
+
+
+def _binding(args: argparse.Namespace) -> dict[str, str]:
+    return {"exchange": args.exchange, "queue": args.queue, "key": args.key}
+
+
+def _bind(client: AdminClient, args: argparse.Namespace) -> None:
+    _call(client, "CREATE", "binding", body=_binding(args))
+
+
+def _unbind(client: AdminClient, args: argparse.Namespace) -> None:
+    _call(client, "DELETE", "binding", body=_binding(args))
+
+
+# ---- entry point -------------------------------------------------------------------------
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="haqueue", description="A replicated AMQP 1.0 broker.")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    _add_broker(commands)
+    _add_admin(commands)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        args = build_parser().parse_args(argv)
+    except SystemExit as e:  # argparse exits on usage errors (2) and --help (0); return the code instead
+        return e.code if isinstance(e.code, int) else EXIT_OK
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,115 @@
+"""`haqueue` usage, config and connection errors: exit code 2 and a message on stderr.
+
+No broker is needed: these stop before one would start or be reached.
+"""
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from haqueue.cli import main
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+def haqueue(*args: str, timeout: float = 30) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "haqueue", *args], cwd=REPO_ROOT, capture_output=True, text=True,
+                          stdin=subprocess.DEVNULL, timeout=timeout)
+
+
+@pytest.mark.parametrize("args, message", [
+    ([], "required: COMMAND"),
+    (["bogus"], "invalid choice"),
+    (["broker", "--bogus"], "unrecognized arguments: --bogus"),
+    (["admin"], "required: COMMAND"),
+    (["admin", "queue"], "required: COMMAND"),
+    (["admin", "queue", "add"], "required: name"),
+    (["admin", "queue", "add", "q", "--arg", "novalue"], "expected KEY=VALUE"),
+    (["admin", "exchange", "add", "e"], "required: --type"),
+    (["admin", "exchange", "add", "e", "--type", "headers"], "invalid choice: 'headers'"),
+    (["admin", "bind", "e"], "required: queue"),
+    (["admin", "-b", "localhost", "status"], "must be HOST:PORT"),
+    (["admin", "--timeout", "soon", "status"], "invalid float value"),
+])
+def test_bad_usage(args: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(args) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_help_exits_0(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["admin", "--help"]) == 0
+    assert "queue" in capsys.readouterr().out
+
+
+def test_bad_usage_subprocess() -> None:
+    result = haqueue("admin", "queue", "frobnicate")
+    assert result.returncode == 2
+    assert "invalid choice: 'frobnicate'" in result.stderr
+
+
+def test_missing_config_file(tmp_path: Path) -> None:
+    result = haqueue("broker", "--config", str(tmp_path / "missing.yaml"))
+    assert result.returncode == 2
+    assert f"{tmp_path / 'missing.yaml'}: cannot read: No such file or directory" in result.stderr
+
+
+def test_config_with_bad_key(tmp_path: Path) -> None:
+    config = tmp_path / "broker.yaml"
+    config.write_text("lisen: ['127.0.0.1:5672']\n")
+    result = haqueue("broker", "--config", str(config))
+    assert result.returncode == 2
+    assert f"{config}: lisen: unknown key (known: name, listen," in result.stderr
+
+
+def test_config_with_bad_value(tmp_path: Path) -> None:
+    config = tmp_path / "broker.yaml"
+    config.write_text("limits: {max_depth: -1}\n")
+    result = haqueue("broker", "--config", str(config))
+    assert result.returncode == 2
+    assert f"{config}: limits.max_depth: must be a non-negative integer, got -1" in result.stderr
+
+
+def test_bad_listen_option() -> None:
+    result = haqueue("broker", "--listen", "127.0.0.1")
+    assert result.returncode == 2
+    assert 'command line: --listen: must be HOST:PORT with a port 1..65535, got "127.0.0.1"' in result.stderr
+
+
+def test_config_and_listen_together(tmp_path: Path) -> None:
+    result = haqueue("broker", "--config", str(tmp_path / "x.yaml"), "--listen", "127.0.0.1:5672")
+    assert result.returncode == 2
+    assert "--config cannot be combined with --listen" in result.stderr
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_admin_connection_refused() -> None:
+    port = free_port()  # nothing listens there any more
+    result = haqueue("admin", "-b", f"127.0.0.1:{port}", "--timeout", "5", "status")
+    assert result.returncode == 2
+    assert f"cannot connect to 127.0.0.1:{port}" in result.stderr
+    assert result.stdout == ""
+
+
+@pytest.fixture
+def silent_server() -> Iterator[int]:
+    """A TCP port that accepts connections (the kernel does) but never says a word of AMQP."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        yield s.getsockname()[1]
+
+
+def test_admin_timeout(silent_server: int) -> None:
+    result = haqueue("admin", "-b", f"127.0.0.1:{silent_server}", "--timeout", "0.5", "queue", "list")
+    assert result.returncode == 2
+    assert "timed out" in result.stderr
