@@ -49,7 +49,12 @@ def _broker(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     logging.basicConfig(stream=sys.stderr, level=logging.INFO, format=LOG_FORMAT)
     from haqueue.broker.server import run  # lazily: admin commands need none of the broker
-    return run(config)
+    plugins = []
+    if config.ha is not None:
+        from haqueue.ha import HaBroker
+        ha = config.ha
+        plugins.append(lambda broker: HaBroker(broker, ha))
+    return run(config, plugins)
 
 
 # ---- haqueue admin -----------------------------------------------------------------------
@@ -115,11 +120,13 @@ def _add_admin(commands: Subparsers) -> None:
     _add_queue(actions)
     _add_exchange(actions)
     _add_binding(actions)
+    _add_ha(actions)
 
 
 def _admin(args: argparse.Namespace) -> int:
+    timeout = getattr(args, "ping_timeout", None) or args.timeout
     try:
-        with AdminClient(args.broker, args.timeout, args.user, args.password) as client:
+        with AdminClient(args.broker, timeout, args.user, args.password) as client:
             args.action(client, args)
     except _Refused as e:
         _error(str(e))
@@ -209,6 +216,7 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     _add_broker(commands)
     _add_admin(commands)
+    _add_cluster(commands)
     return parser
 
 
@@ -218,6 +226,55 @@ def main(argv: list[str] | None = None) -> int:
     except SystemExit as e:  # argparse exits on usage errors (2) and --help (0); return the code instead
         return e.code if isinstance(e.code, int) else EXIT_OK
     return args.func(args)
+
+
+
+def _add_ha(actions: Subparsers) -> None:
+    p = actions.add_parser("ha", help="HA role and status")
+    sub = p.add_subparsers(dest="ha_command", metavar="COMMAND", required=True)
+    _add_action(sub, "status", _ha_status, "print role, state, epoch, brokers (and backups on a primary) as JSON")
+    promote = _add_action(sub, "promote", _ha_promote, "make this backup the primary (refused unless ready)")
+    promote.add_argument("--force", action="store_true", help="promote even if the backup is not ready")
+    ping = _add_action(sub, "ping", _ha_ping, "exit 0 only if the broker answers in time")
+    ping.add_argument("--timeout", dest="ping_timeout", metavar="S", type=float, default=None,
+                      help="seconds to wait (default: the admin --timeout)")
+
+
+def _ha_status(client: AdminClient, args: argparse.Namespace) -> None:
+    _print_json(_call(client, "READ", "ha"))
+
+
+def _ha_promote(client: AdminClient, args: argparse.Namespace) -> None:
+    _print_json(_call(client, "PROMOTE", "ha", body={"force": args.force}))
+
+
+def _ha_ping(client: AdminClient, args: argparse.Namespace) -> None:
+    _call(client, "READ", "broker")
+
+
+# ---- haqueue cluster ---------------------------------------------------------------------
+
+def _add_cluster(commands: Subparsers) -> None:
+    p = commands.add_parser("cluster", help="run a local HA cluster")
+    sub = p.add_subparsers(dest="cluster_command", metavar="COMMAND", required=True)
+    up = sub.add_parser("up", help="run N brokers as a hot-standby cluster in the foreground",
+                        description="Run N brokers as a local hot-standby cluster; the first is promoted, and when "
+                                    "the primary dies the most up-to-date ready backup takes over.")
+    up.add_argument("--size", type=int, default=3, help="number of brokers (default 3)")
+    up.add_argument("--dir", default="./cluster", help="configs, data and logs (default ./cluster)")
+    up.add_argument("--public", type=_address, default=DEFAULT_LISTEN,
+                    help=f"the clients' address, bound by the primary (default {DEFAULT_LISTEN})")
+    up.add_argument("--base-port", type=int, default=5701, help="broker i listens on base-port + i (default 5701)")
+    up.set_defaults(func=_cluster_up)
+
+
+def _cluster_up(args: argparse.Namespace) -> int:
+    if args.size < 1:
+        _error("--size must be at least 1")
+        return EXIT_USAGE
+    logging.basicConfig(stream=sys.stderr, level=logging.INFO, format=LOG_FORMAT)
+    from haqueue.coord.supervisor import cluster_up
+    return cluster_up(args.size, args.dir, parse_address(args.public), args.base_port)
 
 
 if __name__ == "__main__":

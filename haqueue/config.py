@@ -71,6 +71,18 @@ class BindingConfig:
 
 
 @dataclass
+class HaConfig:
+    """The `ha:` section: this broker is one of a hot-standby cluster."""
+
+    brokers: list[tuple[str, int]]  # every broker's real address, this one included
+    username: str
+    password: str
+    public: tuple[str, int] | None = None  # the clients' address, bound only while primary
+    replicate: str = "all"  # default x-replicate: none | configuration | all
+    backup_timeout: float = 5.0  # seconds a backup may take to confirm before it is dropped
+
+
+@dataclass
 class BrokerConfig:
     name: str
     listen: list[ListenerConfig]
@@ -83,6 +95,7 @@ class BrokerConfig:
     anonymous: bool = True
     tls: TlsConfig | None = None
     limits: LimitsConfig = field(default_factory=LimitsConfig)
+    ha: HaConfig | None = None
 
 
 def parse_address(text: str) -> tuple[str, int]:
@@ -278,6 +291,14 @@ _TOP: dict[str, Check] = {
     "anonymous": _bool,
     "tls": _record(TlsConfig, {"cert_file": _name, "key_file": _name, "ca_file": _name}, ("cert_file", "key_file")),
     "limits": _record(LimitsConfig, _LIMITS),
+    "ha": _record(HaConfig, {
+        "brokers": _list_of(_address),
+        "username": _name,
+        "password": _name,
+        "public": _address,
+        "replicate": _choice("none", "configuration", "all"),
+        "backup_timeout": _seconds,
+    }, ("brokers", "username", "password")),
 }
 
 

@@ -65,6 +65,7 @@ class EngineHandler(Protocol):
     def connection_closed(self, conn: "Connection") -> None: ...
     def link_opened(self, link: "Link") -> LinkHandler: ...  # raise BrokerError to refuse
     def after_pass(self) -> None: ...
+    def pending(self) -> bool: ...  # work scheduled for the next pass
 
 
 def _text(ptr: Any) -> str | None:
@@ -592,7 +593,7 @@ class Engine:
         timeout = -1.0
         if self._timers:
             timeout = max(self._timers[0][0] - time.monotonic(), 0.0)
-        if self.dirty:
+        if self.dirty or self.handler.pending():
             timeout = 0.0
         try:
             events = self.epoll.poll(timeout)
@@ -614,7 +615,10 @@ class Engine:
                 except BlockingIOError:
                     pass
         self._drain()
-        self.handler.after_pass()
+        try:
+            self.handler.after_pass()
+        except Exception:
+            log.exception("dispatch failed")
         self._drain()
         if self._timers and self._timers[0][0] <= time.monotonic():
             self._run_timers()
@@ -866,7 +870,7 @@ class Engine:
                                                   f"(limit {self.limits.max_links_per_connection})")
             link.handler = self.handler.link_opened(link)
         except BrokerError as e:
-            log.info("link '%s' to %s refused: %s", link.name, link.address, e.description)
+            log.debug("link '%s' to %s refused: %s", link.name, link.address, e.description)
             # Refusing an attach: answer it with a null terminus, then detach with the error.
             lib.pn_terminus_set_type(lib.pn_link_source(ptr) if link.is_sender else lib.pn_link_target(ptr),
                                      lib.PN_UNSPECIFIED)

@@ -39,6 +39,7 @@ class Subscriber(Protocol):
 
 class QueueObserver(Protocol):
     def enqueued(self, queue: "Queue", entry: Entry) -> None: ...
+    def acquired(self, queue: "Queue", entry: Entry) -> None: ...
     def dequeued(self, queue: "Queue", entry: Entry) -> None: ...
 
 
@@ -71,14 +72,18 @@ class Queue:
         self.observers: list[QueueObserver] = []
         self.guards: list[Guard] = []
         self.deleted = False
+        self.temporary = False  # made for one link (dynamic or an exchange subscription); goes with it
 
     # -- enqueue -------------------------------------------------------------------------
     def full(self) -> bool:
         return self.max_depth > 0 and self.depth >= self.max_depth
 
-    def enqueue(self, data: bytes, expiry: float, completion: Completion | None = None) -> Entry:
+    def enqueue(self, data: bytes, expiry: float, completion: Completion | None = None, seq: int = 0) -> Entry:
+        """Append a message; `seq` is given only by a replica, which keeps its primary's numbering."""
         if self.default_ttl and not expiry:
             expiry = time.monotonic() + self.default_ttl
+        if seq:
+            self.next_seq = max(self.next_seq, seq)
         entry = Entry(self.next_seq, data, expiry)
         self.next_seq += 1
         self._log.append(entry)
@@ -87,7 +92,7 @@ class Queue:
             self.expiring += 1
         if self.guards and completion is not None:
             for guard in self.guards:
-                guard.enqueued(self, entry, completion)
+                guard.hold(self, entry, completion)
         for observer in self.observers:
             observer.enqueued(self, entry)
         if self.consumers or self.browsers:
@@ -159,6 +164,8 @@ class Queue:
                     if entry is None:
                         break
                     entry.state = ACQUIRED
+                    for observer in self.observers:
+                        observer.acquired(self, entry)
                     credits[i] -= 1
                     remaining -= 1
                     consumers[i].deliver(entry)
@@ -221,6 +228,22 @@ class Queue:
         group = self.browsers if subscriber.browse else self.consumers
         if subscriber in group:
             group.remove(subscriber)
+
+    def merge(self, entries: list[Entry]) -> None:
+        """Put entries made elsewhere (a replica's catch-up) at their seq positions, in one pass.
+
+        Only for a queue nobody consumes from yet: consumer and browser positions start over."""
+        live = [e for e in self._log[self._head:] if e.state != DEQUEUED]
+        added = [e for e in entries if e.state != DEQUEUED]
+        self._base += len(self._log)
+        self._log = sorted(live + added, key=lambda e: e.seq)  # two sorted runs: linear
+        self._head = 0
+        self._cursor = self._base
+        self._returned = []
+        self.depth += len(added)
+        self.expiring += sum(1 for e in added if e.expiry)
+        if self._log:
+            self.next_seq = max(self.next_seq, self._log[-1].seq + 1)
 
     def entries(self) -> list[Entry]:
         """Live entries in seq order (cold path: management, HA snapshots)."""

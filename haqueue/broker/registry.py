@@ -83,7 +83,8 @@ class Registry:
             if reason:
                 raise BrokerError(INVALID_FIELD, f"{kind} '{name}': {reason}")
 
-    def declare_queue(self, name: str, args: dict[str, Any], uid: str | None = None) -> tuple[Queue, bool]:
+    def declare_queue(self, name: str, args: dict[str, Any], uid: str | None = None,
+                      temporary: bool = False) -> tuple[Queue, bool]:
         """(queue, created). Declaring an existing queue is fine; an exchange of that name is a conflict."""
         existing = self.nodes.get(name)
         if isinstance(existing, Queue):
@@ -94,6 +95,7 @@ class Registry:
         if "max_depth" not in args and self.default_max_depth:
             args = {**args, "max_depth": self.default_max_depth}
         queue = Queue(name, args, uid or uuid.uuid4().hex, self._schedule)
+        queue.temporary = temporary
         self.nodes[name] = queue
         for hook in self.queue_hooks:
             hook(queue)

@@ -13,10 +13,10 @@ import os
 import signal
 import ssl
 import uuid
-from typing import Any, Callable
+from typing import Any, Callable, Protocol, Sequence
 
 from .. import __version__
-from ..config import BrokerConfig
+from ..config import BrokerConfig, ListenerConfig
 from .engine import Connection, Engine, Link, LinkHandler, Listener
 from .errors import BrokerError, INVALID_FIELD, RESOURCE_LOCKED
 from .exchange import Exchange
@@ -31,18 +31,25 @@ log = logging.getLogger("haqueue.broker")
 Admission = Callable[[Connection], None]  # raises BrokerError to refuse
 
 
+class Dispatchable(Protocol):
+    deleted: bool
+
+    def dispatch(self) -> None: ...
+
+
 class Broker:
     def __init__(self, config: BrokerConfig) -> None:
         self.config = config
         self.name = config.name
-        self._dirty: set[Queue] = set()
-        self.registry = Registry(config.auto_create, config.limits.max_depth, self._dirty.add)
+        self._dirty: set[Dispatchable] = set()
+        self.registry = Registry(config.auto_create, config.limits.max_depth, self.schedule)
         self.engine = Engine(self, config.limits, config.name, self.authenticate, config.anonymous)
         self.management = Management(self)
         self.admission: list[Admission] = []
         self.endpoints: dict[str, Callable[[Link], LinkHandler]] = {}
         self.status_hooks: list[Callable[[dict[str, Any]], None]] = []
         self.connections: set[Connection] = set()
+        self._tls: ssl.SSLContext | None = None
 
     # -- set-up ------------------------------------------------------------------------------
     def declare_configured(self) -> None:
@@ -55,19 +62,23 @@ class Broker:
             self.registry.resolve(b.queue)
             self.registry.bind(b.exchange, b.queue, b.key, dict(b.args))
 
-    def open_listeners(self) -> None:
-        tls_context = None
-        if self.config.tls is not None:
-            tls_context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-            tls_context.load_cert_chain(self.config.tls.cert_file, self.config.tls.key_file)
-            if self.config.tls.ca_file:
-                tls_context.load_verify_locations(self.config.tls.ca_file)
-                tls_context.verify_mode = ssl.CERT_OPTIONAL
-        for options in self.config.listen:
-            listener = Listener(options, tls_context if options.tls else None, self.config.users,
-                                self.config.anonymous)
-            self.engine.listen(listener)
-            log.info("listening on %s:%s%s", options.host, options.port, " (TLS)" if options.tls else "")
+    def _tls_context(self) -> ssl.SSLContext | None:
+        if self.config.tls is None:
+            return None
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        context.load_cert_chain(self.config.tls.cert_file, self.config.tls.key_file)
+        if self.config.tls.ca_file:
+            context.load_verify_locations(self.config.tls.ca_file)
+            context.verify_mode = ssl.CERT_OPTIONAL
+        return context
+
+    def listen(self, options: ListenerConfig) -> None:
+        """Open a listener (at start, or later: HA binds the public address on promotion)."""
+        if options.tls and self._tls is None:
+            self._tls = self._tls_context()
+        listener = Listener(options, self._tls if options.tls else None, self.config.users, self.config.anonymous)
+        self.engine.listen(listener)
+        log.info("listening on %s:%s%s", options.host, options.port, " (TLS)" if options.tls else "")
 
     def authenticate(self, mechanism: str, user: str, password: str) -> bool:
         if mechanism == "ANONYMOUS":
@@ -93,14 +104,15 @@ class Broker:
             return special(link)
         if not link.is_sender:  # the client publishes
             if link.dynamic:
-                link.address = address = self._temporary_name()
-                return Publisher(self, link, self.registry.declare_queue(address, {"auto-delete": True})[0])
+                queue = self._temporary_queue()
+                link.address = queue.name
+                return Publisher(self, link, queue)
             return Publisher(self, link, self.registry.resolve(address) if address else None)
         # the client consumes
         owns = False
         if link.dynamic:
-            link.address = self._temporary_name()
-            queue = self.registry.declare_queue(link.address, {})[0]
+            queue = self._temporary_queue()
+            link.address = queue.name
             owns = True
         elif not address:
             raise BrokerError(INVALID_FIELD, "a receiving link needs a source address (or dynamic)")
@@ -127,25 +139,31 @@ class Broker:
                 return factory
         return None
 
-    def _temporary_name(self) -> str:
-        return f"amq.tmp.{uuid.uuid4().hex}"
+    def _temporary_queue(self, name: str | None = None) -> Queue:
+        """A queue that lives as long as the link it was made for (never replicated: the link cannot fail over)."""
+        queue = self.registry.declare_queue(name or f"amq.tmp.{uuid.uuid4().hex}", {"auto-delete": True},
+                                            temporary=True)[0]
+        return queue
 
     def _subscription_queue(self, exchange: Exchange) -> Queue:
         """A private queue bound to an exchange for a client that consumes from the exchange itself."""
-        name = f"{exchange.name}.sub.{uuid.uuid4().hex[:12]}"
-        queue = self.registry.declare_queue(name, {"auto-delete": True})[0]
-        self.registry.bind(exchange.name, name, "#" if exchange.type == "topic" else "", {})
+        queue = self._temporary_queue(f"{exchange.name}.sub.{uuid.uuid4().hex[:12]}")
+        self.registry.bind(exchange.name, queue.name, "#" if exchange.type == "topic" else "", {})
         return queue
 
     def after_pass(self) -> None:
-        dirty = self._dirty
-        while dirty:
-            queue = dirty.pop()
-            if not queue.deleted:
-                queue.dispatch()
+        """Dispatch what changed this pass; what is scheduled meanwhile waits for the next pass."""
+        dirty, self._dirty = self._dirty, set()
+        for item in dirty:
+            if not item.deleted:
+                item.dispatch()
 
-    def schedule(self, queue: Queue) -> None:
-        self._dirty.add(queue)
+    def pending(self) -> bool:
+        return bool(self._dirty)
+
+    def schedule(self, item: "Dispatchable") -> None:
+        """Ask for item.dispatch() at the end of this pass (a queue, or a plug-in's sender)."""
+        self._dirty.add(item)
 
     # -- routing for the broker's own messages -----------------------------------------------
     def deliver(self, address: str, data: bytes) -> None:
@@ -177,7 +195,8 @@ class Broker:
     def start(self) -> None:
         os.makedirs(self.config.data_dir, exist_ok=True)
         self.declare_configured()
-        self.open_listeners()
+        for options in self.config.listen:
+            self.listen(options)
         self.engine.every(1.0, self._expire)
 
     def _expire(self) -> None:
@@ -189,11 +208,14 @@ class Broker:
         self.engine.shutdown()
 
 
-def run(config: BrokerConfig) -> int:
-    """Run a broker in the foreground until SIGTERM or SIGINT; the exit code."""
+def run(config: BrokerConfig, plugins: Sequence[Callable[[Broker], Any]] = ()) -> int:
+    """Run a broker in the foreground until SIGTERM or SIGINT; the exit code.
+    Each plug-in (HA, the audit log) is called with the started broker to attach its hooks."""
     broker = Broker(config)
     try:
         broker.start()
+        for plugin in plugins:
+            plugin(broker)
     except (OSError, BrokerError) as e:
         log.error("cannot start: %s", e)
         return 1

@@ -1,0 +1,229 @@
+"""The local supervisor (`haqueue cluster up`): N brokers on one machine as a hot-standby cluster.
+
+It promotes the first broker, then watches: when the primary's process dies or stops answering,
+it kills what is left of it (fencing, as Pacemaker's stop would), promotes the most up-to-date
+ready backup, and restarts the dead broker as a backup. The public address is a listener only
+the primary binds, so it moves with the role exactly as a virtual IP does.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import yaml
+
+from ..admin import AdminClient, AdminError
+
+log = logging.getLogger("haqueue.cluster")
+
+CHECK_INTERVAL = 0.2  # seconds between looks at the primary
+PING_TIMEOUT = 1.0  # a primary that does not answer in this long, twice, is declared hung
+
+
+@dataclass
+class Member:
+    name: str
+    address: tuple[str, int]
+    config_path: str
+    log_path: str
+    process: subprocess.Popen[bytes] | None = None
+    log_file: Any = field(default=None, repr=False)
+
+    @property
+    def endpoint(self) -> str:
+        return f"{self.address[0]}:{self.address[1]}"
+
+
+class Supervisor:
+    def __init__(self, size: int, directory: str, public: tuple[str, int], base_port: int,
+                 host: str = "127.0.0.1", backup_timeout: float = 5.0, extra: dict[str, Any] | None = None) -> None:
+        self.directory = os.path.abspath(directory)
+        self.public = public
+        self.username = "ha"
+        self.password = secrets.token_hex(16)
+        self.members = [self._member(i, host, base_port + i, size, backup_timeout, extra or {}) for i in range(size)]
+        self.primary: Member | None = None
+        self._stopping = False
+        self._ping_client: AdminClient | None = None
+        self._ping_target: Member | None = None
+
+    def _member(self, i: int, host: str, port: int, size: int, backup_timeout: float,
+                extra: dict[str, Any]) -> Member:
+        name = f"broker-{i}"
+        config = {
+            "name": name,
+            "listen": [f"{host}:{port}"],
+            "data_dir": os.path.join(self.directory, name),
+            "ha": {"brokers": [f"{host}:{port - i + j}" for j in range(size)],
+                   "public": f"{self.public[0]}:{self.public[1]}", "username": self.username,
+                   "password": self.password, "backup_timeout": backup_timeout},
+            **extra,
+        }
+        os.makedirs(self.directory, exist_ok=True)
+        path = os.path.join(self.directory, f"{name}.yaml")
+        with open(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w", encoding="utf-8") as f:
+            yaml.safe_dump(config, f)
+        return Member(name, (host, port), path, os.path.join(self.directory, f"{name}.log"))
+
+    def admin(self, member: Member, timeout: float = 5.0) -> AdminClient:
+        return AdminClient(member.endpoint, timeout, self.username, self.password)
+
+    def request(self, member: Member, operation: str, type_: str, body: dict | None = None,
+                timeout: float = 5.0) -> Any:
+        with self.admin(member, timeout) as client:
+            code, description, answer = client.request(operation, type_, body=body)
+        if code >= 400:
+            raise AdminError(f"{member.name}: {description}")
+        return answer
+
+    # -- processes -----------------------------------------------------------------------------
+    def start(self, member: Member) -> None:
+        member.log_file = open(member.log_path, "ab")
+        member.process = subprocess.Popen([sys.executable, "-m", "haqueue", "broker", "--config", member.config_path],
+                                          stdout=member.log_file, stderr=member.log_file)
+        self.wait_answering(member, 15.0)
+
+    def wait_answering(self, member: Member, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                self.request(member, "READ", "broker", timeout=1.0)
+                return
+            except AdminError:
+                if member.process is not None and member.process.poll() is not None:
+                    raise AdminError(f"{member.name} exited with {member.process.returncode}; see {member.log_path}")
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.05)  # polling a process that is starting, bounded by the deadline
+
+    def kill(self, member: Member) -> None:
+        if member.process is not None and member.process.poll() is None:
+            member.process.kill()
+            member.process.wait()
+        if member.log_file is not None:
+            member.log_file.close()
+            member.log_file = None
+
+    # -- roles ---------------------------------------------------------------------------------
+    def up(self) -> None:
+        for member in self.members:
+            self.start(member)
+        self.promote(self.members[0])
+
+    def promote(self, member: Member) -> None:
+        self.request(member, "PROMOTE", "ha", {"force": False})
+        self.primary = member
+        log.info("%s is primary", member.name)
+
+    def _healthy(self, member: Member) -> bool:
+        """Alive and answering; one connection is kept open to the primary for these pings."""
+        if member.process is None or member.process.poll() is not None:
+            return False
+        for _ in range(2):
+            try:
+                if self._ping_client is None or self._ping_target is not member:
+                    self._close_ping()
+                    self._ping_client, self._ping_target = self.admin(member, PING_TIMEOUT), member
+                code, _, _ = self._ping_client.request("READ", "broker")
+                return code < 400
+            except AdminError:
+                self._close_ping()
+        return False
+
+    def _close_ping(self) -> None:
+        if self._ping_client is not None:
+            self._ping_client.close()
+        self._ping_client = self._ping_target = None
+
+    def best_backup(self) -> Member | None:
+        """The ready backup that has applied the most of the old primary's stream."""
+        best, best_applied = None, -1
+        for member in self.members:
+            if member is self.primary or member.process is None or member.process.poll() is not None:
+                continue
+            try:
+                status = self.request(member, "READ", "ha", timeout=PING_TIMEOUT)
+            except AdminError:
+                continue
+            if status.get("role") == "backup" and status.get("state") == "ready" and status["applied"] > best_applied:
+                best, best_applied = member, status["applied"]
+        return best
+
+    def failover(self) -> None:
+        failed = self.primary
+        assert failed is not None
+        log.warning("primary %s failed; promoting a ready backup", failed.name)
+        self.kill(failed)
+        deadline = time.monotonic() + 30.0
+        while not self._stopping:
+            candidate = self.best_backup()
+            if candidate is not None:
+                try:
+                    self.promote(candidate)
+                    break
+                except AdminError as e:
+                    log.warning("promotion of %s refused: %s", candidate.name, e)
+            if time.monotonic() > deadline:
+                log.error("no ready backup to promote after 30 s; still waiting")
+                deadline = time.monotonic() + 30.0
+            time.sleep(CHECK_INTERVAL)  # bounded retry while backups catch up
+        log.info("restarting %s as a backup", failed.name)
+        self.start(failed)
+
+    def watch(self) -> None:
+        while not self._stopping:
+            if self.primary is not None and not self._healthy(self.primary):
+                if self._stopping:
+                    break
+                self.failover()
+            for member in self.members:
+                if member is not self.primary and member.process is not None and member.process.poll() is not None \
+                        and not self._stopping:
+                    log.warning("backup %s exited (%s); restarting it", member.name, member.process.returncode)
+                    self.kill(member)
+                    self.start(member)
+            time.sleep(CHECK_INTERVAL)  # the supervisor's own pace, not a synchronisation
+
+    def stop(self) -> None:
+        self._stopping = True
+
+    def down(self) -> None:
+        self._close_ping()
+        for member in self.members:
+            if member.process is not None and member.process.poll() is None:
+                member.process.terminate()
+        for member in self.members:
+            if member.process is not None:
+                try:
+                    member.process.wait(timeout=10)
+                except subprocess.TimeoutExpired:
+                    member.process.kill()
+                    member.process.wait()
+            self.kill(member)
+
+
+def cluster_up(size: int, directory: str, public: tuple[str, int], base_port: int) -> int:
+    logging.getLogger("proton").setLevel(logging.WARNING)  # it logs every admin connection at INFO
+    supervisor = Supervisor(size, directory, public, base_port)
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: supervisor.stop())
+    try:
+        supervisor.up()
+        for member in supervisor.members:
+            role = "primary" if member is supervisor.primary else "backup"
+            print(f"{member.name} {member.endpoint} {role} (log {member.log_path})", flush=True)
+        print(f"public {public[0]}:{public[1]}", flush=True)
+        supervisor.watch()
+    except AdminError as e:
+        log.error("%s", e)
+        return 1
+    finally:
+        supervisor.down()
+    return 0

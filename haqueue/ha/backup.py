@@ -1,0 +1,148 @@
+"""Backup: finds and follows the primary, runs the wiring replicator and one QueueReplicator per
+message-replicated queue, and knows its own state: joining -> catchup -> ready.
+
+It tries each broker of `ha.brokers` in turn; only the primary accepts the `$ha.wiring` link. A
+backup that loses its primary keeps its state (a ready backup stays ready, so it can be promoted)
+and keeps looking.
+"""
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any
+
+from ..broker.engine import Connection
+from ..broker.message import delivery_count, with_delivery_count
+from ..broker.queue import Queue
+from . import protocol
+from .queue_replicator import QueueReplicator
+from .role import CATCHUP, JOINING, READY
+from .wiring_replicator import WiringReplicator
+
+if TYPE_CHECKING:
+    from .ha_broker import HaBroker
+
+log = logging.getLogger("haqueue.ha.backup")
+
+RETRY_INTERVAL = 0.2  # seconds between attempts to find the primary
+HEARTBEAT = 2.0  # idle timeout on the link to the primary: a hung primary is noticed within it
+
+
+class Backup:
+    def __init__(self, ha: "HaBroker") -> None:
+        self.ha = ha
+        self.state = JOINING
+        self.conn: Connection | None = None
+        self.primary: str | None = None
+        self.members: dict[str, str] = {}
+        self.replicators: dict[str, QueueReplicator] = {}
+        self.acquired: dict[str, set[int]] = {}  # queue -> seqs a consumer held on the primary
+        self.applied = 0  # replication transfers applied: ranks backups by how up to date they are
+        self.wiring: WiringReplicator | None = None
+        self.stopped = False
+        own = (ha.config_address.host, ha.config_address.port) if ha.config_address else None
+        self.candidates = [addr for addr in ha.config.brokers if addr != own]
+        self._next = 0
+        ha.broker.engine.call_later(0, self._connect)
+
+    # -- finding the primary -----------------------------------------------------------------
+    def _connect(self) -> None:
+        if self.stopped or self.conn is not None or not self.candidates:
+            return
+        host, port = self.candidates[self._next % len(self.candidates)]
+        self._next += 1
+        config = self.ha.config
+        self.conn = self.ha.broker.engine.connect(host, port, self, config.username, config.password,
+                                                  idle_timeout=HEARTBEAT)
+
+    def on_open(self, conn: Connection) -> None:
+        if conn is not self.conn:
+            return
+        self.wiring = WiringReplicator(self)
+        self.wiring.link = conn.open_link(False, protocol.WIRING, protocol.WIRING, self.wiring, credit=1000,
+                                          properties={protocol.BROKER: self.ha.broker.name,
+                                                      protocol.EPOCH: self.ha.epoch.epoch})
+
+    def on_closed(self, conn: Connection, reason: str) -> None:
+        if conn is not self.conn:
+            return
+        if self.primary is not None:
+            log.warning("lost primary %s: %s", self.primary, reason)
+        self.conn = None
+        self.primary = None
+        self.wiring = None
+        self.replicators.clear()
+        if not self.stopped:
+            self.ha.broker.engine.call_later(RETRY_INTERVAL, self._connect)
+
+    def _give_up_on(self, reason: str) -> None:
+        """This peer is not (or may not be) our primary: close and try the next."""
+        log.debug("%s: %s", self.conn.peer if self.conn else "?", reason)
+        if self.conn is not None:
+            self.conn.close()
+
+    def wiring_detached(self, error: str | None) -> None:
+        self._give_up_on(error or "wiring link closed")
+
+    def replicator_refused(self, replicator: QueueReplicator, error: str) -> None:
+        log.warning("queue %s not replicated: %s", replicator.queue.name, error)
+
+    def accept_primary(self, name: str, epoch: int) -> bool:
+        """Called with the primary's snapshot: refuse a primary older than one already seen."""
+        known = self.ha.epoch.epoch
+        if epoch < known:
+            log.error("refusing primary %s: its epoch %d is older than %d", name, epoch, known)
+            self._give_up_on("stale primary")
+            return False
+        self.ha.epoch.raise_to(epoch)
+        if self.primary != name:
+            log.info("following primary %s (epoch %d)", name, epoch)
+        self.primary = name
+        return True
+
+    # -- replication ---------------------------------------------------------------------------
+    def wiring_synced(self) -> None:
+        if self.state == JOINING:
+            self.state = CATCHUP
+        self.check_ready()
+
+    def replicate(self, queue: Queue) -> None:
+        if queue.name not in self.replicators and self.conn is not None:
+            self.replicators[queue.name] = QueueReplicator(self, queue, self.conn)
+            self.check_ready()
+
+    def stop_replicating(self, queue: Queue) -> None:
+        replicator = self.replicators.pop(queue.name, None)
+        if replicator is not None:
+            replicator.close()
+
+    def check_ready(self) -> None:
+        if self.state == JOINING or self.primary is None:
+            return
+        ready = all(r.caught_up for r in self.replicators.values())
+        state = READY if ready else CATCHUP
+        if state != self.state:
+            self.state = state
+            log.info("backup %s is %s", self.ha.broker.name, state)
+
+    def stop(self) -> None:
+        """On promotion: stop following, keep every message received."""
+        self.stopped = True
+        for replicator in self.replicators.values():
+            replicator.merge()
+        if self.conn is not None:
+            self.conn.close()
+        self._redeliver()
+
+    def _redeliver(self) -> None:
+        """Messages a consumer held on the old primary go out again with delivery-count + 1."""
+        for name, seqs in self.acquired.items():
+            queue = self.ha.broker.registry.lookup(name)
+            if isinstance(queue, Queue) and seqs:
+                for entry in queue.entries():
+                    if entry.seq in seqs:
+                        entry.data = with_delivery_count(entry.data, delivery_count(entry.data) + 1)
+        self.acquired.clear()
+
+    def status(self) -> dict[str, Any]:
+        return {"primary": self.primary, "members": self.members, "applied": self.applied,
+                "queues": {name: r.status() for name, r in self.replicators.items()}}

@@ -1,0 +1,248 @@
+"""Primary: accepts backups, sends them the wiring, and one ReplicatingSubscription per backup and queue.
+
+`RemoteBackup` is the primary's view of one backup; `WiringSubscription` the primary's end of that
+backup's `$ha.wiring` link. A backup that does not confirm within `backup_timeout` is dropped
+(its holds released, its connection closed) and must reconnect and catch up: a stalled backup
+never stalls the primary.
+"""
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any
+
+from ..broker.engine import Link
+from ..broker.errors import BrokerError, NOT_ALLOWED, NOT_FOUND
+from ..broker.exchange import Binding, Exchange
+from ..broker.queue import Queue
+from . import protocol
+from .queue_guard import QueueGuard
+from .replicating_subscription import ReplicatingSubscription
+from .role import ACTIVE, CATCHUP, READY, RECOVERING
+
+if TYPE_CHECKING:
+    from .ha_broker import HaBroker
+
+log = logging.getLogger("haqueue.ha.primary")
+
+
+def describe(node: Queue | Exchange | Binding, level: str) -> dict[str, Any]:
+    """A wiring object as the wiring link carries it."""
+    if isinstance(node, Binding):
+        return {"kind": "binding", "exchange": node.exchange.name, "queue": node.queue.name, "key": node.key,
+                "args": dict(node.args), "uid": node.uid}
+    info: dict[str, Any] = {"kind": node.kind, "name": node.name, "args": dict(node.args), "uid": node.uid,
+                            "replicate": level}
+    if isinstance(node, Exchange):
+        info["type"] = node.type
+    return info
+
+
+class WiringSubscription:
+    """The primary's end of a backup's `$ha.wiring` link: a snapshot, then live events."""
+
+    def __init__(self, backup: "RemoteBackup", link: Link) -> None:
+        self.backup = backup
+        self.link = link
+        primary = backup.primary
+        self.send(primary.snapshot())
+
+    def send(self, event: dict[str, Any]) -> None:
+        if not self.link.closed:
+            self.link.send(protocol.wiring_event(event), settled=True)
+
+    def on_message(self, delivery: Any, data: bytes, settled: bool) -> None:
+        pass
+
+    def on_outcome(self, delivery: Any, outcome: int, failed: bool, undeliverable: bool) -> None:
+        pass
+
+    def on_credit(self) -> None:
+        pass
+
+    def on_detach(self) -> None:
+        self.backup.wiring_closed(self)
+
+
+class RemoteBackup:
+    def __init__(self, primary: "Primary", name: str) -> None:
+        self.primary = primary
+        self.name = name
+        self.wiring: WiringSubscription | None = None
+        self.subscriptions: dict[str, ReplicatingSubscription] = {}
+        self.state = CATCHUP
+        self.connection: Any = None
+
+    @property
+    def lag(self) -> int:
+        return sum(sub.lag for sub in self.subscriptions.values())
+
+    def changed(self) -> None:
+        """Re-judge readiness: wiring received and every message-replicated queue caught up."""
+        primary = self.primary
+        ready = self.wiring is not None and all(
+            q.name in self.subscriptions and self.subscriptions[q.name].caught_up
+            for q in primary.broker.registry.queues() if primary.ha.policy.replicates_messages(q))
+        state = READY if ready else CATCHUP
+        if state != self.state:
+            self.state = state
+            log.info("backup %s is %s", self.name, state)
+            primary.membership_changed()
+
+    def subscription_closed(self, sub: ReplicatingSubscription) -> None:
+        if self.subscriptions.get(sub.queue.name) is sub:
+            del self.subscriptions[sub.queue.name]
+        self.changed()
+
+    def wiring_closed(self, wiring: WiringSubscription) -> None:
+        if self.wiring is wiring:
+            self.primary.forget(self)
+
+    def drop(self, reason: str) -> None:
+        log.warning("dropping backup %s: %s", self.name, reason)
+        for sub in list(self.subscriptions.values()):
+            sub.close()
+        if self.connection is not None and not self.connection.closed:
+            self.connection.close("amqp:connection:forced", f"dropped by the primary: {reason}")
+        self.primary.forget(self)
+
+
+class Primary:
+    def __init__(self, ha: "HaBroker", expected: set[str]) -> None:
+        self.ha = ha
+        self.broker = ha.broker
+        self.backups: dict[str, RemoteBackup] = {}
+        self.state = RECOVERING if expected else ACTIVE
+        # Backups that were ready under the old primary: publishes wait for them to be ready again.
+        self.expected: dict[str, QueueGuard] = {name: QueueGuard(name) for name in expected}
+        for queue in self.broker.registry.queues():
+            self._guard_new_queue(queue)
+        self.broker.registry.observers.append(self)
+        self.broker.registry.queue_hooks.append(self._guard_new_queue)
+        timeout = ha.config.backup_timeout
+        self.broker.engine.every(min(timeout / 4, 0.5), self._check_backups)
+        if expected:
+            log.info("recovering: waiting up to %.1fs for backups %s", timeout, ", ".join(sorted(expected)))
+            self.broker.engine.call_later(timeout, self._recovery_timeout)
+
+    # -- wiring --------------------------------------------------------------------------------
+    def _level(self, node: Any) -> str:
+        return self.ha.policy.level(node.args)
+
+    def snapshot(self) -> dict[str, Any]:
+        registry, policy = self.broker.registry, self.ha.policy
+        return {"event": "snapshot", "epoch": self.ha.epoch.epoch, "primary": self.broker.name,
+                "queues": [describe(q, self._level(q)) for q in registry.queues() if policy.replicates_wiring(q)],
+                "exchanges": [describe(x, self._level(x)) for x in registry.exchanges()
+                              if policy.replicates_wiring(x)],
+                "bindings": [describe(b, "") for b in registry.bindings() if policy.replicates_wiring(b)],
+                "members": self.members()}
+
+    def _broadcast(self, event: dict[str, Any]) -> None:
+        for backup in list(self.backups.values()):
+            if backup.wiring is not None:
+                backup.wiring.send(event)
+
+    def declared(self, node: Queue | Exchange | Binding) -> None:
+        if self.ha.policy.replicates_wiring(node):
+            self._broadcast({"event": "declare", **describe(node, "" if isinstance(node, Binding) else self._level(node))})
+        if isinstance(node, Queue):
+            for backup in self.backups.values():
+                backup.changed()
+
+    def deleted(self, node: Queue | Exchange | Binding) -> None:
+        if self.ha.policy.replicates_wiring(node):
+            self._broadcast({"event": "delete", **describe(node, "")})
+
+    def _guard_new_queue(self, queue: Queue) -> None:
+        if self.ha.policy.replicates_messages(queue):
+            for guard in self.expected.values():
+                guard.guard(queue)
+
+    # -- membership ----------------------------------------------------------------------------
+    def members(self) -> dict[str, str]:
+        return {name: backup.state for name, backup in self.backups.items()}
+
+    def membership_changed(self) -> None:
+        for name, guard in list(self.expected.items()):
+            backup = self.backups.get(name)
+            if backup is not None and backup.state == READY:
+                guard.release()
+                del self.expected[name]
+        if self.state == RECOVERING and not self.expected:
+            self._go_active()
+        self._broadcast({"event": "membership", "members": self.members()})
+
+    def _recovery_timeout(self) -> None:
+        if self.state == RECOVERING:
+            log.warning("backups %s not ready within %.1fs: going active without them",
+                        ", ".join(sorted(self.expected)), self.ha.config.backup_timeout)
+            for guard in self.expected.values():
+                guard.release()
+            self.expected.clear()
+            self._go_active()
+
+    def _go_active(self) -> None:
+        self.state = ACTIVE
+        log.info("primary %s is active (epoch %d)", self.broker.name, self.ha.epoch.epoch)
+
+    def forget(self, backup: RemoteBackup) -> None:
+        if self.backups.get(backup.name) is backup:
+            del self.backups[backup.name]
+            for sub in list(backup.subscriptions.values()):
+                sub.close()
+            self.membership_changed()
+
+    def _check_backups(self) -> None:
+        timeout = self.ha.config.backup_timeout
+        for backup in list(self.backups.values()):
+            if any(sub.overdue(timeout) for sub in backup.subscriptions.values()):
+                backup.drop(f"no confirmation within {timeout:g}s")
+
+    # -- the backups' links ----------------------------------------------------------------------
+    def _backup_for(self, link: Link, wiring: bool) -> RemoteBackup:
+        props = link.properties
+        name = str(props.get(protocol.BROKER) or link.remote_container)
+        their_epoch = int(props.get(protocol.EPOCH) or 0)
+        if their_epoch > self.ha.epoch.epoch:
+            self.ha.fence(f"backup {name} has seen epoch {their_epoch}, this primary has {self.ha.epoch.epoch}")
+            raise BrokerError(NOT_ALLOWED, "this primary is stale (a newer epoch exists)")
+        backup = self.backups.get(name)
+        if wiring and backup is not None and backup.connection is not link.conn:
+            backup.drop("reconnected")  # the same backup again: its old links are stale
+            backup = None
+        if backup is None:
+            if not wiring:
+                raise BrokerError(NOT_FOUND, f"backup {name} must attach {protocol.WIRING} first")
+            backup = RemoteBackup(self, name)
+            backup.connection = link.conn
+            self.backups[name] = backup
+            log.info("backup %s connected from %s", name, link.conn.peer)
+        return backup
+
+    def wiring_endpoint(self, link: Link) -> WiringSubscription:
+        backup = self._backup_for(link, wiring=True)
+        backup.wiring = WiringSubscription(backup, link)
+        backup.changed()
+        self.membership_changed()
+        return backup.wiring
+
+    def queue_endpoint(self, link: Link) -> ReplicatingSubscription:
+        backup = self._backup_for(link, wiring=False)
+        name = (link.address or "")[len(protocol.QUEUE) + 1:]
+        queue = self.broker.registry.lookup(name)
+        if not isinstance(queue, Queue) or not self.ha.policy.replicates_messages(queue):
+            raise BrokerError(NOT_FOUND, f"no queue '{name}' replicated with its messages")
+        props = link.properties
+        have = protocol.unflatten(list(props.get(protocol.HAVE) or []))
+        if props.get(protocol.UID) != queue.uid:
+            have = []  # the backup holds another queue of that name: it gets everything
+        old = backup.subscriptions.get(name)
+        if old is not None:
+            old.close()
+        sub = ReplicatingSubscription(backup, link, queue, have)
+        backup.subscriptions[name] = sub
+        return sub
+
+    def status(self) -> dict[str, Any]:
+        return {"backups": [{"name": b.name, "state": b.state, "lag": b.lag} for b in self.backups.values()],
+                "expected": sorted(self.expected)}

@@ -1,0 +1,78 @@
+"""What the primary and its backups say to each other: addresses, link properties, and the
+encoding of queue-replication transfers. design/replication.md explains the protocol.
+
+Queue replication carries its metadata in the delivery tag, not in message annotations: the
+primary forwards each message's bytes untouched (no per-message re-encoding) and the backup
+stores exactly the bytes the primary holds.
+"""
+from __future__ import annotations
+
+import struct
+from typing import Any, Iterable
+
+from proton import Message
+
+WIRING = "$ha.wiring"
+QUEUE = "$ha.queue"  # a queue's replication link: "$ha.queue/<name>"
+
+# Link properties a backup sends when it attaches.
+BROKER = "x-ha-broker"  # the backup's name
+EPOCH = "x-ha-epoch"  # the highest epoch the backup has seen
+UID = "x-ha-uid"  # the id of the queue the backup holds under this name
+HAVE = "x-ha-have"  # seq ranges the backup holds, flattened: [first, last, first, last, ...]
+
+# Transfer kinds on a queue link (the tag's first byte).
+ENQUEUE = b"E"  # a live enqueue: the backup's settlement is its confirmation
+CATCHUP = b"C"  # a message that was on the queue before the backup subscribed (sent newest first)
+DEQUEUE = b"D"  # body: seq ranges dequeued on the primary
+ACQUIRE = b"A"  # body: seq ranges delivered to a consumer and not yet settled there
+CAUGHT_UP = b"M"  # the backup now has everything; settling it tells the primary
+
+_TAG = struct.Struct(">cQQ")  # kind, seq, primary enqueue time (microseconds since the epoch)
+_RANGE = struct.Struct(">QQ")
+
+
+def message_tag(kind: bytes, seq: int, enqueued_us: int) -> bytes:
+    return _TAG.pack(kind, seq, enqueued_us)
+
+
+def read_tag(tag: bytes) -> tuple[bytes, int, int]:
+    return _TAG.unpack(tag) if len(tag) == _TAG.size else (tag[:1], 0, 0)
+
+
+def ranges(seqs: Iterable[int]) -> list[tuple[int, int]]:
+    """Sorted seqs as (first, last) runs."""
+    runs: list[tuple[int, int]] = []
+    for seq in sorted(seqs):
+        if runs and seq == runs[-1][1] + 1:
+            runs[-1] = (runs[-1][0], seq)
+        else:
+            runs.append((seq, seq))
+    return runs
+
+
+def encode_ranges(runs: list[tuple[int, int]]) -> bytes:
+    return b"".join(_RANGE.pack(first, last) for first, last in runs)
+
+
+def decode_ranges(body: bytes) -> list[tuple[int, int]]:
+    return [_RANGE.unpack_from(body, i) for i in range(0, len(body), _RANGE.size)]
+
+
+def flatten(runs: list[tuple[int, int]]) -> list[int]:
+    return [n for run in runs for n in run]
+
+
+def unflatten(values: list[Any]) -> list[tuple[int, int]]:
+    return [(int(values[i]), int(values[i + 1])) for i in range(0, len(values) - 1, 2)]
+
+
+def wiring_event(body: dict[str, Any]) -> bytes:
+    """A wiring event (declare, delete, bind, membership...) as an encoded message: a cold path."""
+    return bytes(Message(body=body).encode())
+
+
+def read_wiring_event(data: bytes) -> dict[str, Any]:
+    message = Message()
+    message.decode(data)
+    return message.body

@@ -1,0 +1,196 @@
+"""The primary's end of one backup's replication link for one queue.
+
+It is three things at once: a link handler (the `$ha.queue/<name>` link the backup attached),
+a queue observer (live enqueues, acquisitions, dequeues) and a queue guard (the publisher's
+completion waits for this backup's settlement of the live enqueue).
+
+On one ordered link it sends, in this order of priority: live enqueues, then batched dequeue and
+acquire events, then catch-up messages newest first (skipping any dequeued meanwhile), then the
+caught-up marker once nothing older is left.
+"""
+from __future__ import annotations
+
+import bisect
+import time
+from collections import deque
+from typing import TYPE_CHECKING, Any
+
+from ..broker.completion import Completion
+from ..broker.engine import Link
+from ..broker.queue import DEQUEUED, Entry, Queue
+from . import protocol
+
+if TYPE_CHECKING:
+    from .primary import RemoteBackup
+
+_CATCHUP_PER_PASS = 2000  # catch-up transfers per pass, so live traffic and IO interleave
+
+
+def _in_runs(starts: list[int], runs: list[tuple[int, int]], seq: int) -> bool:
+    i = bisect.bisect_right(starts, seq) - 1
+    return i >= 0 and runs[i][1] >= seq
+
+
+def _missing(runs: list[tuple[int, int]], live: list[int]) -> list[tuple[int, int]]:
+    """The parts of runs (what the backup holds) that are not live seqs on the primary."""
+    gaps: list[tuple[int, int]] = []
+    for first, last in runs:
+        i = bisect.bisect_left(live, first)
+        position = first
+        while i < len(live) and live[i] <= last:
+            if live[i] > position:
+                gaps.append((position, live[i] - 1))
+            position = live[i] + 1
+            i += 1
+        if position <= last:
+            gaps.append((position, last))
+    return gaps
+
+
+class ReplicatingSubscription:
+    def __init__(self, backup: "RemoteBackup", link: Link, queue: Queue, have: list[tuple[int, int]]) -> None:
+        self.backup = backup
+        self.link = link
+        self.queue = queue
+        self.pending: deque[Entry] = deque()  # live enqueues waiting for credit
+        self.dequeued_seqs: list[int] = []
+        self.acquired_seqs: list[int] = []
+        self.held: dict[int, Completion] = {}  # seq -> the publisher's completion this backup holds
+        self.deliveries: dict[Any, int] = {}  # unconfirmed live enqueue delivery -> seq
+        self.sent: deque[tuple[float, int]] = deque()  # (time sent, seq) of live enqueues, oldest first
+        self.credit = 0
+        self.closed = False
+        self.caught_up = False
+        self.marker_sent = False
+        self.marker: Any = None  # the caught-up marker's delivery
+        live = queue.entries()
+        starts = [first for first, _ in have]
+        self.catchup = [e for e in live if not _in_runs(starts, have, e.seq)]
+        gone = _missing(have, [e.seq for e in live])
+        if gone:  # the backup holds messages the primary no longer has
+            self.link.send(protocol.encode_ranges(gone), settled=True, tag=protocol.message_tag(protocol.DEQUEUE, 0, 0))
+        queue.guards.append(self)
+        queue.observers.append(self)
+        self.backup.primary.broker.schedule(self)
+
+    @property
+    def deleted(self) -> bool:
+        return self.closed
+
+    @property
+    def lag(self) -> int:
+        """Messages this backup does not have yet: unconfirmed, waiting, and catch-up left."""
+        return len(self.deliveries) + len(self.pending) + len(self.catchup)
+
+    # -- guard and observer (called by the queue) ----------------------------------------------
+    def hold(self, queue: Queue, entry: Entry, completion: Completion) -> None:
+        completion.hold()
+        self.held[entry.seq] = completion
+
+    def enqueued(self, queue: Queue, entry: Entry) -> None:
+        if not self.pending and self.credit > 0:
+            self.credit -= 1
+            self._send_live(entry)
+        else:
+            self.pending.append(entry)
+            self.backup.primary.broker.schedule(self)
+
+    def acquired(self, queue: Queue, entry: Entry) -> None:
+        self.acquired_seqs.append(entry.seq)
+        if len(self.acquired_seqs) == 1:
+            self.backup.primary.broker.schedule(self)
+
+    def dequeued(self, queue: Queue, entry: Entry) -> None:
+        completion = self.held.pop(entry.seq, None)
+        if completion is not None:  # consumed before this backup confirmed: nothing left to protect
+            completion.release()
+        self.dequeued_seqs.append(entry.seq)
+        if len(self.dequeued_seqs) == 1:
+            self.backup.primary.broker.schedule(self)
+
+    # -- sending -------------------------------------------------------------------------------
+    def _send_live(self, entry: Entry) -> None:
+        delivery = self.link.send(entry.data, tag=protocol.message_tag(protocol.ENQUEUE, entry.seq,
+                                                                      int(time.time() * 1e6)))
+        self.deliveries[delivery] = entry.seq
+        self.sent.append((time.monotonic(), entry.seq))
+
+    def dispatch(self) -> None:
+        if self.closed:
+            return
+        link = self.link
+        credit = link.credit()
+        pending = self.pending
+        while pending and credit:
+            self._send_live(pending.popleft())
+            credit -= 1
+        limit = pending[0].seq if pending else None  # events only for messages the backup has been sent
+        for kind, seqs in ((protocol.DEQUEUE, self.dequeued_seqs), (protocol.ACQUIRE, self.acquired_seqs)):
+            if seqs and credit:
+                now = [s for s in seqs if limit is None or s < limit]
+                if now:
+                    later = [s for s in seqs if limit is not None and s >= limit]
+                    link.send(protocol.encode_ranges(protocol.ranges(now)), settled=True,
+                              tag=protocol.message_tag(kind, 0, 0))
+                    credit -= 1
+                    seqs[:] = later
+        budget = min(credit, _CATCHUP_PER_PASS)
+        catchup = self.catchup
+        while budget and catchup:
+            entry = catchup.pop()  # newest first
+            if entry.state == DEQUEUED:
+                continue
+            link.send(entry.data, settled=True, tag=protocol.message_tag(protocol.CATCHUP, entry.seq, 0))
+            budget -= 1
+            credit -= 1
+        if not catchup and not self.marker_sent and credit and not pending:
+            self.marker_sent = True
+            self.marker = link.send(b"", tag=protocol.message_tag(protocol.CAUGHT_UP, 0, 0))
+        self.credit = credit
+        if catchup and credit:
+            self.backup.primary.broker.schedule(self)  # more next pass, after IO
+
+    # -- link events ---------------------------------------------------------------------------
+    def on_credit(self) -> None:
+        self.backup.primary.broker.schedule(self)
+
+    def on_outcome(self, delivery: Any, outcome: int, failed: bool, undeliverable: bool) -> None:
+        seq = self.deliveries.pop(delivery, None)
+        if seq is not None:
+            completion = self.held.pop(seq, None)
+            if completion is not None:
+                completion.release()
+        elif self.marker_sent and not self.caught_up and delivery == self.marker:
+            self.caught_up = True
+            self.backup.changed()
+
+    def on_message(self, delivery: Any, data: bytes, settled: bool) -> None:
+        pass
+
+    def overdue(self, timeout: float) -> bool:
+        """Has a live enqueue waited longer than timeout for this backup's confirmation?"""
+        sent = self.sent
+        if not self.deliveries:
+            sent.clear()
+            return False
+        waiting = set(self.deliveries.values())
+        while sent and sent[0][1] not in waiting:
+            sent.popleft()
+        return bool(sent) and time.monotonic() - sent[0][0] > timeout
+
+    def on_detach(self) -> None:
+        self.close()
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        queue = self.queue
+        if self in queue.guards:
+            queue.guards.remove(self)
+        if self in queue.observers:
+            queue.observers.remove(self)
+        held, self.held = self.held, {}
+        for completion in held.values():
+            completion.release()
+        self.backup.subscription_closed(self)

@@ -1,0 +1,103 @@
+"""WiringReplicator: the backup's end of `$ha.wiring`. Makes the local queues, exchanges and bindings
+equal to the primary's: the snapshot replaces everything (deleting what the primary lacks, and
+re-creating an object whose unique id differs: the same name, but a different queue), then live
+declare/delete events keep it equal."""
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any
+
+from ..broker.engine import ACCEPTED
+from ..broker.errors import BrokerError
+from ..broker.exchange import Exchange
+from ..broker.queue import Queue
+from . import protocol
+from .policy import ALL
+
+if TYPE_CHECKING:
+    from .backup import Backup
+
+log = logging.getLogger("haqueue.ha.wiring")
+
+
+class WiringReplicator:
+    def __init__(self, backup: "Backup") -> None:
+        self.backup = backup
+        self.registry = backup.ha.broker.registry
+        self.link: Any = None
+
+    def on_message(self, delivery: Any, data: bytes, settled: bool) -> None:
+        event = protocol.read_wiring_event(data)
+        kind = event.get("event")
+        try:
+            if kind == "snapshot":
+                self._snapshot(event)
+            elif kind == "declare":
+                self._declare(event)
+            elif kind == "delete":
+                self._delete(event)
+            elif kind == "membership":
+                self.backup.members = dict(event.get("members") or {})
+        except BrokerError as e:
+            log.error("cannot apply wiring event %s: %s", kind, e.description)
+        self.link.settle(delivery, 0 if settled else ACCEPTED)
+
+    def _snapshot(self, event: dict[str, Any]) -> None:
+        if not self.backup.accept_primary(str(event.get("primary")), int(event.get("epoch") or 0)):
+            return
+        self.backup.members = dict(event.get("members") or {})
+        wanted_nodes = {d["name"]: d for d in event["queues"] + event["exchanges"]}
+        for node in list(self.registry.nodes.values()):
+            wanted = wanted_nodes.get(node.name)
+            if wanted is None or wanted["uid"] != node.uid or wanted["kind"] != node.kind:
+                self._remove(node.name)
+        for description in event["exchanges"] + event["queues"]:
+            self._declare(description)
+        wanted_bindings = {(b["exchange"], b["queue"], b["key"]): b for b in event["bindings"]}
+        for binding in self.registry.bindings():
+            key = (binding.exchange.name, binding.queue.name, binding.key)
+            if key not in wanted_bindings or wanted_bindings[key]["uid"] != binding.uid:
+                self.registry.unbind(*key)
+        for description in event["bindings"]:
+            self._declare(description)
+        self.backup.wiring_synced()
+
+    def _declare(self, d: dict[str, Any]) -> None:
+        kind = d["kind"]
+        if kind == "binding":
+            self.registry.bind(d["exchange"], d["queue"], d["key"], dict(d["args"]), uid=d["uid"])
+            return
+        existing = self.registry.lookup(d["name"])
+        if existing is not None and existing.uid != d["uid"]:
+            self._remove(d["name"])
+        if kind == "queue":
+            queue, _ = self.registry.declare_queue(d["name"], dict(d["args"]), uid=d["uid"])
+            if d.get("replicate") == ALL:
+                self.backup.replicate(queue)
+        else:
+            self.registry.declare_exchange(d["name"], d["type"], dict(d["args"]), uid=d["uid"])
+
+    def _delete(self, d: dict[str, Any]) -> None:
+        if d["kind"] == "binding":
+            exchange = self.registry.lookup(d["exchange"])
+            if isinstance(exchange, Exchange) and (d["queue"], d["key"]) in exchange.bindings:
+                self.registry.unbind(d["exchange"], d["queue"], d["key"])
+            return
+        node = self.registry.lookup(d["name"])
+        if node is not None and node.uid == d["uid"]:
+            self._remove(d["name"])
+
+    def _remove(self, name: str) -> None:
+        node = self.registry.lookup(name)
+        if isinstance(node, Queue):
+            self.backup.stop_replicating(node)
+        self.registry.delete(name)
+
+    def on_outcome(self, delivery: Any, outcome: int, failed: bool, undeliverable: bool) -> None:
+        pass
+
+    def on_credit(self) -> None:
+        pass
+
+    def on_detach(self) -> None:
+        self.backup.wiring_detached(self.link.remote_error() if self.link is not None else None)
