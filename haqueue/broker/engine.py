@@ -491,7 +491,11 @@ class Listener:
         self._anonymous = anonymous
         self.sock = socket.socket(socket.AF_INET6 if ":" in options.host else socket.AF_INET)
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self.sock.bind((options.host, options.port))
+        try:
+            self.sock.bind((options.host, options.port))
+        except OSError as e:
+            self.sock.close()
+            raise OSError(e.errno, f"cannot listen on {options.host}:{options.port}: {e.strerror}") from None
         self.sock.listen(1024)
         self.sock.setblocking(False)
 
@@ -750,6 +754,11 @@ class Engine:
         ptr = link.ptr
         pending = lib.pn_delivery_pending(delivery)
         partial = lib.pn_delivery_partial(delivery)
+        limit = self.limits.max_message_size
+        if limit and pending > limit and not partial and not link._partial:
+            lib.pn_link_advance(ptr)  # its bytes are dropped with the settlement
+            link.settle(delivery, REJECTED, RESOURCE_LIMIT, f"message of {pending} bytes is over the limit of {limit}")
+            return
         if not partial and not link._partial and pending <= _READ_SIZE:
             # The common case: a whole message in hand, one copy out of proton.
             lib.pn_link_recv(ptr, self.in_buffer, pending)
@@ -760,7 +769,6 @@ class Engine:
                 chunk = bytearray(pending)
                 lib.pn_link_recv(ptr, ffi.from_buffer(chunk), pending)
                 buffered += chunk
-            limit = self.limits.max_message_size
             if limit and len(buffered) > limit:
                 link._partial.pop(delivery, None)
                 link.close(RESOURCE_LIMIT, f"message larger than {limit} bytes")

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 from .completion import Completion
 from .engine import ACCEPTED, MODIFIED, REJECTED, RELEASED, Link
-from .errors import BrokerError, INVALID_FIELD, NOT_FOUND, RESOURCE_LIMIT
+from .errors import BrokerError, INVALID_FIELD, NOT_FOUND, RESOURCE_DELETED, RESOURCE_LIMIT
 from .exchange import Exchange
 from .message import MalformedMessage, Routing, ttl_ms
 from .queue import Entry, Queue
@@ -128,6 +128,10 @@ class Consumer:
 
     def on_message(self, delivery: Any, data: bytes, settled: bool) -> None:
         pass
+
+    def queue_deleted(self) -> None:
+        self.unsettled.clear()
+        self.link.close(RESOURCE_DELETED, f"queue '{self.queue.name}' was deleted")
 
     def on_detach(self) -> None:
         """Unsettled messages go back to the queue as failed deliveries (delivery-count + 1)."""

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any, Callable
 from proton import Message
 
 from .engine import ACCEPTED, REJECTED, Link
-from .errors import BrokerError, INVALID_FIELD, NOT_FOUND
+from .errors import BrokerError, INVALID_FIELD, NOT_FOUND, RESOURCE_LOCKED
 
 if TYPE_CHECKING:
     from .server import Broker
@@ -82,15 +82,20 @@ class Management:
             raise BrokerError(NOT_FOUND, f"no {kind} named '{name}'")
         return node
 
+    @staticmethod
+    def _created(node: Any, created: bool, args: dict[str, Any]) -> tuple[int, Any]:
+        """201 for a new node, 200 for an existing one declared alike, 409 for one with other arguments."""
+        if not created and any(node.args.get(k) != v for k, v in args.items()):
+            raise BrokerError(RESOURCE_LOCKED, f"{node.kind} '{node.name}' exists with other arguments {node.args}")
+        return (201 if created else 200), node.info()
+
     def _create_queue(self, name: str | None, body: dict[str, Any]) -> tuple[int, Any]:
-        queue, created = self.broker.registry.declare_queue(self._name(name), body)
-        return (201 if created else 200), queue.info()
+        return self._created(*self.broker.registry.declare_queue(self._name(name), body), body)
 
     def _create_exchange(self, name: str | None, body: dict[str, Any]) -> tuple[int, Any]:
         args = dict(body)
         type_ = str(args.pop("type", "direct"))
-        exchange, created = self.broker.registry.declare_exchange(self._name(name), type_, args)
-        return (201 if created else 200), exchange.info()
+        return self._created(*self.broker.registry.declare_exchange(self._name(name), type_, args), args)
 
     @staticmethod
     def _binding_fields(body: dict[str, Any]) -> tuple[str, str, str, dict[str, Any]]:

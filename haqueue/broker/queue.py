@@ -35,6 +35,7 @@ class Subscriber(Protocol):
     def credit(self) -> int: ...
     def deliver(self, entry: Entry) -> None: ...
     def after_dispatch(self) -> None: ...  # the queue has nothing more for it now
+    def queue_deleted(self) -> None: ...
 
 
 class QueueObserver(Protocol):
@@ -252,6 +253,14 @@ class Queue:
     def purge(self) -> None:
         for entry in self.entries():
             self.dequeue(entry)
+
+    def delete(self) -> None:
+        """Deleted by an admin or its owner: drop the messages, detach the subscribers."""
+        self.deleted = True
+        for subscriber in self.consumers + self.browsers:
+            subscriber.queue_deleted()
+        self.consumers, self.browsers = [], []
+        self.purge()
 
     def info(self) -> dict[str, Any]:
         return {"name": self.name, "depth": self.depth, "consumers": len(self.consumers) + len(self.browsers),

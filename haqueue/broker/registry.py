@@ -131,8 +131,7 @@ class Registry:
             for exchange in self.exchanges():
                 for qname, key in [k for k in exchange.bindings if k[0] == name]:
                     self._unbound(exchange.unbind(qname, key))
-            node.deleted = True
-            node.purge()
+            node.delete()
         else:
             for binding in list(node.bindings.values()):
                 self._unbound(node.unbind(binding.queue.name, binding.key))

@@ -1,0 +1,67 @@
+"""Shared pytest fixtures: real broker processes on free loopback ports.
+
+`broker`          one broker with the default config, started for the test, stopped after it.
+`broker_factory`  ``broker_factory(**config)`` starts a broker with that config (keys as in the
+                  YAML file, see design/management.md); ``broker_factory(config_dict, name=...)``
+                  works too. Every broker it started is stopped after the test.
+
+A broker that exits while the test runs, without the test asking for it, fails the test at
+teardown (a crash is a bug). The broker's log is printed at teardown, so pytest shows it with
+any failing test.
+"""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from harness import BrokerProcess  # noqa: E402
+
+LOG_TAIL_LINES = 150
+
+
+def _log_tail(broker: BrokerProcess) -> str:
+    lines = broker.log().splitlines()
+    return "\n".join(lines[-LOG_TAIL_LINES:])
+
+
+def _finish(brokers: list[BrokerProcess]) -> None:
+    crashed = []
+    for b in brokers:
+        died = b.proc is not None and b.proc.poll() is not None and not b.exit_expected
+        if died:
+            crashed.append(f"{b.name} exited with {b.proc.returncode} during the test")
+        b.stop()
+        print(f"\n==== log of broker {b.name} ({b.log_path}), last {LOG_TAIL_LINES} lines ====")
+        print(_log_tail(b))
+    if crashed:
+        pytest.fail("; ".join(crashed), pytrace=False)
+
+
+@pytest.fixture
+def broker_factory(tmp_path):
+    """Start brokers from config dicts; all are stopped at the end of the test."""
+    started: list[BrokerProcess] = []
+
+    def make(config: dict | None = None, *, name: str | None = None, start: bool = True,
+             **config_kw) -> BrokerProcess:
+        cfg = dict(config or {})
+        cfg.update(config_kw)
+        bname = name or cfg.get("name") or f"b{len(started)}"
+        b = BrokerProcess(tmp_path / bname, cfg, name=bname)
+        started.append(b)
+        if start:
+            b.start()
+        return b
+
+    yield make
+    _finish(started)
+
+
+@pytest.fixture
+def broker(broker_factory) -> BrokerProcess:
+    """One broker with the default config on a free loopback port."""
+    return broker_factory()
