@@ -12,6 +12,7 @@ when its handler raises; `pn_transport_push` takes at most the current capacity.
 """
 from __future__ import annotations
 
+import collections
 import errno
 import heapq
 import itertools
@@ -529,6 +530,7 @@ class Engine:
         self._timers: list[tuple[float, int, Callable[[], None]]] = []
         self._timer_ids = itertools.count()
         self._running = False
+        self._from_threads: collections.deque[Callable[[], None]] = collections.deque()
         self._wakeup_r, self._wakeup_w = socket.socketpair()
         self._wakeup_r.setblocking(False)
         self._wakeup_w.setblocking(False)
@@ -567,6 +569,14 @@ class Engine:
 
     def call_later(self, delay: float, callback: Callable[[], None]) -> None:
         heapq.heappush(self._timers, (time.monotonic() + delay, next(self._timer_ids), callback))
+
+    def call_soon_threadsafe(self, callback: Callable[[], None]) -> None:
+        """Run callback on the loop's thread (for coordinators with threads of their own, e.g. kazoo)."""
+        self._from_threads.append(callback)
+        try:
+            self._wakeup_w.send(b"\0")
+        except OSError:
+            pass
 
     def every(self, interval: float, callback: Callable[[], None]) -> None:
         def repeat() -> None:
@@ -618,6 +628,12 @@ class Engine:
                         pass
                 except BlockingIOError:
                     pass
+        while self._from_threads:
+            callback = self._from_threads.popleft()
+            try:
+                callback()
+            except Exception:
+                log.exception("callback from another thread failed")
         self._drain()
         try:
             self.handler.after_pass()

@@ -26,11 +26,14 @@ class Publisher:
 
     def on_message(self, delivery: Any, data: bytes, settled: bool) -> None:
         node = self.node
+        if type(node) is Queue and not node.deleted and not node.guards and not node.full():
+            # The hot path: one queue, nothing holding completion.
+            ttl = ttl_ms(data)
+            node.enqueue(data, time.monotonic() + ttl / 1000.0 if ttl else 0.0)
+            self.link.settle(delivery, 0 if settled else ACCEPTED)
+            return
         try:
-            if type(node) is Queue and not node.deleted:
-                queues: list[Queue] = [node]
-            else:
-                queues = self._route(node, data)
+            queues = [node] if type(node) is Queue and not node.deleted else self._route(node, data)
             for queue in queues:
                 if queue.full():
                     raise BrokerError(RESOURCE_LIMIT, f"queue '{queue.name}' is full (max_depth {queue.max_depth})")
