@@ -38,7 +38,7 @@ tests/js/node_modules/.installed: tests/js/package.json | apt
 	touch $@
 
 run: setup
-	$(VENV)/bin/haqueue broker --listen 127.0.0.1:5672
+	$(VENV)/bin/haqueue cluster up --size 3 --dir ./cluster --public 127.0.0.1:5672
 
 test: setup
 	$(VENV)/bin/pytest -q
