@@ -27,6 +27,7 @@ class AdminClient:
         auth: dict[str, Any] = ({"sasl_enabled": False} if user is None else
                                 {"allowed_mechs": "PLAIN", "user": user, "password": password or ""})
         self._conn: BlockingConnection | None = None
+        self._unresponsive = False
         try:
             self._conn = BlockingConnection(f"amqp://{address}", timeout=timeout, **auth)
             self._sender = self._conn.create_sender(MANAGEMENT_ADDRESS)
@@ -60,8 +61,10 @@ class AdminClient:
                 if reply.correlation_id == request_id:
                     break
         except Timeout as e:
+            self._unresponsive = True
             raise AdminError(f"{self.address}: no answer to {what} within {self.timeout:g} s") from e
         except ProtonException as e:
+            self._unresponsive = True
             raise AdminError(f"{self.address}: {what} failed: {e}") from e
         properties = reply.properties or {}
         code = properties.get("statusCode")
@@ -73,6 +76,10 @@ class AdminClient:
         conn, self._conn = self._conn, None
         if conn is not None:
             try:
+                if self._unresponsive and conn.conn.transport is not None:
+                    # A hung broker never answers our close, and proton would wait for it forever.
+                    conn.conn.transport.close_tail()
+                    conn.conn.transport.close_head()
                 conn.close()
             except ProtonException:
                 pass  # the broker is gone already; nothing is left to tidy up

@@ -457,6 +457,15 @@ class Connection:
         lib.pn_decref(self.transport)
         lib.pn_connection_release(self.ptr)
 
+    def set_properties(self, properties: dict[Any, Any]) -> None:
+        """Connection properties sent in our open frame (call before the open goes out)."""
+        Data(lib.pn_connection_properties(self.ptr)).put_object(properties)
+
+    @property
+    def remote_properties(self) -> dict[str, Any]:
+        value = _data_object(lib.pn_connection_remote_properties(self.ptr))
+        return {str(k): v for k, v in value.items()} if isinstance(value, dict) else {}
+
     def open_link(self, sender: bool, address: str, name: str, handler: LinkHandler,
                   properties: dict[Any, Any] | None = None, credit: int = 0) -> Link:
         """Attach a link from this (outgoing) connection: the broker sends to, or receives from, address."""

@@ -41,8 +41,16 @@ class Backup:
         self.stopped = False
         own = (ha.config_address.host, ha.config_address.port) if ha.config_address else None
         self.candidates = [addr for addr in ha.config.brokers if addr != own]
+        self._peer: tuple[str, int] | None = None
+        self._opened = False
         self._next = 0
+        self._tried: set[tuple[str, int]] = set()  # peers reached or refused at least once
+        self.peers_with_history: set[str] = set()  # peers that have had a primary: the cluster is not new
         ha.broker.engine.call_later(0, self._connect)
+
+    @property
+    def tried_every_peer(self) -> bool:
+        return len(self._tried) >= len(self.candidates)
 
     # -- finding the primary -----------------------------------------------------------------
     def _connect(self) -> None:
@@ -50,13 +58,27 @@ class Backup:
             return
         host, port = self.candidates[self._next % len(self.candidates)]
         self._next += 1
+        self._peer = (host, port)
         config = self.ha.config
-        self.conn = self.ha.broker.engine.connect(host, port, self, config.username, config.password,
-                                                  idle_timeout=HEARTBEAT)
+        conn = self.conn = self.ha.broker.engine.connect(host, port, self, config.username, config.password,
+                                                         idle_timeout=HEARTBEAT)
+        self._opened = False
+        # A hung peer accepts TCP connections (the kernel does) but never answers: give up on it.
+        self.ha.broker.engine.call_later(HEARTBEAT, lambda: self._open_timeout(conn))
+
+    def _open_timeout(self, conn: Connection) -> None:
+        if conn is self.conn and not self._opened and not conn.closed:
+            log.debug("%s did not answer within %.1fs", conn.peer, HEARTBEAT)
+            conn.abort()
 
     def on_open(self, conn: Connection) -> None:
         if conn is not self.conn:
             return
+        self._opened = True
+        self._tried.add(self._peer)
+        props = conn.remote_properties
+        if props.get(protocol.HAD_PRIMARY) or int(props.get(protocol.EPOCH) or 0) > 0:
+            self.peers_with_history.add(conn.peer)
         self.wiring = WiringReplicator(self)
         self.wiring.link = conn.open_link(False, protocol.WIRING, protocol.WIRING, self.wiring, credit=1000,
                                           properties={protocol.BROKER: self.ha.broker.name,
@@ -71,8 +93,11 @@ class Backup:
         self.primary = None
         self.wiring = None
         self.replicators.clear()
+        self._tried.add(self._peer)
         if not self.stopped:
-            self.ha.broker.engine.call_later(RETRY_INTERVAL, self._connect)
+            # Through the peers one after another, then a pause before the next round.
+            pause = RETRY_INTERVAL if self._next % len(self.candidates) == 0 else 0.0
+            self.ha.broker.engine.call_later(pause, self._connect)
 
     def _give_up_on(self, reason: str) -> None:
         """This peer is not (or may not be) our primary: close and try the next."""
@@ -105,9 +130,11 @@ class Backup:
             self.state = CATCHUP
         self.check_ready()
 
-    def replicate(self, queue: Queue) -> None:
+    def replicate(self, queue: Queue, fresh: bool = False) -> None:
         if queue.name not in self.replicators and self.conn is not None:
-            self.replicators[queue.name] = QueueReplicator(self, queue, self.conn)
+            replicator = QueueReplicator(self, queue, self.conn)
+            replicator.caught_up = fresh
+            self.replicators[queue.name] = replicator
             self.check_ready()
 
     def stop_replicating(self, queue: Queue) -> None:

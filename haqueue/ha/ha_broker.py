@@ -10,10 +10,11 @@ from __future__ import annotations
 import logging
 import os
 import sys
-from typing import Any
+from typing import Any, Callable
 
 from ..broker.engine import Connection, Link, LinkHandler
 from ..broker.errors import BrokerError, CONNECTION_FORCED, NOT_ALLOWED, UNAUTHORIZED
+from ..broker.queue import Queue
 from ..broker.server import Broker
 from ..config import HaConfig, ListenerConfig
 from . import protocol
@@ -37,7 +38,11 @@ class HaBroker:
         self.epoch = EpochStore(broker.config.data_dir)
         self.config_address = next((l for l in broker.config.listen if (l.host, l.port) in config.brokers), None)
         self.primary: Primary | None = None
+        # Called on a backup with (queue, kind, seq, primary enqueue time in µs, message bytes) for each
+        # message applied: ENQUEUE and CATCHUP as received, DEQUEUE once per message removed (the audit log).
+        self.replication_hooks: list[Callable[[Queue, bytes, int, int, bytes], None]] = []
         self.public_listener_bound = False
+        self.status_hooks: list[Callable[[dict[str, Any]], None]] = []  # a coordinator adds its fields
         broker.config.users.setdefault(config.username, config.password)
         broker.registry.validators.append(self.policy.validate)
         broker.admission.append(self.admit)
@@ -61,7 +66,11 @@ class HaBroker:
 
     # -- admission and the HA links ------------------------------------------------------------
     def admit(self, conn: Connection) -> None:
-        if self.primary is None and not self.is_peer(conn):
+        if self.is_peer(conn):  # tell a peer where this broker stands: it decides if the cluster is new
+            conn.set_properties({protocol.EPOCH: self.epoch.epoch, protocol.HAD_PRIMARY: self.epoch.had_primary,
+                                 protocol.ROLE: self.role})
+            return
+        if self.primary is None:
             log.info("refused client %s (%s): this broker is a backup", conn.peer, conn.remote_container)
             raise BrokerError(CONNECTION_FORCED, f"{self.broker.name} is a backup; connect to the primary")
 
@@ -75,17 +84,21 @@ class HaBroker:
         return endpoint
 
     # -- promotion ------------------------------------------------------------------------------
-    def promote(self, force: bool = False) -> dict[str, Any]:
+    def promote(self, force: bool = False, epoch: int | None = None) -> dict[str, Any]:
+        """`epoch`: one a coordinator has already claimed (ZooKeeper's compare-and-set); by default the
+        highest seen plus one."""
         if self.primary is not None:
             return self.status()
-        brand_new = not self.epoch.had_primary and self.backup.state == JOINING
-        if self.backup.state != READY and not brand_new and not force:
-            raise BrokerError(NOT_ALLOWED, f"{self.broker.name} cannot be promoted: still catching up "
-                                           f"(state {self.backup.state}); promote a ready backup, or use --force")
+        if self.backup.state != READY and not force:
+            reason = self._not_brand_new()
+            if reason:
+                raise BrokerError(NOT_ALLOWED, f"{self.broker.name} cannot be promoted: still catching up "
+                                               f"(state {self.backup.state}; {reason}); promote a ready backup, "
+                                               f"or use --force")
         expected = {name for name, state in self.backup.members.items()
                     if state == READY and name != self.broker.name}
         self.backup.stop()
-        self.epoch.raise_to(self.epoch.epoch + 1)
+        self.epoch.raise_to(self.epoch.epoch + 1 if epoch is None else epoch)
         floor = self.epoch.epoch << EPOCH_SEQ_SHIFT
         for queue in self.broker.registry.queues():
             queue.next_seq = max(queue.next_seq, floor)
@@ -94,20 +107,44 @@ class HaBroker:
         self._bind_public()
         return self.status()
 
+    def _not_brand_new(self) -> str | None:
+        """Why this is not a brand-new cluster, where a joining broker may be promoted; None if it is."""
+        if self.epoch.had_primary or self.backup.state != JOINING:
+            return "it has followed a primary before"
+        if self.backup.peers_with_history:
+            return f"{', '.join(sorted(self.backup.peers_with_history))} already had a primary"
+        if not self.backup.tried_every_peer:
+            return "it has not reached every peer yet"
+        return None
+
     def _bind_public(self) -> None:
+        """Bind the clients' address; while a hung old primary still holds it, keep trying."""
         if self.config.public is None or self.public_listener_bound:
             return
         host, port = self.config.public
-        self.broker.listen(ListenerConfig(host, port, max_frame_size=self.broker.config.limits.max_frame_size))
+        try:
+            self.broker.listen(ListenerConfig(host, port, max_frame_size=self.broker.config.limits.max_frame_size))
+        except OSError as e:
+            log.warning("%s; retrying", e)
+            self.broker.engine.call_later(0.2, self._bind_public)
+            return
         self.public_listener_bound = True
 
-    def fence(self, reason: str) -> None:
-        """A newer primary exists: stop serving at once and start again as a backup."""
+    def fence(self, reason: str, at_once: bool = False) -> None:
+        """A newer primary exists: stop serving at once and start again as a backup. `at_once`
+        re-executes now, dropping what is not yet written: a primary whose ZooKeeper lease has run out
+        must not send a single settlement more (design/zookeeper.md)."""
         log.error("%s fenced: %s; restarting as a backup", self.broker.name, reason)
+        if at_once:
+            self._exec()
         self.broker.engine.call_later(0, self._restart)
 
     def _restart(self) -> None:
         self.broker.engine.shutdown()
+        self._exec()
+
+    @staticmethod
+    def _exec() -> None:
         os.execv(sys.executable, [sys.executable, "-m", "haqueue", *sys.argv[1:]])
 
     # -- status ---------------------------------------------------------------------------------
@@ -116,7 +153,7 @@ class HaBroker:
 
     def status(self) -> dict[str, Any]:
         status: dict[str, Any] = {"name": self.broker.name, "role": self.role, "state": self.state,
-                                  "epoch": self.epoch.epoch,
+                                  "epoch": self.epoch.epoch, "coordinator": self.config.coordinator,
                                   "brokers": [f"{h}:{p}" for h, p in self.config.brokers],
                                   "public": f"{self.config.public[0]}:{self.config.public[1]}"
                                   if self.config.public else None}
@@ -124,4 +161,6 @@ class HaBroker:
             status.update(self.primary.status())
         else:
             status.update(self.backup.status())
+        for hook in self.status_hooks:
+            hook(status)
         return status

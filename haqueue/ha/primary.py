@@ -71,6 +71,8 @@ class RemoteBackup:
         self.subscriptions: dict[str, ReplicatingSubscription] = {}
         self.state = CATCHUP
         self.connection: Any = None
+        # Queues created since this backup joined, held for it until its subscription catches up.
+        self.pending: dict[str, QueueGuard] = {}
 
     @property
     def lag(self) -> int:
@@ -79,8 +81,14 @@ class RemoteBackup:
     def changed(self) -> None:
         """Re-judge readiness: wiring received and every message-replicated queue caught up."""
         primary = self.primary
+        for name, guard in list(self.pending.items()):
+            sub = self.subscriptions.get(name)
+            if sub is not None and sub.caught_up:
+                guard.release()
+                del self.pending[name]
+        # A queue still pending is held for this backup: nothing of it is confirmed without it.
         ready = self.wiring is not None and all(
-            q.name in self.subscriptions and self.subscriptions[q.name].caught_up
+            (q.name in self.subscriptions and self.subscriptions[q.name].caught_up) or q.name in self.pending
             for q in primary.broker.registry.queues() if primary.ha.policy.replicates_messages(q))
         state = READY if ready else CATCHUP
         if state != self.state:
@@ -97,8 +105,26 @@ class RemoteBackup:
         if self.wiring is wiring:
             self.primary.forget(self)
 
+    def guard(self, queue: Queue) -> None:
+        """A queue created after this backup joined: hold its publishes until the backup has them."""
+        old = self.pending.pop(queue.name, None)
+        if old is not None:  # a queue of that name deleted and re-created
+            old.release()
+        guard = self.pending[queue.name] = QueueGuard(self.name)
+        guard.guard(queue)
+
+    def release_pending(self) -> None:
+        for guard in self.pending.values():
+            guard.release()
+        self.pending.clear()
+
+    def overdue(self, timeout: float) -> bool:
+        return any(sub.overdue(timeout) for sub in self.subscriptions.values()) or \
+            any(guard.overdue(timeout) for guard in self.pending.values())
+
     def drop(self, reason: str) -> None:
         log.warning("dropping backup %s: %s", self.name, reason)
+        self.release_pending()
         for sub in list(self.subscriptions.values()):
             sub.close()
         if self.connection is not None and not self.connection.closed:
@@ -157,6 +183,9 @@ class Primary:
         if self.ha.policy.replicates_messages(queue):
             for guard in self.expected.values():
                 guard.guard(queue)
+            for backup in self.backups.values():
+                if backup.wiring is not None:
+                    backup.guard(queue)
 
     # -- membership ----------------------------------------------------------------------------
     def members(self) -> dict[str, str]:
@@ -188,6 +217,7 @@ class Primary:
     def forget(self, backup: RemoteBackup) -> None:
         if self.backups.get(backup.name) is backup:
             del self.backups[backup.name]
+            backup.release_pending()
             for sub in list(backup.subscriptions.values()):
                 sub.close()
             self.membership_changed()
@@ -195,7 +225,7 @@ class Primary:
     def _check_backups(self) -> None:
         timeout = self.ha.config.backup_timeout
         for backup in list(self.backups.values()):
-            if any(sub.overdue(timeout) for sub in backup.subscriptions.values()):
+            if backup.overdue(timeout):
                 backup.drop(f"no confirmation within {timeout:g}s")
 
     # -- the backups' links ----------------------------------------------------------------------

@@ -20,6 +20,9 @@ BROKER = "x-ha-broker"  # the backup's name
 EPOCH = "x-ha-epoch"  # the highest epoch the backup has seen
 UID = "x-ha-uid"  # the id of the queue the backup holds under this name
 HAVE = "x-ha-have"  # seq ranges the backup holds, flattened: [first, last, first, last, ...]
+# Connection properties a broker gives a peer in its open frame.
+HAD_PRIMARY = "x-ha-had-primary"  # has it ever followed or been a primary
+ROLE = "x-ha-role"
 
 # Transfer kinds on a queue link (the tag's first byte).
 ENQUEUE = b"E"  # a live enqueue: the backup's settlement is its confirmation

@@ -1,12 +1,16 @@
-"""QueueGuard: a recovering primary's hold on publishes for a backup that was ready under the old
-primary and has not caught up with the new one yet.
+"""QueueGuard: holds publishes for a backup that is expected to have a queue's messages but has not
+subscribed to it yet.
 
-Until that backup is ready again (or `backup_timeout` passes) every publish to a replicated queue
-waits for it, so a message is not confirmed while only one copy of it exists. Once the backup has
-subscribed, its ReplicatingSubscription guards new messages; this guard keeps holding the ones
-enqueued before, which the backup receives in catch-up.
+Two cases: a recovering primary's guard for each backup that was ready under the old primary
+(on every replicated queue, until that backup is ready again), and a guard for each connected
+backup on a queue created after it joined (until its subscription to that queue has caught up).
+Either way a message is not confirmed while only one copy of it exists; `backup_timeout` bounds
+the wait. Once the backup has subscribed, its ReplicatingSubscription guards new messages; this
+guard keeps holding the ones enqueued before, which the backup receives in catch-up.
 """
 from __future__ import annotations
+
+import time
 
 from ..broker.completion import Completion
 from ..broker.queue import Entry, Queue
@@ -18,6 +22,10 @@ class QueueGuard:
         self.held: list[Completion] = []
         self.queues: list[Queue] = []
         self.released = False
+        self.since = time.monotonic()
+
+    def overdue(self, timeout: float) -> bool:
+        return bool(self.held) and time.monotonic() - self.since > timeout
 
     def guard(self, queue: Queue) -> None:
         if not self.released:

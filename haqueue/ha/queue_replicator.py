@@ -33,6 +33,7 @@ class QueueReplicator:
         self.received = {kind: 0 for kind in (protocol.ENQUEUE, protocol.CATCHUP, protocol.DEQUEUE,
                                               protocol.ACQUIRE, protocol.CAUGHT_UP)}
         self.catchup_order: list[int] = []  # seqs in the order catch-up delivered them (tests read it)
+        self.hooks = backup.ha.replication_hooks
         have = protocol.ranges(self.held)
         address = f"{protocol.QUEUE}/{queue.name}"
         self.link: Link = conn.open_link(False, address, address, self, credit=_WINDOW, properties={
@@ -40,7 +41,7 @@ class QueueReplicator:
             protocol.UID: queue.uid, protocol.HAVE: protocol.flatten(have)})
 
     def on_message(self, delivery: Any, data: bytes, settled: bool) -> None:
-        kind, seq, _enqueued_us = protocol.read_tag(Link.tag(delivery))
+        kind, seq, enqueued_us = protocol.read_tag(Link.tag(delivery))
         self.received[kind] = self.received.get(kind, 0) + 1
         self.backup.applied += 1
         if kind == protocol.ENQUEUE:
@@ -57,6 +58,9 @@ class QueueReplicator:
             self.merge()
             self.caught_up = True
             self.backup.check_ready()
+        if self.hooks and (kind == protocol.ENQUEUE or kind == protocol.CATCHUP):
+            for hook in self.hooks:
+                hook(self.queue, kind, seq, enqueued_us, data)
         self.link.settle(delivery, 0 if settled else ACCEPTED)
 
     @staticmethod
@@ -75,6 +79,8 @@ class QueueReplicator:
                     if entry is None:
                         continue
                     self.acquired.discard(seq)
+                    for hook in self.hooks:
+                        hook(self.queue, protocol.DEQUEUE, seq, 0, entry.data)
                     if store is self.held:
                         self.queue.dequeue(entry)
                     else:

@@ -52,17 +52,19 @@ class WiringReplicator:
             if wanted is None or wanted["uid"] != node.uid or wanted["kind"] != node.kind:
                 self._remove(node.name)
         for description in event["exchanges"] + event["queues"]:
-            self._declare(description)
+            self._declare(description, live=False)
         wanted_bindings = {(b["exchange"], b["queue"], b["key"]): b for b in event["bindings"]}
         for binding in self.registry.bindings():
             key = (binding.exchange.name, binding.queue.name, binding.key)
             if key not in wanted_bindings or wanted_bindings[key]["uid"] != binding.uid:
                 self.registry.unbind(*key)
         for description in event["bindings"]:
-            self._declare(description)
+            self._declare(description, live=False)
         self.backup.wiring_synced()
 
-    def _declare(self, d: dict[str, Any]) -> None:
+    def _declare(self, d: dict[str, Any], live: bool = True) -> None:
+        """`live`: declared on the primary after the snapshot, so the queue started empty there and the
+        primary holds its publishes until this backup has them: nothing to catch up for readiness."""
         kind = d["kind"]
         if kind == "binding":
             self.registry.bind(d["exchange"], d["queue"], d["key"], dict(d["args"]), uid=d["uid"])
@@ -73,7 +75,7 @@ class WiringReplicator:
         if kind == "queue":
             queue, _ = self.registry.declare_queue(d["name"], dict(d["args"]), uid=d["uid"])
             if d.get("replicate") == ALL:
-                self.backup.replicate(queue)
+                self.backup.replicate(queue, fresh=live)
         else:
             self.registry.declare_exchange(d["name"], d["type"], dict(d["args"]), uid=d["uid"])
 
