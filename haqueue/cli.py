@@ -7,8 +7,10 @@ that runs it, so new subcommands are one more `_add_*` call.
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import logging
+import os
 import sys
 from typing import Any, Callable
 
@@ -47,14 +49,27 @@ def _broker(args: argparse.Namespace) -> int:
     except ConfigError as e:
         _error(str(e))
         return EXIT_USAGE
+    if config.ha is not None and config.ha.coordinator == "zookeeper":
+        try:
+            import kazoo  # noqa: F401
+        except ImportError:
+            _error("ha.coordinator zookeeper needs kazoo: pip install 'haqueue[zk]'")
+            return EXIT_USAGE
     logging.basicConfig(stream=sys.stderr, level=logging.INFO, format=LOG_FORMAT)
-    from haqueue.broker.server import run  # lazily: admin commands need none of the broker
-    plugins = []
-    if config.ha is not None:
-        from haqueue.ha import HaBroker
-        ha = config.ha
-        plugins.append(lambda broker: HaBroker(broker, ha))
-    return run(config, plugins)
+    from haqueue.broker.server import Broker, run  # lazily: admin commands need none of the broker
+
+    def plugins(broker: Broker) -> None:
+        ha = None
+        if config.ha is not None:
+            from haqueue.ha import HaBroker
+            ha = HaBroker(broker, config.ha)
+            if config.ha.coordinator == "zookeeper":
+                from haqueue.coord.zookeeper import ZooKeeperCoordinator
+                ZooKeeperCoordinator(ha)
+        if config.audit is not None:  # after HA: it records HA's role, epoch and replication
+            from haqueue.audit.events import AuditLog
+            AuditLog(broker, config.audit, ha)
+    return run(config, [plugins])
 
 
 # ---- haqueue admin -----------------------------------------------------------------------
@@ -217,6 +232,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_broker(commands)
     _add_admin(commands)
     _add_cluster(commands)
+    _add_audit(commands)
     return parser
 
 
@@ -265,6 +281,8 @@ def _add_cluster(commands: Subparsers) -> None:
     up.add_argument("--public", type=_address, default=DEFAULT_LISTEN,
                     help=f"the clients' address, bound by the primary (default {DEFAULT_LISTEN})")
     up.add_argument("--base-port", type=int, default=5701, help="broker i listens on base-port + i (default 5701)")
+    up.add_argument("--audit-dir", metavar="DIR", help="every broker writes audit events to its own files here "
+                                                       "(design/audit-events.md)")
     up.set_defaults(func=_cluster_up)
 
 
@@ -274,7 +292,52 @@ def _cluster_up(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     logging.basicConfig(stream=sys.stderr, level=logging.INFO, format=LOG_FORMAT)
     from haqueue.coord.supervisor import cluster_up
-    return cluster_up(args.size, args.dir, parse_address(args.public), args.base_port)
+    extra = {"audit": {"dir": os.path.abspath(args.audit_dir)}} if args.audit_dir else None
+    return cluster_up(args.size, args.dir, parse_address(args.public), args.base_port, extra)
+
+
+# ---- haqueue audit -----------------------------------------------------------------------
+
+def _add_audit(commands: Subparsers) -> None:
+    p = commands.add_parser("audit", help="analyse the brokers' audit events (needs the spark extra)")
+    sub = p.add_subparsers(dest="audit_command", metavar="COMMAND", required=True)
+    lag = sub.add_parser("lag", help="replication lag, loss, duplicates and order per queue and backup",
+                         description="Read a directory of audit events with PySpark and report, per queue and "
+                                     "backup, replication lag, confirmed messages missing on a ready backup, "
+                                     "duplicates, order violations and dequeues not mirrored. Writes Parquet and "
+                                     "CSV tables and a PNG chart to --out and a summary to stdout.")
+    lag.add_argument("--events", metavar="DIR", required=True, help="the audit directory (files *.jsonl)")
+    lag.add_argument("--out", metavar="DIR", required=True, help="where the tables and the chart go")
+    lag.add_argument("--master", metavar="URL", help="Spark master (default local[*], or spark-submit's)")
+    lag.add_argument("--since", metavar="T", type=_instant, help="only events from T (ISO 8601, UTC unless "
+                                                                 "it says; or seconds since the epoch)")
+    lag.add_argument("--until", metavar="T", type=_instant, help="only events before T")
+    lag.add_argument("--fail-on-loss", action="store_true", help="exit 1 if a confirmed message is missing")
+    lag.set_defaults(func=_audit_lag)
+
+
+def _instant(text: str) -> int:
+    """A time as microseconds since the epoch."""
+    try:
+        return int(float(text) * 1e6)
+    except ValueError:
+        pass
+    try:
+        moment = datetime.datetime.fromisoformat(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected ISO 8601 or seconds since the epoch, got {text!r}") from None
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=datetime.timezone.utc)
+    return int(moment.timestamp() * 1e6)
+
+
+def _audit_lag(args: argparse.Namespace) -> int:
+    try:
+        from haqueue.audit.lag import run_audit
+    except ImportError as e:
+        _error(f"audit needs PySpark and matplotlib: pip install 'haqueue[spark]' ({e})")
+        return EXIT_USAGE
+    return run_audit(args.events, args.out, args.master, args.since, args.until, args.fail_on_loss)
 
 
 if __name__ == "__main__":

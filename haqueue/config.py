@@ -71,6 +71,16 @@ class BindingConfig:
 
 
 @dataclass
+class ZooKeeperConfig:
+    """`ha.zookeeper`: the ensemble the brokers elect their primary through (design/zookeeper.md)."""
+
+    hosts: list[tuple[str, int]]
+    path: str = "/haqueue"  # the cluster's znode; one per cluster
+    session_timeout: float = 4.0  # seconds; a primary that cannot renew its lease within it stops serving
+    weight: int = 0  # breaks ties between equally up-to-date candidates: the higher wins
+
+
+@dataclass
 class HaConfig:
     """The `ha:` section: this broker is one of a hot-standby cluster."""
 
@@ -80,6 +90,17 @@ class HaConfig:
     public: tuple[str, int] | None = None  # the clients' address, bound only while primary
     replicate: str = "all"  # default x-replicate: none | configuration | all
     backup_timeout: float = 5.0  # seconds a backup may take to confirm before it is dropped
+    coordinator: str = "external"  # who promotes: external (admin, supervisor, Pacemaker) | zookeeper
+    zookeeper: ZooKeeperConfig | None = None
+
+
+@dataclass
+class AuditConfig:
+    """The `audit:` section: write replication events as JSON lines (design/audit-events.md)."""
+
+    dir: str
+    max_bytes: int = 64 * 1024 * 1024  # a file is closed and the next one started past this size
+    flush_interval: float = 0.2  # seconds between writes; a crash loses at most this much
 
 
 @dataclass
@@ -96,6 +117,7 @@ class BrokerConfig:
     tls: TlsConfig | None = None
     limits: LimitsConfig = field(default_factory=LimitsConfig)
     ha: HaConfig | None = None
+    audit: AuditConfig | None = None
 
 
 def parse_address(text: str) -> tuple[str, int]:
@@ -277,6 +299,61 @@ _LIMITS: dict[str, Check] = {
     "output_buffer": _int(1),
 }
 
+
+def _zk_hosts(value: Any, path: str) -> list[tuple[str, int]]:
+    """A list of HOST:PORT, or one string "HOST:PORT,HOST:PORT" as ZooKeeper clients write it."""
+    items = value.split(",") if isinstance(value, str) else value
+    hosts = _list_of(_address)(items, path)
+    if not hosts:
+        raise _Bad(path, "must name at least one ZooKeeper server")
+    return hosts
+
+
+def _zk_path(value: Any, path: str) -> str:
+    _expect(isinstance(value, str), path, "a string", value)
+    parts = value.split("/")[1:]
+    ok = value.startswith("/") and all(p not in ("", ".", "..") for p in parts) and parts[0] != "zookeeper"
+    if not ok or any(c in value for c in "\0\n"):
+        raise _Bad(path, f"must be an absolute ZooKeeper path like /haqueue/cluster1 (not / nor under "
+                         f"/zookeeper, no empty, . or .. parts), got {_show(value)}")
+    return value
+
+
+def _positive_seconds(value: Any, path: str) -> float:
+    seconds = _seconds(value, path)
+    _expect(seconds > 0, path, "a positive number of seconds", value)
+    return seconds
+
+
+_ZOOKEEPER: dict[str, Check] = {
+    "hosts": _zk_hosts,
+    "path": _zk_path,
+    "session_timeout": _positive_seconds,
+    "weight": _int(0),
+}
+
+_HA: dict[str, Check] = {
+    "brokers": _list_of(_address),
+    "username": _name,
+    "password": _name,
+    "public": _address,
+    "replicate": _choice("none", "configuration", "all"),
+    "backup_timeout": _seconds,
+    "coordinator": _choice("external", "zookeeper"),
+    "zookeeper": _record(ZooKeeperConfig, _ZOOKEEPER, ("hosts",)),
+}
+
+
+def _ha(value: Any, path: str) -> HaConfig:
+    fields = _fields(value, path, _HA, ("brokers", "username", "password"))
+    zookeeper = fields.get("coordinator") == "zookeeper"
+    if zookeeper and "zookeeper" not in fields:
+        raise _Bad(f"{path}.zookeeper", "missing (ha.coordinator is zookeeper: give at least its hosts)")
+    if not zookeeper and "zookeeper" in fields:
+        raise _Bad(f"{path}.zookeeper", "given but ha.coordinator is not zookeeper")
+    return HaConfig(**fields)
+
+
 _TOP: dict[str, Check] = {
     "name": _name,
     "listen": _list_of(_listener),
@@ -291,14 +368,9 @@ _TOP: dict[str, Check] = {
     "anonymous": _bool,
     "tls": _record(TlsConfig, {"cert_file": _name, "key_file": _name, "ca_file": _name}, ("cert_file", "key_file")),
     "limits": _record(LimitsConfig, _LIMITS),
-    "ha": _record(HaConfig, {
-        "brokers": _list_of(_address),
-        "username": _name,
-        "password": _name,
-        "public": _address,
-        "replicate": _choice("none", "configuration", "all"),
-        "backup_timeout": _seconds,
-    }, ("brokers", "username", "password")),
+    "ha": _ha,
+    "audit": _record(AuditConfig, {"dir": _name, "max_bytes": _int(4096), "flush_interval": _positive_seconds},
+                     ("dir",)),
 }
 
 

@@ -51,7 +51,7 @@ def broker_factory(tmp_path):
         cfg = dict(config or {})
         cfg.update(config_kw)
         bname = name or cfg.get("name") or f"b{len(started)}"
-        b = BrokerProcess(tmp_path / bname, cfg, name=bname)
+        b = BrokerProcess(tmp_path / bname, cfg, name=bname, port_retries=3)
         started.append(b)
         if start:
             b.start()

@@ -13,6 +13,7 @@ chosen addresses stay fixed for the life of the object, so `restart()` reuses th
 """
 from __future__ import annotations
 
+import atexit
 import copy
 import os
 import signal
@@ -32,8 +33,15 @@ STOP_TIMEOUT = 10.0
 POLL_INTERVAL = 0.05
 
 
+_live: set["BrokerProcess"] = set()  # every broker started, killed at interpreter exit if still running
+
+
 class BrokerStartError(RuntimeError):
     """The broker process exited, or did not listen, within the start timeout."""
+
+    def __init__(self, message: str, port_taken: bool = False):
+        super().__init__(message)
+        self.port_taken = port_taken
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -67,6 +75,33 @@ def can_connect(host: str, port: int, timeout: float = 0.5) -> bool:
         return False
 
 
+def listening_ports(pid: int) -> set[int] | None:
+    """TCP ports process `pid` listens on, from /proc (Linux); None where /proc cannot tell."""
+    try:
+        inodes = set()
+        for fd in os.listdir(f"/proc/{pid}/fd"):
+            try:
+                target = os.readlink(f"/proc/{pid}/fd/{fd}")
+            except OSError:
+                continue
+            if target.startswith("socket:["):
+                inodes.add(target[8:-1])
+        ports = set()
+        for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+            try:
+                with open(table) as f:
+                    next(f)
+                    for line in f:
+                        fields = line.split()
+                        if fields[3] == "0A" and fields[9] in inodes:  # 0A: LISTEN
+                            ports.add(int(fields[1].rsplit(":", 1)[1], 16))
+            except FileNotFoundError:
+                continue
+        return ports
+    except OSError:
+        return None
+
+
 def split_address(address: str) -> tuple[str, int]:
     host, _, port = address.rpartition(":")
     return host.strip("[]"), int(port)
@@ -84,11 +119,16 @@ class BrokerProcess:
 
     def __init__(self, directory: str | os.PathLike, config: dict | None = None,
                  name: str = "broker", extra_args: list[str] | None = None,
-                 env: dict[str, str] | None = None):
+                 env: dict[str, str] | None = None, port_retries: int = 0):
         self.directory = Path(directory)
         self.directory.mkdir(parents=True, exist_ok=True)
         self.name = name
+        self._auto_ports: list[int] = []  # indexes of listeners whose port was chosen here
         self.config = self._resolve(copy.deepcopy(config or {}))
+        # Another process may take a port between our pick and the broker's bind. With
+        # `port_retries`, a first start that fails on a taken port picks new ports and tries
+        # again (only for ports chosen here; never on a restart, whose ports others may know).
+        self.port_retries = port_retries
         self.extra_args = list(extra_args or [])
         self.env = env
         self.config_path = self.directory / "broker.yaml"
@@ -107,15 +147,28 @@ class BrokerProcess:
         if not listen:
             listen = ["127.0.0.1:0"]
         resolved = []
-        for item in listen:
+        for i, item in enumerate(listen):
+            address = item if isinstance(item, str) else (item.get("address") or "127.0.0.1:0")
+            if split_address(address)[1] == 0:
+                self._auto_ports.append(i)
             if isinstance(item, str):
                 resolved.append(self._fill_port(item))
             else:
                 item = dict(item)
-                item["address"] = self._fill_port(item.get("address") or "127.0.0.1:0")
+                item["address"] = self._fill_port(address)
                 resolved.append(item)
         config["listen"] = resolved
         return config
+
+    def _repick_ports(self) -> None:
+        for i in self._auto_ports:
+            item = self.config["listen"][i]
+            host = split_address(item if isinstance(item, str) else item["address"])[0]
+            address = f"{host}:{free_port(host)}"
+            if isinstance(item, str):
+                self.config["listen"][i] = address
+            else:
+                item["address"] = address
 
     @staticmethod
     def _fill_port(address: str) -> str:
@@ -159,6 +212,17 @@ class BrokerProcess:
                 *self.extra_args]
 
     def start(self, wait: bool = True, timeout: float = START_TIMEOUT) -> "BrokerProcess":
+        retries = self.port_retries if (self.starts == 0 and self._auto_ports and wait) else 0
+        while True:
+            try:
+                return self._start(wait, timeout)
+            except BrokerStartError as e:
+                if retries <= 0 or not e.port_taken:
+                    raise
+                retries -= 1
+                self._repick_ports()
+
+    def _start(self, wait: bool, timeout: float) -> "BrokerProcess":
         if self.running:
             raise RuntimeError(f"broker {self.name} is already running (pid {self.proc.pid})")
         self.write_config()
@@ -176,6 +240,7 @@ class BrokerProcess:
                                      stdin=subprocess.DEVNULL, stdout=self._log_file,
                                      stderr=subprocess.STDOUT, start_new_session=True)
         self.starts += 1
+        _live.add(self)
         if wait:
             self.wait_listening(timeout)
         return self
@@ -186,18 +251,30 @@ class BrokerProcess:
         pending = [split_address(a) for a in self.addresses]
         while pending:
             if self.proc.poll() is not None:
+                self.exit_expected = True  # reported here; teardown need not report it again
+                self._close_log()
+                log = self.log()
                 raise BrokerStartError(
                     f"broker {self.name} exited with {self.proc.returncode} during start;"
-                    f" log:\n{self.log()}")
+                    f" log:\n{log}", port_taken="already in use" in log.lower())
             if can_connect(*pending[0], timeout=0.2):
-                pending.pop(0)
-                continue
+                owned = listening_ports(self.proc.pid)
+                if owned is None or pending[0][1] in owned:
+                    pending.pop(0)
+                    continue
+                # someone else answers on that port: our broker is about to fail to bind it
             if time.monotonic() >= deadline:
                 self.kill()
                 raise BrokerStartError(
                     f"broker {self.name} not listening on {pending[0]} after {timeout} s;"
                     f" log:\n{self.log()}")
             time.sleep(POLL_INTERVAL)
+        if self.proc.poll() is not None:  # what answered was another process on a taken port
+            self.exit_expected = True
+            self._close_log()
+            log = self.log()
+            raise BrokerStartError(f"broker {self.name} exited with {self.proc.returncode} during start;"
+                                   f" log:\n{log}", port_taken="already in use" in log.lower())
 
     @property
     def running(self) -> bool:
@@ -283,6 +360,14 @@ class BrokerProcess:
     def __repr__(self) -> str:
         state = "running" if self.running else f"exited {self.returncode}" if self.proc else "new"
         return f"<BrokerProcess {self.name} {self.addresses} {state}>"
+
+
+@atexit.register
+def _kill_leftovers() -> None:
+    """No broker outlives the test run, even when a test or pytest itself was interrupted."""
+    for b in list(_live):
+        if b.proc is not None and b.proc.poll() is None:
+            b.proc.kill()
 
 
 def run_haqueue(args: list[str], timeout: float = 30.0, input: str | None = None,

@@ -90,8 +90,8 @@ class Link:
     link the broker sends on, target for one it receives on)."""
 
     __slots__ = ("ptr", "conn", "name", "is_sender", "address", "dynamic", "browse", "handler",
-                 "unsettled_out", "_tag", "_received", "_partial", "settle_first", "_properties_ptr",
-                 "closed")
+                 "_tag", "_received", "_partial", "settle_first", "_properties_ptr",
+                 "closed", "coordinator")
 
     def __init__(self, ptr: Any, conn: "Connection", outgoing_address: str | None = None) -> None:
         self.ptr = ptr
@@ -105,12 +105,14 @@ class Link:
         self.closed = False
         if outgoing_address is not None:  # a link the broker opens: nothing remote to read yet
             self.address, self.dynamic, self.browse, self.settle_first = outgoing_address, False, False, False
+            self.coordinator = False
             self._properties_ptr = lib.pn_link_properties(ptr)
             return
         terminus = lib.pn_link_remote_source(ptr) if self.is_sender else lib.pn_link_remote_target(ptr)
         self.address = _text(lib.pn_terminus_get_address(terminus))
         self.dynamic = bool(lib.pn_terminus_is_dynamic(terminus))
         self.browse = self.is_sender and lib.pn_terminus_get_distribution_mode(terminus) == lib.PN_DIST_MODE_COPY
+        self.coordinator = lib.pn_terminus_get_type(terminus) == lib.PN_COORDINATOR  # a transaction controller
         # A consumer that sends settled (at-most-once) wants its deliveries pre-settled.
         self.settle_first = lib.pn_link_remote_snd_settle_mode(ptr) == lib.PN_SND_SETTLED
         self._properties_ptr = lib.pn_link_remote_properties(ptr)

@@ -8,13 +8,14 @@ RESOURCE_LIMIT = "amqp:resource-limit-exceeded"
 RESOURCE_DELETED = "amqp:resource-deleted"
 UNAUTHORIZED = "amqp:unauthorized-access"
 NOT_ALLOWED = "amqp:not-allowed"
+NOT_IMPLEMENTED = "amqp:not-implemented"
 INTERNAL = "amqp:internal-error"
 DECODE = "amqp:decode-error"
 CONNECTION_FORCED = "amqp:connection:forced"
 
 # The management status code for each condition (design/management.md).
 STATUS = {NOT_FOUND: 404, INVALID_FIELD: 400, RESOURCE_LOCKED: 409, RESOURCE_LIMIT: 403,
-          UNAUTHORIZED: 401, NOT_ALLOWED: 403, DECODE: 400}
+          UNAUTHORIZED: 401, NOT_ALLOWED: 403, DECODE: 400, NOT_IMPLEMENTED: 501}
 
 
 class BrokerError(Exception):

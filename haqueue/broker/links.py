@@ -7,9 +7,9 @@ from typing import TYPE_CHECKING, Any
 
 from .completion import Completion
 from .engine import ACCEPTED, MODIFIED, REJECTED, RELEASED, Link
-from .errors import BrokerError, INVALID_FIELD, NOT_FOUND, RESOURCE_DELETED, RESOURCE_LIMIT
+from .errors import DECODE, BrokerError, INVALID_FIELD, NOT_FOUND, RESOURCE_DELETED, RESOURCE_LIMIT
 from .exchange import Exchange
-from .message import MalformedMessage, Routing, ttl_ms
+from .message import MalformedMessage, Routing, is_message, ttl_ms
 from .queue import Entry, Queue
 
 if TYPE_CHECKING:
@@ -23,14 +23,22 @@ class Publisher:
         self.broker = broker
         self.link = link
         self.node = node
+        self.completion_hooks = broker.completion_hooks
 
     def on_message(self, delivery: Any, data: bytes, settled: bool) -> None:
+        if not is_message(data):
+            self.link.settle(delivery, REJECTED, DECODE, "the transfer is not an AMQP message (no section descriptor)")
+            return
         node = self.node
         if type(node) is Queue and not node.deleted and not node.guards and not node.full():
             # The hot path: one queue, nothing holding completion.
             ttl = ttl_ms(data)
-            node.enqueue(data, time.monotonic() + ttl / 1000.0 if ttl else 0.0)
+            entry = node.enqueue(data, time.monotonic() + ttl / 1000.0 if ttl else 0.0)
             self.link.settle(delivery, 0 if settled else ACCEPTED)
+            hooks = self.completion_hooks
+            if hooks and not settled:
+                for hook in hooks:
+                    hook(node, entry)
             return
         try:
             queues = [node] if type(node) is Queue and not node.deleted else self._route(node, data)
@@ -41,19 +49,31 @@ class Publisher:
             self.link.settle(delivery, REJECTED, e.condition, e.description)
             return
         except MalformedMessage as e:
-            self.link.settle(delivery, REJECTED, "amqp:decode-error", str(e))
+            self.link.settle(delivery, REJECTED, DECODE, str(e))
             return
         ttl = ttl_ms(data)
         expiry = time.monotonic() + ttl / 1000.0 if ttl else 0.0
         if settled or not any(q.guards for q in queues):
-            for queue in queues:
-                queue.enqueue(data, expiry)
+            enqueued = [(queue, queue.enqueue(data, expiry)) for queue in queues]
             self.link.settle(delivery, 0 if settled else ACCEPTED)
+            if not settled:
+                self._completed(enqueued)
             return
-        completion = Completion(lambda: self.link.closed or self.link.settle(delivery, ACCEPTED))
-        for queue in queues:
-            queue.enqueue(data, expiry, completion)
+        completion = Completion(lambda: self.link.closed or self._confirm(delivery, enqueued))
+        enqueued = [(queue, queue.enqueue(data, expiry, completion)) for queue in queues]
         completion.release()
+
+    def _confirm(self, delivery: Any, enqueued: list[tuple[Queue, Entry]]) -> None:
+        """Every guard has released the message: accept it."""
+        self.link.settle(delivery, ACCEPTED)
+        self._completed(enqueued)
+
+    def _completed(self, enqueued: list[tuple[Queue, Entry]]) -> None:
+        hooks = self.completion_hooks
+        if hooks:
+            for queue, entry in enqueued:
+                for hook in hooks:
+                    hook(queue, entry)
 
     def _route(self, node: Queue | Exchange | None, data: bytes) -> list[Queue]:
         if isinstance(node, Exchange):

@@ -148,6 +148,12 @@ def sections(data: bytes) -> dict[int, int]:
     return found
 
 
+def is_message(data: bytes) -> bool:
+    """Does it start like an AMQP message (a section descriptor)? One cheap check on the hot path,
+    so bytes that are no message are refused at the door rather than handed to consumers."""
+    return data[:2] == b"\x00\x53" and len(data) > 2 and HEADER <= data[2] <= 0x78
+
+
 def ttl_ms(data: bytes) -> int | None:
     """The header's ttl in milliseconds; the fast check keeps header-less messages at one comparison."""
     if not data.startswith(_HEADER_PREFIX):

@@ -3,7 +3,8 @@
 Plug-ins (HA, the audit log) use the named hooks and nothing else:
 `registry.observers` / `registry.validators` / `registry.queue_hooks` (wiring and per-queue
 observers and guards), `admission` (who may connect), `endpoints` (link handlers for `$`
-addresses), `management.register` (operations) and `status_hooks` (fields of the broker status).
+addresses), `management.register` (operations), `status_hooks` (fields of the broker status) and
+`completion_hooks` (a publisher's message confirmed).
 """
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from typing import Any, Callable, Protocol, Sequence
 from .. import __version__
 from ..config import BrokerConfig, ListenerConfig
 from .engine import Connection, Engine, Link, LinkHandler, Listener
-from .errors import BrokerError, INVALID_FIELD, RESOURCE_LOCKED
+from .errors import BrokerError, INVALID_FIELD, NOT_IMPLEMENTED, RESOURCE_LOCKED
 from .exchange import Exchange
 from .links import Consumer, Publisher
 from .management import ADDRESS as MANAGEMENT, Management
@@ -48,6 +49,8 @@ class Broker:
         self.admission: list[Admission] = []
         self.endpoints: dict[str, Callable[[Link], LinkHandler]] = {}
         self.status_hooks: list[Callable[[dict[str, Any]], None]] = []
+        # Called with (queue, entry) when a publisher's message is confirmed (the audit log).
+        self.completion_hooks: list[Callable[[Queue, Entry], None]] = []
         self.connections: set[Connection] = set()
         self._tls: ssl.SSLContext | None = None
 
@@ -98,6 +101,8 @@ class Broker:
         self.connections.discard(conn)
 
     def link_opened(self, link: Link) -> LinkHandler:
+        if link.coordinator:
+            raise BrokerError(NOT_IMPLEMENTED, "transactions are not supported")
         address = link.address
         special = self._special_endpoint(address)
         if special is not None:

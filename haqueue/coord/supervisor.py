@@ -209,9 +209,11 @@ class Supervisor:
             self.kill(member)
 
 
-def cluster_up(size: int, directory: str, public: tuple[str, int], base_port: int) -> int:
+def cluster_up(size: int, directory: str, public: tuple[str, int], base_port: int,
+               extra: dict[str, Any] | None = None) -> int:
+    """`extra`: config keys given to every broker (e.g. `audit`)."""
     logging.getLogger("proton").setLevel(logging.WARNING)  # it logs every admin connection at INFO
-    supervisor = Supervisor(size, directory, public, base_port)
+    supervisor = Supervisor(size, directory, public, base_port, extra=extra)
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: supervisor.stop())
     try:

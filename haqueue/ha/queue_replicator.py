@@ -8,6 +8,7 @@ a 100k-message catch-up costs one sort of two sorted runs rather than 100k list 
 from __future__ import annotations
 
 import time
+from collections import deque
 from typing import TYPE_CHECKING, Any
 
 from ..broker.engine import ACCEPTED, Connection, Link
@@ -32,7 +33,9 @@ class QueueReplicator:
         self.caught_up = False
         self.received = {kind: 0 for kind in (protocol.ENQUEUE, protocol.CATCHUP, protocol.DEQUEUE,
                                               protocol.ACQUIRE, protocol.CAUGHT_UP)}
-        self.catchup_order: list[int] = []  # seqs in the order catch-up delivered them (tests read it)
+        # The first and last seqs catch-up delivered, in arrival order: status shows it is newest first.
+        self.catchup_first: list[int] = []
+        self.catchup_last: deque[int] = deque(maxlen=5)
         self.hooks = backup.ha.replication_hooks
         have = protocol.ranges(self.held)
         address = f"{protocol.QUEUE}/{queue.name}"
@@ -48,7 +51,9 @@ class QueueReplicator:
             self.held[seq] = self.queue.enqueue(data, self._expiry(data), seq=seq)
         elif kind == protocol.CATCHUP:
             self.catchup[seq] = Entry(seq, data, self._expiry(data))
-            self.catchup_order.append(seq)
+            if len(self.catchup_first) < 5:
+                self.catchup_first.append(seq)
+            self.catchup_last.append(seq)
         elif kind == protocol.DEQUEUE:
             self._dequeue(protocol.decode_ranges(data))
         elif kind == protocol.ACQUIRE:
@@ -95,7 +100,8 @@ class QueueReplicator:
 
     def status(self) -> dict[str, Any]:
         return {"caught_up": self.caught_up, "depth": self.queue.depth,
-                "catchup_received": self.received[protocol.CATCHUP]}
+                "catchup_received": self.received[protocol.CATCHUP], "catchup_first": self.catchup_first,
+                "catchup_last": list(self.catchup_last), "acquired": len(self.acquired)}
 
     def on_outcome(self, delivery: Any, outcome: int, failed: bool, undeliverable: bool) -> None:
         pass

@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from proton import Message
 
 from clients import Client
 from harness import free_port, run_haqueue
@@ -57,7 +58,6 @@ def test_exchange_add_del_and_bindings(broker):
     p = admin(broker, "bind", "cli.x", "cli.bq", "--key", "a.#")
     assert p.returncode == 0, p.stderr
     with Client(broker) as c:
-        from proton import Message
         c.send("cli.x", [Message(subject="a.b.c", body="routed")])
         assert c.queue_depth("cli.bq") == 1
         p = admin(broker, "unbind", "cli.x", "cli.bq", "--key", "a.#")

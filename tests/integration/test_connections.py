@@ -9,7 +9,7 @@ import pytest
 from proton import ConnectionException, ProtonException
 
 from clients import Client, RawAmqp, bodies, client_ssl_domain, make_messages
-from harness import split_address
+from harness import can_connect, split_address
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -129,6 +129,22 @@ def test_anonymous_false_refuses_anonymous_on_optional_listener(broker_factory):
         c.roundtrip()
 
 
+def test_sasl_policy_is_per_listener(broker_factory):
+    b = broker_factory(users=USERS, anonymous=True,
+                       listen=[{"address": "127.0.0.1:0", "sasl": "required"},
+                               {"address": "127.0.0.1:0", "sasl": "optional"}])
+    with pytest.raises((ConnectionException, ProtonException)):
+        c = Client(b, listener=0, sasl_enabled=False)
+        try:
+            c.roundtrip()
+        finally:
+            c.close()
+    with Client(b, listener=0, **plain("alice", "secret")) as c:
+        c.roundtrip()
+    with Client(b, listener=1, sasl_enabled=False) as c:
+        c.roundtrip()
+
+
 # ---- TLS ----------------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
@@ -166,6 +182,21 @@ def test_tls_with_hostname_verification(tls_broker, certificate):
     domain = client_ssl_domain(cert, verify_hostname=True)
     with Client(f"amqps://{tls_broker.addresses[0]}", ssl_domain=domain, virtual_host="localhost") as c:
         c.roundtrip()
+
+
+def test_sasl_plain_over_tls(broker_factory, certificate):
+    cert, key = certificate
+    b = broker_factory(tls={"cert_file": cert, "key_file": key}, users=USERS, anonymous=False,
+                       listen=[{"address": "127.0.0.1:0", "tls": True, "sasl": "required"}])
+    domain = client_ssl_domain(cert, verify_hostname=False)
+    url = f"amqps://{b.address}"
+    with Client(url, ssl_domain=domain, user="alice", password="secret", allowed_mechs="PLAIN",
+                allow_insecure_mechs=False) as c:
+        c.send("q.tls.sasl", ["secure"])
+        assert bodies(c.receiver("q.tls.sasl").receive_n(1)) == ["secure"]
+    with pytest.raises(ConnectionException):
+        Client(url, ssl_domain=client_ssl_domain(cert, verify_hostname=False), user="alice",
+               password="bad", allowed_mechs="PLAIN")
 
 
 def test_plain_client_on_tls_listener_fails(tls_broker):
@@ -210,7 +241,6 @@ def test_sigterm_exits_zero_promptly(broker):
         assert code == 0, broker.log()
         assert time.monotonic() - started < 5
     host, port = split_address(broker.address)
-    from harness import can_connect
     assert not can_connect(host, port)
 
 

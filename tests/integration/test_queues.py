@@ -317,7 +317,7 @@ def test_exclusive_queue_refuses_second_consumer(broker_factory):
         first = c1.receiver("q.excl", credit=1)
         with pytest.raises(LinkDetached) as e:
             c2.receiver("q.excl", credit=1)
-        assert condition_name(e.value), f"refused without a condition: {e.value}"
+        assert condition_name(e.value) == "amqp:resource-locked", str(e.value)
         # the first consumer still works
         c1.send("q.excl", ["only-for-first"])
         assert bodies(first.receive_n(1)) == ["only-for-first"]
@@ -357,3 +357,27 @@ def test_many_messages_keep_order(broker):
         p.send("q.volume", make_messages(n, prefix="v"), timeout=60)
         got = r.receive_n(n, timeout=60)
         assert [int(b.split("-")[1]) for b in bodies(got)] == list(range(n))
+
+
+def test_dynamic_queue_deleted_with_its_receiver(broker):
+    with Client(broker) as admin:
+        with Client(broker) as c:
+            r = c.receiver(None, dynamic=True, credit=1)
+            by_link = r.address
+            assert by_link in admin.queue_names()
+            r.close()
+            wait_for(lambda: by_link not in admin.queue_names(), 5,
+                     message=f"dynamic queue {by_link} to go when its receiver detached")
+            by_connection = c.receiver(None, dynamic=True, credit=1).address
+            assert by_connection in admin.queue_names()
+        wait_for(lambda: by_connection not in admin.queue_names(), 5,
+                 message=f"dynamic queue {by_connection} to go when its connection closed")
+
+
+def test_anonymous_relay_message_without_to_is_rejected(broker):
+    with Client(broker) as c:
+        d = c.send_one(None, Message(body="nowhere to go"))
+        assert d.remote_state == Delivery.REJECTED, d.remote_state
+        assert d.remote.condition is not None, "rejected without saying why"
+        ok = c.send_one(None, Message(address="relay.after", body="fine"))
+        assert ok.remote_state == Delivery.ACCEPTED

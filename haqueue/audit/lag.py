@@ -1,0 +1,351 @@
+"""The replication audit as a PySpark job: `haqueue audit lag` (design/audit-events.md).
+
+Reads every `*.jsonl` file under the events directory and answers, per queue and per backup:
+how far behind the backup ran (lag: its receive time minus the primary's enqueue time), which
+confirmed messages never reached a backup that was ready, which reached it twice, which arrived
+out of order, and which dequeues it never applied. Only Spark SQL functions are used (no Python
+UDFs), so executors need PySpark alone; the driver collects the small result tables.
+
+Run locally (`local[*]`) by default; on a cluster with
+    spark-submit --master URL $(python -c 'import haqueue.audit.lag as m; print(m.__file__)') --events DIR --out DIR
+"""
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass, field
+from typing import Any
+
+import pandas as pd
+from pyspark.sql import Column, DataFrame, SparkSession, Window
+from pyspark.sql import functions as F
+
+from haqueue.audit import schema
+
+PERCENTILES = (0.5, 0.95, 0.99)
+# A primary's dequeue counts as not mirrored on a backup only if that backup kept logging at least
+# this long afterwards (µs): otherwise its log may just have ended first (crash, or still running).
+MIRROR_GRACE_US = 1_000_000
+DETAIL_LIMIT = 100_000  # rows of the problems table (each missing, duplicate... message)
+TIMELINE_POINTS = 300  # about this many time buckets per backup in the lag chart
+# Bucket widths to choose from (µs): the smallest that keeps the chart near TIMELINE_POINTS.
+_BUCKETS_US = [n * unit for unit in (1_000, 1_000_000) for n in (1, 2, 5, 10, 20, 50, 100, 200, 500)] + \
+    [n * 60_000_000 for n in (1, 2, 5, 10, 30, 60, 120, 360, 720, 1440)]
+
+
+@dataclass
+class Audit:
+    """What the job found; each table a pandas DataFrame (report.py writes and prints them)."""
+
+    totals: dict[str, Any]
+    queues: pd.DataFrame
+    backups: pd.DataFrame
+    epochs: pd.DataFrame
+    timeline: pd.DataFrame
+    problems: pd.DataFrame
+    bad_input: pd.DataFrame
+    tables: dict[str, pd.DataFrame] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.tables = {"queues": self.queues, "backups": self.backups, "epochs": self.epochs,
+                       "lag_timeline": self.timeline, "problems": self.problems, "bad_input": self.bad_input}
+
+    @property
+    def missing(self) -> int:
+        return int(self.backups["missing"].sum()) if len(self.backups) else 0
+
+
+def session(master: str | None = None) -> SparkSession:
+    """A Spark session: `master`, else spark-submit's, else local[*] (tuned for one small machine)."""
+    if master is None and "PYSPARK_GATEWAY_PORT" not in os.environ:  # not launched by spark-submit
+        master = "local[*]"
+    builder = (SparkSession.builder.appName("haqueue-audit").config("spark.sql.session.timeZone", "UTC")
+               .config("spark.ui.showConsoleProgress", "false"))
+    if master is not None:
+        builder = builder.master(master)
+    if master is not None and master.startswith("local"):
+        builder = (builder.config("spark.ui.enabled", "false")
+                   .config("spark.sql.shuffle.partitions", str(4 * (os.cpu_count() or 2)))
+                   .config("spark.driver.memory", "4g"))
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel("ERROR")
+    return spark
+
+
+# ---- reading -----------------------------------------------------------------------------------
+
+def read_events(spark: SparkSession, directory: str) -> tuple[DataFrame, DataFrame]:
+    """(valid events, typed; bad lines with their problem). A bad line is counted, never fatal."""
+    lines = (spark.read.option("recursiveFileLookup", "true").option("pathGlobFilter", "*.jsonl")
+             .text(directory)
+             .select(F.col("value").alias("line"), F.col("_metadata.file_name").alias("file"))
+             .filter(F.trim("line") != ""))
+    e = F.col("e")
+    missing_common = _any_null(e[name] for name in schema.REQUIRED)
+    problem = F.when(F.json_object_keys("line").isNull(), F.lit("unparsable"))
+    problem = problem.when(missing_common, F.lit("missing field"))
+    problem = problem.when(~e["event"].isin(*schema.EVENTS), F.lit("unknown event"))
+    for kind, names in schema.REQUIRED_FOR.items():
+        problem = problem.when((e["event"] == kind) & _any_null(e[name] for name in names), F.lit("missing field"))
+    parsed = lines.select("line", "file", F.from_json("line", schema.DDL).alias("e")).withColumn("problem", problem)
+    events = parsed.filter(F.col("problem").isNull()).select("e.*")
+    bad = parsed.filter(F.col("problem").isNotNull()).select("file", "problem", "line")
+    return events, bad
+
+
+def _any_null(columns: Any) -> Column:
+    result = F.lit(False)
+    for column in columns:
+        result = result | column.isNull()
+    return result
+
+
+# ---- the analysis ------------------------------------------------------------------------------
+
+def analyse(spark: SparkSession, directory: str, since: int | None = None, until: int | None = None) -> Audit:
+    """The whole audit of the events under `directory`; since/until (µs) bound the events judged."""
+    events, bad = read_events(spark, directory)
+    events = events.withColumn("judged", _window(F.col("t"), since, until)).persist()
+    try:
+        return _analyse(events, bad)
+    finally:
+        events.unpersist()
+
+
+def _window(t: Column, since: int | None, until: int | None) -> Column:
+    judged = F.lit(True)
+    if since is not None:
+        judged = judged & (t >= since)
+    if until is not None:
+        judged = judged & (t < until)
+    return judged
+
+
+def _analyse(ev: DataFrame, bad: DataFrame) -> Audit:
+    primary_side = ev.filter(F.col("role") != schema.BACKUP)
+    enqueues = primary_side.filter(F.col("event") == schema.ENQUEUE)
+    completes = primary_side.filter(F.col("event") == schema.COMPLETE)
+    dequeues = primary_side.filter(F.col("event") == schema.DEQUEUE)
+    replicas = (ev.filter(F.col("event") == schema.REPLICATE)
+                .withColumnRenamed("broker", "backup"))
+    mirrored = (ev.filter((F.col("event") == schema.DEQUEUE) & (F.col("role") == schema.BACKUP))
+                .select("uid", "seq", F.col("broker").alias("backup"), "run").distinct())
+    runs = ev.groupBy("broker", "run").agg(F.min("t").alias("start"), F.max("t").alias("end"))
+    # Where and when each message was first enqueued (a message keeps its uid and seq everywhere).
+    origin = enqueues.groupBy("uid", "seq").agg(F.min("t").alias("t_enq"), F.min("epoch").alias("enq_epoch"))
+
+    totals = _totals(ev)
+    lag = _lag(replicas, origin)
+    problems = _problems(completes, dequeues, replicas, mirrored, runs).persist()
+    try:
+        counts = (problems.groupBy("queue", "backup", "problem").agg(F.sum("weight").alias("n")).toPandas()
+                  .pivot_table(index=["queue", "backup"], columns="problem", values="n", aggfunc="sum"))
+        detail = (problems.orderBy("problem", "queue", "seq", "backup").limit(DETAIL_LIMIT)
+                  .select("problem", "queue", "seq", "message_id", "backup", F.timestamp_micros("t").alias("time"))
+                  .toPandas())
+    finally:
+        problems.unpersist()
+    backups = _backup_table(_per_backup(replicas, lag), counts)
+    bad_input = (bad.groupBy("file", "problem").agg(F.count("*").alias("lines"), F.first("line").alias("example"))
+                 .orderBy("file", "problem").toPandas())
+    bad_input["example"] = bad_input["example"].str.slice(0, 200)
+    totals["bad_lines"] = int(bad_input["lines"].sum())
+    return Audit(totals=totals, queues=_queue_table(primary_side, completes, origin, backups), backups=backups,
+                 epochs=_epochs(primary_side, dequeues, origin), timeline=_timeline(lag, totals),
+                 problems=detail, bad_input=bad_input)
+
+
+def _lag(replicas: DataFrame, origin: DataFrame) -> DataFrame:
+    """Live replicas in the window with their lag (µs): receive time minus the primary's enqueue time,
+    from the primary's own enqueue event, else the time the message carried (its log may have lost it)."""
+    live = replicas.filter((F.col("mode") == schema.LIVE) & F.col("judged"))
+    enqueued = F.coalesce(F.col("t_enq"), F.when(F.col("enqueued") > 0, F.col("enqueued")))
+    return (live.join(origin.select("uid", "seq", "t_enq"), ["uid", "seq"], "left")
+            .select("queue", "backup", "t", (F.col("t") - enqueued).alias("lag_us")))
+
+
+def _percentiles(column: str, prefix: str) -> list[Column]:
+    """p50/p95/p99 (nearest rank: each is an observed value) and max, in milliseconds."""
+    approx = F.percentile_approx(column, list(PERCENTILES), 10_000)
+    return [*(F.round(approx[i] / 1000.0, 3).alias(f"{prefix}_p{int(p * 100)}_ms") for i, p in enumerate(PERCENTILES)),
+            F.round(F.max(column) / 1000.0, 3).alias(f"{prefix}_max_ms")]
+
+
+def _per_backup(replicas: DataFrame, lag: DataFrame) -> DataFrame:
+    judged = replicas.filter(F.col("judged"))
+    counts = judged.groupBy("queue", "backup").agg(
+        F.count("*").alias("received"),
+        F.sum((F.col("mode") == schema.LIVE).cast("int")).alias("live"),
+        F.sum((F.col("mode") == schema.CATCHUP).cast("int")).alias("catchup"))
+    stats = lag.groupBy("queue", "backup").agg(*_percentiles("lag_us", "lag"))
+    return counts.join(stats, ["queue", "backup"], "left")
+
+
+# The problems table: one row per message and backup behind a count; weight is what it adds to it.
+_PROBLEM_COLUMNS = ("problem", "queue", "seq", "message_id", "backup", "t", "weight")
+MISSING, UNVERIFIED, DUPLICATE, OUT_OF_ORDER, NOT_MIRRORED = (
+    "missing", "unverified", "duplicate", "out of order", "dequeue not mirrored")
+_COUNT_COLUMNS = {MISSING: "missing", UNVERIFIED: "unverified", DUPLICATE: "duplicates",
+                  OUT_OF_ORDER: "order_violations", NOT_MIRRORED: "dequeues_not_mirrored"}
+
+
+def _problems(completes: DataFrame, dequeues: DataFrame, replicas: DataFrame, mirrored: DataFrame,
+              runs: DataFrame) -> DataFrame:
+    missing, unverified = _missing(completes, dequeues, replicas, runs)
+    frames = [_as_problem(missing, MISSING, "t_done"), _as_problem(unverified, UNVERIFIED, "t_done"),
+              _as_problem(_duplicates(replicas), DUPLICATE, "t", F.col("copies") - 1),
+              _as_problem(_order_violations(replicas), OUT_OF_ORDER, "t"),
+              _as_problem(_unmirrored(dequeues, replicas, mirrored, runs), NOT_MIRRORED, "t_deq")]
+    union = frames[0]
+    for frame in frames[1:]:
+        union = union.unionByName(frame)
+    return union
+
+
+def _as_problem(frame: DataFrame, problem: str, time: str, weight: Column | None = None) -> DataFrame:
+    return frame.select(F.lit(problem).alias("problem"), "queue", "seq", "message_id", "backup",
+                        F.col(time).alias("t"), (weight if weight is not None else F.lit(1)).alias("weight"))
+
+
+def _missing(completes: DataFrame, dequeues: DataFrame, replicas: DataFrame,
+             runs: DataFrame) -> tuple[DataFrame, DataFrame]:
+    """Confirmed messages a backup that was ready at confirmation never received: (missing, unverified).
+
+    A message consumed on the primary before it was confirmed needs no copy. A backup whose log
+    ends before the confirmation (it crashed, or is still writing) cannot be judged: unverified."""
+    expected = (completes.filter(F.col("judged"))
+                .select("uid", "seq", "queue", "message_id", F.col("t").alias("t_done"),
+                        F.explode("backups").alias("backup")))
+    first_dequeue = dequeues.groupBy("uid", "seq").agg(F.min("t").alias("t_deq"))
+    expected = (expected.join(first_dequeue, ["uid", "seq"], "left")
+                .filter(F.col("t_deq").isNull() | (F.col("t_deq") >= F.col("t_done"))).drop("t_deq"))
+    r = runs.select(F.col("broker").alias("r_broker"), "start", "end")
+    covered = ((F.col("backup") == F.col("r_broker")) & (F.col("start") <= F.col("t_done"))
+               & (F.col("t_done") <= F.col("end")))
+    judged = expected.join(F.broadcast(r), covered, "left_semi")
+    unverified = expected.join(F.broadcast(r), covered, "left_anti")
+    received = replicas.select("uid", "seq", "backup").distinct()
+    missing = judged.join(received, ["uid", "seq", "backup"], "left_anti")
+    return missing, unverified
+
+
+def _unmirrored(dequeues: DataFrame, replicas: DataFrame, mirrored: DataFrame, runs: DataFrame) -> DataFrame:
+    """Messages dequeued on a primary that a backup holding them never removed (while it kept logging)."""
+    holders = replicas.select("uid", "seq", "backup", "run").distinct()
+    gone = dequeues.filter(F.col("judged")).select("uid", "seq", "queue", "message_id",
+                                                   F.col("broker").alias("primary"), F.col("t").alias("t_deq"))
+    expected = (gone.join(holders, ["uid", "seq"])
+                .filter(F.col("backup") != F.col("primary"))  # a promoted backup consuming its own copy
+                .join(F.broadcast(runs.select(F.col("broker").alias("backup"), "run", "end")), ["backup", "run"])
+                .filter(F.col("end") >= F.col("t_deq") + MIRROR_GRACE_US))
+    return expected.join(mirrored, ["uid", "seq", "backup", "run"], "left_anti")
+
+
+def _order_violations(replicas: DataFrame) -> DataFrame:
+    """Live replicas that arrived after a higher seq of the same queue (in one backup process)."""
+    live = replicas.filter(F.col("mode") == schema.LIVE)
+    previous = F.lag("seq").over(Window.partitionBy("backup", "run", "uid").orderBy("n"))
+    return (live.withColumn("previous_seq", previous)
+            .filter(F.col("judged") & (F.col("seq") < F.col("previous_seq"))))
+
+
+def _duplicates(replicas: DataFrame) -> DataFrame:
+    """Messages a backup process received more than once."""
+    return (replicas.groupBy("queue", "backup", "run", "uid", "seq")
+            .agg(F.count("*").alias("copies"), F.first("message_id").alias("message_id"),
+                 F.max(F.col("judged").cast("int")).alias("judged"), F.max("t").alias("t"))
+            .filter((F.col("copies") > 1) & (F.col("judged") == 1)))
+
+
+def _backup_table(per_backup: DataFrame, counts: pd.DataFrame) -> pd.DataFrame:
+    counts = counts.rename(columns=_COUNT_COLUMNS).reindex(columns=list(_COUNT_COLUMNS.values()))
+    result = per_backup.toPandas().merge(counts, left_on=["queue", "backup"], right_index=True, how="outer")
+    numbers = ["received", "live", "catchup", *_COUNT_COLUMNS.values()]
+    result[numbers] = result[numbers].fillna(0).astype("int64")
+    columns = ["queue", "backup", "received", "live", "catchup", "lag_p50_ms", "lag_p95_ms", "lag_p99_ms",
+               "lag_max_ms", "missing", "unverified", "duplicates", "order_violations", "dequeues_not_mirrored"]
+    return result[columns].sort_values(["queue", "backup"], ignore_index=True)
+
+
+def _queue_table(primary_side: DataFrame, completes: DataFrame, origin: DataFrame,
+                 backups: pd.DataFrame) -> pd.DataFrame:
+    judged = primary_side.filter(F.col("judged"))
+    counts = judged.groupBy("queue").agg(*(F.sum((F.col("event") == kind).cast("int")).alias(name) for kind, name in
+                                           ((schema.ENQUEUE, "enqueued"), (schema.COMPLETE, "completed"),
+                                            (schema.DEQUEUE, "dequeued"))))
+    latency = (completes.filter(F.col("judged")).join(origin, ["uid", "seq"])
+               .withColumn("completion_us", F.col("t") - F.col("t_enq"))
+               .groupBy("queue").agg(*_percentiles("completion_us", "completion")))
+    result = counts.filter(F.col("queue").isNotNull()).join(latency, "queue", "left").toPandas()
+    sums = backups.groupby("queue")[list(_COUNT_COLUMNS.values())].sum()
+    result = result.merge(sums, left_on="queue", right_index=True, how="outer")
+    result["backups"] = result["queue"].map(backups.groupby("queue")["backup"].nunique())
+    numbers = ["enqueued", "completed", "dequeued", "backups", *_COUNT_COLUMNS.values()]
+    result[numbers] = result[numbers].fillna(0).astype("int64")
+    return result[["queue", "enqueued", "completed", "dequeued", "completion_p50_ms", "completion_p95_ms",
+                   "completion_p99_ms", "completion_max_ms", *numbers[3:]]].sort_values("queue", ignore_index=True)
+
+
+def _epochs(primary_side: DataFrame, dequeues: DataFrame, origin: DataFrame) -> pd.DataFrame:
+    """Each epoch's primary, and how many messages it took over from earlier epochs and consumed."""
+    judged = primary_side.filter(F.col("judged"))
+    table = judged.groupBy("epoch", "broker").agg(
+        F.timestamp_micros(F.min("t")).alias("first_event"), F.timestamp_micros(F.max("t")).alias("last_event"),
+        *(F.sum((F.col("event") == kind).cast("int")).alias(name) for kind, name in
+          ((schema.ENQUEUE, "enqueued"), (schema.COMPLETE, "completed"), (schema.DEQUEUE, "dequeued"))))
+    inherited = (dequeues.filter(F.col("judged")).join(origin, ["uid", "seq"])
+                 .filter(F.col("enq_epoch") < F.col("epoch"))
+                 .groupBy("epoch", "broker").agg(F.count("*").alias("inherited_dequeued")))
+    return (table.join(inherited, ["epoch", "broker"], "left").fillna(0, subset=["inherited_dequeued"])
+            .withColumnRenamed("broker", "primary").orderBy("epoch", "first_event").toPandas())
+
+
+def _timeline(lag: DataFrame, totals: dict[str, Any]) -> pd.DataFrame:
+    """Lag per backup over time, in buckets sized to the span of the events (totals["bucket_ms"])."""
+    span_us = (totals["last"] - totals["first"]) // pd.Timedelta(microseconds=1) if totals["events"] else 0
+    bucket_us = next((b for b in _BUCKETS_US if span_us / b <= TIMELINE_POINTS), _BUCKETS_US[-1])
+    totals["bucket_ms"] = bucket_us / 1000
+    approx = F.percentile_approx("lag_us", [0.5, 0.99], 10_000)
+    return (lag.filter(F.col("lag_us").isNotNull())
+            .withColumn("bucket", (F.col("t") / bucket_us).cast("long") * bucket_us)
+            .groupBy("backup", "bucket").agg(F.count("*").alias("messages"),
+                                             F.round(approx[0] / 1000.0, 3).alias("lag_p50_ms"),
+                                             F.round(approx[1] / 1000.0, 3).alias("lag_p99_ms"),
+                                             F.round(F.max("lag_us") / 1000.0, 3).alias("lag_max_ms"))
+            .select("backup", F.timestamp_micros("bucket").alias("time"), "messages", "lag_p50_ms", "lag_p99_ms",
+                    "lag_max_ms")
+            .orderBy("backup", "time").toPandas())
+
+
+def _totals(ev: DataFrame) -> dict[str, Any]:
+    row = ev.agg(F.count("*").alias("events"), F.countDistinct("broker").alias("brokers"),
+                 F.timestamp_micros(F.min("t")).alias("first"), F.timestamp_micros(F.max("t")).alias("last"),
+                 F.sum(F.col("judged").cast("int")).alias("judged")).first()
+    return {"events": row["events"], "judged": row["judged"] or 0, "brokers": row["brokers"],
+            "first": row["first"], "last": row["last"]}
+
+
+# ---- the command -------------------------------------------------------------------------------
+
+def run_audit(events: str, out: str, master: str | None, since: int | None, until: int | None,
+              fail_on_loss: bool) -> int:
+    """`haqueue audit lag`: analyse, write the tables and the chart, print the summary; the exit code."""
+    from haqueue.audit import report
+
+    if not os.path.isdir(events):
+        print(f"haqueue: audit: no such directory: {events}", file=sys.stderr)
+        return 2
+    spark = session(master)
+    try:
+        audit = analyse(spark, events, since, until)
+    finally:
+        spark.stop()
+    report.write(audit, out)
+    print(report.summary(audit))
+    return 1 if fail_on_loss and audit.missing else 0
+
+
+if __name__ == "__main__":  # spark-submit runs this file
+    from haqueue.cli import main
+
+    sys.exit(main(["audit", "lag", *sys.argv[1:]]))

@@ -1,0 +1,108 @@
+"""The audit's outputs: Parquet and CSV tables, the lag chart (PNG) and the text summary."""
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING
+
+import matplotlib
+
+matplotlib.use("Agg")  # no display: the chart is a file
+
+import matplotlib.dates as mdates  # noqa: E402
+import matplotlib.pyplot as plt  # noqa: E402
+import pandas as pd  # noqa: E402
+
+if TYPE_CHECKING:
+    from .lag import Audit
+
+CHART = "lag.png"
+SUMMARY = "summary.txt"
+
+
+def write(audit: "Audit", out: str) -> None:
+    """Every table as out/NAME.parquet and out/NAME.csv, the chart, and the summary."""
+    os.makedirs(out, exist_ok=True)
+    for name, table in audit.tables.items():
+        table.to_parquet(os.path.join(out, f"{name}.parquet"), index=False)
+        table.to_csv(os.path.join(out, f"{name}.csv"), index=False)
+    chart(audit, os.path.join(out, CHART))
+    with open(os.path.join(out, SUMMARY), "w", encoding="utf-8") as f:
+        f.write(summary(audit) + "\n")
+
+
+def chart(audit: "Audit", path: str) -> None:
+    """Lag over time, one line per backup (p99 per time bucket, max as a faint band), failovers marked."""
+    fig, ax = plt.subplots(figsize=(11, 5), dpi=100)
+    timeline = audit.timeline
+    for i, (backup, points) in enumerate(timeline.groupby("backup", sort=True)):
+        color = f"C{i}"
+        points = _break_gaps(points, audit.totals.get("bucket_ms", 1000.0))
+        ax.plot(points["time"], points["lag_p99_ms"], color=color, linewidth=1.4, label=f"{backup} p99",
+                marker="o" if len(points) < 60 else None, markersize=3)
+        ax.fill_between(points["time"], points["lag_p50_ms"], points["lag_max_ms"], color=color, alpha=0.15,
+                        linewidth=0, label=f"{backup} p50–max")
+    for _, epoch in audit.epochs.iloc[1:].iterrows():  # the first epoch's start is not a failover
+        ax.axvline(epoch["first_event"], color="0.3", linestyle="--", linewidth=1)
+        ax.annotate(f"epoch {epoch['epoch']}: {epoch['primary']} primary", (epoch["first_event"], 1.0),
+                    xycoords=("data", "axes fraction"), xytext=(-12, -6), textcoords="offset points", fontsize=8,
+                    rotation=90, ha="left", va="top")
+    if timeline.empty:
+        ax.text(0.5, 0.5, "no live replication in these events", transform=ax.transAxes, ha="center")
+    else:
+        if timeline["lag_max_ms"].max() > 100 * max(timeline["lag_p50_ms"].median(), 0.01):
+            ax.set_yscale("log")  # a catch-up burst would flatten the usual lag to the axis
+        ax.legend(loc="upper left", fontsize=8, ncol=2)
+    ax.set_title("Replication lag per backup (backup receive − primary enqueue)")
+    locator = mdates.AutoDateLocator()
+    ax.xaxis.set_major_locator(locator)
+    ax.xaxis.set_major_formatter(mdates.ConciseDateFormatter(locator))
+    ax.set_xlabel("time (UTC)")
+    ax.set_ylabel("lag (ms)")
+    ax.grid(True, alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def _break_gaps(points: pd.DataFrame, bucket_ms: float) -> pd.DataFrame:
+    """A row of NaN wherever a backup received nothing for a while, so its line stops there
+    instead of joining the two sides of a failover."""
+    gaps = points["time"].diff() > pd.Timedelta(milliseconds=1.5 * bucket_ms)
+    breaks = points.loc[gaps, ["time"]].assign(time=lambda f: f["time"] - pd.Timedelta(milliseconds=bucket_ms / 2))
+    return pd.concat([points, breaks]).sort_values("time", ignore_index=True)
+
+
+def summary(audit: "Audit") -> str:
+    t = audit.totals
+    lines = [f"haqueue audit: {t['events']:,} events from {t['brokers']} brokers, {_time(t['first'])} to "
+             f"{_time(t['last'])} UTC; {t['judged']:,} in the window judged"]
+    if t["bad_lines"]:
+        counts = audit.bad_input.groupby("problem")["lines"].sum()
+        lines.append(f"bad input: {t['bad_lines']:,} lines skipped ("
+                     + ", ".join(f"{n:,} {problem}" for problem, n in counts.items()) + "; see bad_input.csv)")
+    for _, e in audit.epochs.iterrows():
+        lines.append(f"epoch {e['epoch']}: primary {e['primary']} {_time(e['first_event'])}–{_time(e['last_event'])}, "
+                     f"{e['enqueued']:,} enqueued, {e['completed']:,} confirmed, {e['dequeued']:,} dequeued"
+                     + (f" ({e['inherited_dequeued']:,} from earlier epochs)" if e["inherited_dequeued"] else ""))
+    for _, q in audit.queues.iterrows():
+        lines.append(f"queue {q['queue']}: {q['enqueued']:,} enqueued, {q['completed']:,} confirmed "
+                     f"(completion p50 {_ms(q['completion_p50_ms'])} p99 {_ms(q['completion_p99_ms'])}), "
+                     f"{q['dequeued']:,} dequeued")
+        for _, b in audit.backups[audit.backups["queue"] == q["queue"]].iterrows():
+            lines.append(f"  backup {b['backup']}: {b['received']:,} received ({b['catchup']:,} in catch-up), "
+                         f"lag p50 {_ms(b['lag_p50_ms'])} p95 {_ms(b['lag_p95_ms'])} p99 {_ms(b['lag_p99_ms'])} "
+                         f"max {_ms(b['lag_max_ms'])}; missing {b['missing']}, duplicates {b['duplicates']}, "
+                         f"out of order {b['order_violations']}, dequeues not mirrored {b['dequeues_not_mirrored']}"
+                         + (f", {b['unverified']} not verifiable" if b["unverified"] else ""))
+    missing = audit.missing
+    lines.append(f"LOSS: {missing:,} confirmed messages missing on a ready backup (see problems.csv)" if missing
+                 else "no loss: every confirmed message reached every backup that was ready")
+    return "\n".join(lines)
+
+
+def _ms(value: float) -> str:
+    return "-" if pd.isna(value) else f"{value:g} ms"
+
+
+def _time(value: object) -> str:
+    return "-" if value is None or pd.isna(value) else pd.Timestamp(value).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3]

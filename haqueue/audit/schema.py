@@ -1,0 +1,43 @@
+"""The audit event schema: one JSON object per line (design/audit-events.md).
+
+Shared by the writer (events.py), the Spark job (lag.py) and the test event sets, so the three
+cannot drift apart. Pure Python: the broker imports it without PySpark.
+"""
+from __future__ import annotations
+
+# Event kinds. The primary (or a standalone broker) writes ENQUEUE, COMPLETE and DEQUEUE; a backup
+# writes REPLICATE and DEQUEUE (a dequeue the primary told it about). Every broker writes a MARK at
+# least once a second and when it stops: its log is complete up to its last line, busy or idle.
+ENQUEUE, COMPLETE, DEQUEUE, REPLICATE, MARK = "enqueue", "complete", "dequeue", "replicate", "mark"
+EVENTS = (ENQUEUE, COMPLETE, DEQUEUE, REPLICATE, MARK)
+
+PRIMARY, BACKUP, STANDALONE = "primary", "backup", "standalone"
+
+# How a replicated message reached a backup: as a live enqueue, or in catch-up (it was on the queue
+# before the backup subscribed).
+LIVE, CATCHUP = "live", "catchup"
+
+# Field -> Spark SQL type. Times are microseconds since the Unix epoch, each broker's own clock.
+FIELDS: dict[str, str] = {
+    "t": "BIGINT",  # when the event happened on the writing broker
+    "event": "STRING",
+    "broker": "STRING",
+    "role": "STRING",  # the writer's role when the event happened
+    "epoch": "BIGINT",  # the highest HA epoch the writer had seen
+    "run": "BIGINT",  # the writer's start time: one broker process (a restart starts a new run)
+    "n": "BIGINT",  # line number within the run: the order events happened in
+    "queue": "STRING",  # this and the next: every event but mark
+    "uid": "STRING",  # the queue's unique id: a queue re-created under the same name has another
+    "seq": "BIGINT",  # the message's number on its queue, the same on the primary and every backup
+    "message_id": "STRING",  # properties.message-id as text; null when the message has none
+    "backups": "ARRAY<STRING>",  # complete: the backups ready for this queue when it was confirmed
+    "mode": "STRING",  # replicate: live or catchup
+    "enqueued": "BIGINT",  # replicate: the primary's time carried with a live message (0 in catch-up)
+}
+
+REQUIRED = ("t", "event", "broker", "role", "epoch", "run", "n")
+_MESSAGE = ("queue", "uid", "seq")
+REQUIRED_FOR: dict[str, tuple[str, ...]] = {ENQUEUE: _MESSAGE, DEQUEUE: _MESSAGE, COMPLETE: (*_MESSAGE, "backups"),
+                                            REPLICATE: (*_MESSAGE, "mode", "enqueued"), MARK: ()}
+
+DDL = ", ".join(f"`{name}` {kind}" for name, kind in FIELDS.items())  # for Spark's from_json
