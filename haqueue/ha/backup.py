@@ -46,6 +46,7 @@ class Backup:
         self._next = 0
         self._tried: set[tuple[str, int]] = set()  # peers reached or refused at least once
         self.peers_with_history: set[str] = set()  # peers that have had a primary: the cluster is not new
+        self.max_peer_epoch = 0  # the highest epoch a peer has told us of
         ha.broker.engine.call_later(0, self._connect)
 
     @property
@@ -77,7 +78,9 @@ class Backup:
         self._opened = True
         self._tried.add(self._peer)
         props = conn.remote_properties
-        if props.get(protocol.HAD_PRIMARY) or int(props.get(protocol.EPOCH) or 0) > 0:
+        epoch = int(props.get(protocol.EPOCH) or 0)
+        self.max_peer_epoch = max(self.max_peer_epoch, epoch)
+        if props.get(protocol.HAD_PRIMARY) or epoch > 0:
             self.peers_with_history.add(conn.peer)
         self.wiring = WiringReplicator(self)
         self.wiring.link = conn.open_link(False, protocol.WIRING, protocol.WIRING, self.wiring, credit=1000,

@@ -98,7 +98,8 @@ class HaBroker:
         expected = {name for name, state in self.backup.members.items()
                     if state == READY and name != self.broker.name}
         self.backup.stop()
-        self.epoch.raise_to(self.epoch.epoch + 1 if epoch is None else epoch)
+        # Above every epoch seen, ours or a peer's, so no two primaries ever share one.
+        self.epoch.raise_to(max(self.epoch.epoch, self.backup.max_peer_epoch) + 1 if epoch is None else epoch)
         floor = self.epoch.epoch << EPOCH_SEQ_SHIFT
         for queue in self.broker.registry.queues():
             queue.next_seq = max(queue.next_seq, floor)
