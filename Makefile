@@ -5,7 +5,7 @@ PYTHON ?= python3
 VENV := .venv
 # gcc, pkg-config and the -dev packages build python-qpid-proton's C core; it only enables TLS and
 # SASL if pkg-config finds openssl and libsasl2 at build time. python3-venv/-dev serve Debian's python3.
-APT_PACKAGES := python3-venv python3-dev gcc pkg-config libssl-dev libsasl2-dev
+APT_PACKAGES := python3-venv python3-dev gcc pkg-config libssl-dev libsasl2-dev pacemaker corosync pcs resource-agents pacemaker-cli-utils libxml2-utils iproute2
 PROTON := $(shell grep -o 'python-qpid-proton==[0-9.]*' pyproject.toml)
 PROTON_OK := $(VENV)/bin/python -c 'import proton, sys; sys.exit(not (proton.SSL.present() and proton.SASL.extended()))'
 
@@ -20,6 +20,8 @@ apt:
 		dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q 'ok installed' || missing="$$missing $$p"; \
 	done; \
 	command -v node >/dev/null && command -v npm >/dev/null || missing="$$missing nodejs npm"; \
+	command -v java >/dev/null || missing="$$missing default-jre-headless"; \
+	test -f /usr/share/java/zookeeper.jar || missing="$$missing zookeeper"; \
 	if [ -n "$$missing" ]; then \
 		echo "apt-get install$$missing"; \
 		apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends $$missing; \
@@ -27,7 +29,7 @@ apt:
 
 $(VENV)/.installed: pyproject.toml | apt
 	test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
-	$(VENV)/bin/pip install -q -e '.[test]'
+	$(VENV)/bin/pip install -q -e '.[test,zk]'
 	@# pip may reuse a wheel it cached from a build without the -dev packages: rebuild it then.
 	$(PROTON_OK) || $(VENV)/bin/pip install -q --no-cache-dir --force-reinstall --no-deps '$(PROTON)'
 	@$(PROTON_OK) || { echo "python-qpid-proton was built without TLS or SASL" >&2; exit 1; }

@@ -383,7 +383,9 @@ class _Worker:
     def _contend(self) -> None:
         """Raise the epoch and create the primary node in one transaction: both or neither."""
         zk_epoch, stat = self._read_epoch()
-        epoch = max(zk_epoch, int(self._desired.get("epoch", 0))) + 1
+        # above every epoch known, ZooKeeper's or a member's (one may predate ZooKeeper coordination)
+        epoch = max([zk_epoch, int(self._desired.get("epoch", 0))]
+                    + [int(m.get("epoch", 0)) for m in self.members.values()]) + 1
         session = self.client.client_id[0] if self.client.client_id else None
         transaction = self.client.transaction()
         transaction.set_data(self.epoch_path, str(epoch).encode(), version=stat.version)

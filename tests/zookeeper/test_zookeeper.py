@@ -1,0 +1,240 @@
+"""ZooKeeper coordination against a real 3-server ensemble (design/zookeeper.md); all but the config
+checks are slow (a real ensemble and brokers)."""
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+import yaml
+
+from harness import BrokerProcess, free_port, run_haqueue, wait_for
+from zk_cluster import HA_USER, PinnedPublisher, Producer, drain
+
+
+@pytest.mark.slow
+def test_first_election(zk_cluster):
+    c = zk_cluster()
+    c.start()
+    p = c.wait_primary()
+    c.wait_ready_backups(p)
+    status = c.status(p)
+    assert status["coordinator"] == "zookeeper" and status["epoch"] == 1
+    zk = status["zookeeper"]
+    assert zk["session"] == "connected" and zk["primary"] == p.name and zk["zk_epoch"] == 1
+    assert set(zk["members"]) == {"b0", "b1", "b2"}
+    assert len(c.primaries()) == 1
+    # the CLI shows it too
+    r = run_haqueue(["admin", "-b", p.address, "--user", HA_USER, "--password", c.password, "ha", "status"])
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["zookeeper"]["primary"] == p.name
+    # under ZooKeeper only the election promotes
+    backup = next(b for b in c.brokers if b is not p)
+    for force in ([], ["--force"]):
+        r = run_haqueue(["admin", "-b", backup.address, "--user", HA_USER, "--password", c.password,
+                         "ha", "promote", *force])
+        assert r.returncode == 1 and ("elected through ZooKeeper" in r.stderr or
+                                      f"{p.name} is the elected primary" in r.stderr), r.stderr
+    assert c.primaries() == [p]
+
+
+def _first_accept_after(producer: Producer, moment: float, address: str) -> float:
+    return wait_for(lambda: min((t for t, a in producer.snapshot().values() if t > moment and a == address),
+                                default=None), 30, message=f"a publish accepted by {address}")
+
+
+@pytest.mark.slow
+def test_kill9_primary_under_load(zk_cluster):
+    c = zk_cluster()
+    c.start()
+    p = c.wait_primary()
+    c.wait_ready_backups(p)
+    producer = Producer(c.addresses, "load").start()
+    try:
+        wait_for(lambda: producer.count() >= 500, 30, message="500 confirmed before the kill")
+        killed = time.monotonic()
+        p.kill()
+        new = c.wait_primary(timeout=c.session_timeout + 10, exclude=(p,))
+        elected = time.monotonic()
+        served = _first_accept_after(producer, killed, new.address)
+        base = producer.count()
+        wait_for(lambda: producer.count() >= base + 500, 30, message="500 confirmed after the failover")
+    finally:
+        producer.stop()
+    confirmed = producer.snapshot()
+    got = drain([new.address], "load", set(confirmed))
+    lost = sorted(set(confirmed) - set(got))
+    print(f"ZooKeeper failover (session_timeout {c.session_timeout}s): primary seen after "
+          f"{elected - killed:.2f}s, first publish accepted after {served - killed:.2f}s; "
+          f"{len(confirmed)} confirmed, {len(got)} received, {len(got) - len(set(got))} duplicates, lost {lost[:10]}")
+    assert lost == []
+    assert served - killed < c.session_timeout + 3.0
+    p.start()  # the old primary comes back as a backup
+    c.wait_state(p, "backup", "ready")
+    assert c.primaries() == [new]
+
+
+@pytest.mark.slow
+def test_zookeeper_leader_killed_brokers_undisturbed(zk_cluster, ensemble):
+    c = zk_cluster()
+    c.start()
+    p = c.wait_primary()
+    c.wait_ready_backups(p)
+    epoch = c.status(p)["epoch"]
+    producer = Producer(c.addresses, "steady").start()
+    try:
+        wait_for(lambda: producer.count() >= 200, 30, message="traffic before the ZooKeeper leader dies")
+        leader = ensemble.leader()
+        leader.kill()
+        ensemble.wait_serving()
+        base = producer.count()
+        wait_for(lambda: producer.count() >= base + 300, 30, message="traffic after the ZooKeeper leader died")
+        time.sleep(2 * c.session_timeout)  # long enough for any lease or session trouble to show
+        base = producer.count()
+        wait_for(lambda: producer.count() >= base + 100, 30, message="traffic still flowing")
+    finally:
+        producer.stop()
+    assert c.primaries() == [p]
+    assert c.status(p)["epoch"] == epoch
+    logs = "".join(b.log() for b in c.brokers)
+    assert logs.count("won the ZooKeeper election") == 1 and "fenced" not in logs
+    assert all(b.log().count(f"broker {b.name} running") == 1 for b in c.brokers)  # nobody re-executed
+    assert all(c.status(b)["zookeeper"]["session"] == "connected" for b in c.brokers)
+    # confirmed publishes all went to the one primary
+    assert {a for _, a in producer.snapshot().values()} == {p.address}
+
+
+@pytest.mark.slow
+def test_sigstopped_primary_accepts_nothing_after_resume(zk_cluster):
+    c = zk_cluster()
+    c.start()
+    p = c.wait_primary()
+    c.wait_ready_backups(p)
+    pinned = PinnedPublisher(p.address, "pinned").start()
+    producer = Producer(c.addresses, "moving").start()
+    try:
+        wait_for(lambda: len(pinned.accepted_list()) >= 100 and producer.count() >= 200, 30,
+                 message="traffic before the stop")
+        c.sigstop(p)
+        stopped = time.monotonic()
+        new = c.wait_primary(timeout=c.session_timeout + 10, exclude=(p,))
+        served = _first_accept_after(producer, stopped, new.address)
+        time.sleep(max(0.0, stopped + 2 * c.session_timeout - time.monotonic()))  # the pinned client keeps sending
+        c.sigcont(p)
+        resumed = time.monotonic()
+        c.wait_state(p, "backup", None, timeout=20)
+        wait_for(lambda: pinned.closed_at is not None, 10, message="the old primary dropping the pinned client")
+        base = producer.count()
+        wait_for(lambda: producer.count() >= base + 200, 30, message="traffic after the old primary resumed")
+    finally:
+        pinned.stop()
+        producer.stop()
+    accepted = pinned.accepted_list()
+    after_resume = [body for body, _, at in accepted if at >= resumed]
+    sent_while_stopped = [body for body, sent, _ in accepted if sent >= stopped]
+    unanswered = [body for body, sent in pinned.sent.values() if sent >= stopped]
+    print(f"SIGSTOP: new primary served after {served - stopped:.2f}s; pinned client: {len(accepted)} accepted, "
+          f"{len(after_resume)} of them after resume, {len(sent_while_stopped)} sent while stopped; "
+          f"{len(unanswered)} sent while stopped never accepted")
+    assert len(unanswered) > 50  # the old primary had publishes waiting when it resumed
+    assert after_resume == [] and sent_while_stopped == []
+    assert {a for t, a in producer.snapshot().values() if t > resumed} == {new.address}
+    c.wait_state(p, "backup", "ready")
+    assert c.primaries() == [new]
+    # nothing the old primary confirmed before the stop, nor anything since, was lost
+    assert set(drain([new.address], "pinned", {b for b, _, _ in accepted})) >= {b for b, _, _ in accepted}
+    confirmed = set(producer.snapshot())
+    assert set(drain([new.address], "moving", confirmed)) >= confirmed
+
+
+@pytest.mark.slow
+def test_non_ready_broker_never_wins_while_a_ready_one_exists(zk_cluster):
+    c = zk_cluster(weights=[0, 0, 100])  # b2 would win every tie
+    c.start()
+    p = c.wait_primary()
+    c.wait_ready_backups(p)
+    b2 = c[2]
+    if p is b2:  # b2 won the first election: make another broker the primary first
+        b2.kill()
+        p = c.wait_primary(exclude=(b2,), timeout=c.session_timeout + 10)
+        b2.start()
+        c.wait_state(b2, "backup", "ready")
+    ready = next(b for b in c.brokers if b not in (p, b2))
+    # b2 comes back joining (no primary to follow) just as the primary dies; `ready` stays ready
+    b2.kill()
+    p.kill()
+    b2.start()
+    assert c.status(b2)["state"] == "joining"
+    died = time.monotonic()
+    seen: set[str] = set()
+
+    def watch() -> BrokerProcess | None:
+        for b in (ready, b2):
+            s = c.status(b)
+            if s and s["role"] == "primary":
+                seen.add(b.name)
+        return ready if ready.name in seen else None
+    wait_for(watch, c.session_timeout + 10, interval=0.05, message=f"{ready.name} elected")
+    print(f"ready {ready.name} elected {time.monotonic() - died:.2f}s after the primary died")
+    assert seen == {ready.name}
+    c.wait_state(b2, "backup", "ready")
+    assert c.primaries() == [ready]
+
+
+def _config(directory, zookeeper: dict) -> str:
+    path = directory / "broker.yaml"
+    path.write_text(yaml.safe_dump({"name": "lone", "listen": [f"127.0.0.1:{free_port()}"],
+                                    "data_dir": str(directory / "data"),
+                                    "ha": {"brokers": ["127.0.0.1:1"], "username": HA_USER, "password": "x",
+                                           "coordinator": "zookeeper", "zookeeper": zookeeper}}))
+    return str(path)
+
+
+@pytest.mark.slow
+def test_unreachable_zookeeper_is_a_clear_error(tmp_path):
+    started = time.monotonic()
+    r = run_haqueue(["broker", "--config", _config(tmp_path, {"hosts": f"127.0.0.1:{free_port()}",
+                                                              "session_timeout": 2})], timeout=60)
+    assert r.returncode != 0
+    assert "ZooKeeper not reachable at 127.0.0.1:" in r.stderr and "ha.zookeeper.hosts" in r.stderr, r.stderr
+    assert time.monotonic() - started < 20
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("setup,expected", [
+    ("foreign", "not an epoch: another application's path?"),
+    ("ephemeral", "NoChildrenForEphemeralsError"),
+    ("read-only", "NoAuthError"),
+])
+def test_unusable_zookeeper_path_is_a_clear_error(tmp_path, ensemble, setup, expected):
+    from kazoo.client import KazooClient
+    from kazoo.security import READ_ACL_UNSAFE
+    client = KazooClient(hosts=ensemble.hosts)
+    client.start(timeout=10)
+    try:
+        if setup == "foreign":
+            client.create("/foreign/epoch", b"not a number", makepath=True)
+            path = "/foreign"
+        elif setup == "ephemeral":
+            client.create("/eph", b"", ephemeral=True)
+            path = "/eph/cluster"
+        else:
+            client.create("/locked", b"", acl=READ_ACL_UNSAFE)
+            path = "/locked/cluster"
+        r = run_haqueue(["broker", "--config", _config(tmp_path, {"hosts": ensemble.hosts, "path": path})],
+                        timeout=60)
+    finally:
+        client.stop()
+        client.close()
+    assert r.returncode != 0
+    assert f"ZooKeeper path {path} (ha.zookeeper.path) cannot be used" in r.stderr and expected in r.stderr, r.stderr
+
+
+def test_zookeeper_config_errors(tmp_path):
+    r = run_haqueue(["broker", "--config", _config(tmp_path, {"hosts": "127.0.0.1:2181", "path": "relative"})])
+    assert r.returncode == 2 and "ha.zookeeper.path: must be an absolute ZooKeeper path" in r.stderr
+    path = tmp_path / "nozk.yaml"
+    path.write_text(yaml.safe_dump({"ha": {"brokers": ["127.0.0.1:1"], "username": "ha", "password": "x",
+                                           "coordinator": "zookeeper"}}))
+    r = run_haqueue(["broker", "--config", str(path)])
+    assert r.returncode == 2 and "ha.zookeeper: missing" in r.stderr, r.stderr
