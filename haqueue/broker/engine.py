@@ -43,13 +43,21 @@ _EPOLL_IN = select.EPOLLIN | select.EPOLLRDHUP
 _EPOLL_OUT = select.EPOLLOUT
 
 
-class LinkHandler(Protocol):
-    """The broker's object behind one link (a publisher, consumer, browser or management end)."""
+class LinkHandler:
+    """The broker's object behind one link (a publisher, consumer, browser, management or HA end).
+    Each event is ignored unless a subclass cares for it."""
 
-    def on_message(self, delivery: Any, data: bytes, settled: bool) -> None: ...
-    def on_outcome(self, delivery: Any, outcome: int, failed: bool, undeliverable: bool) -> None: ...
-    def on_credit(self) -> None: ...
-    def on_detach(self) -> None: ...
+    def on_message(self, delivery: Any, data: bytes, settled: bool) -> None:
+        """A whole message arrived on a link the broker receives on."""
+
+    def on_outcome(self, delivery: Any, outcome: int, failed: bool, undeliverable: bool) -> None:
+        """The peer settled (or gave an outcome for) a message the broker sent; the engine settles it after."""
+
+    def on_credit(self) -> None:
+        """The peer granted credit on a link the broker sends on."""
+
+    def on_detach(self) -> None:
+        """The link is gone (detached, closed, or its connection lost)."""
 
 
 class ConnectionHandler(Protocol):

@@ -6,7 +6,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from .completion import Completion
-from .engine import ACCEPTED, MODIFIED, REJECTED, RELEASED, Link
+from .engine import ACCEPTED, MODIFIED, REJECTED, RELEASED, Link, LinkHandler
 from .errors import DECODE, BrokerError, INVALID_FIELD, NOT_FOUND, RESOURCE_DELETED, RESOURCE_LIMIT
 from .exchange import Exchange
 from .message import MalformedMessage, Routing, is_message, ttl_ms
@@ -16,7 +16,7 @@ if TYPE_CHECKING:
     from .server import Broker
 
 
-class Publisher:
+class Publisher(LinkHandler):
     """A client's sending link, bound to a queue, an exchange, or nothing (anonymous relay: route by `to`)."""
 
     def __init__(self, broker: "Broker", link: Link, node: Queue | Exchange | None) -> None:
@@ -86,17 +86,11 @@ class Publisher:
         target = self.broker.registry.resolve(routing.to)
         return target.route(routing.key) if isinstance(target, Exchange) else [target]
 
-    def on_outcome(self, delivery: Any, outcome: int, failed: bool, undeliverable: bool) -> None:
-        pass
-
-    def on_credit(self) -> None:
-        pass
-
-    def on_detach(self) -> None:
-        pass
 
 
-class Consumer:
+
+
+class Consumer(LinkHandler):
     """A client's receiving link on a queue: acquires (or, as a browser, copies) messages."""
 
     def __init__(self, broker: "Broker", link: Link, queue: Queue, browse: bool, owns_queue: bool) -> None:
@@ -148,9 +142,6 @@ class Consumer:
 
     def on_credit(self) -> None:
         self.broker.schedule(self.queue)
-
-    def on_message(self, delivery: Any, data: bytes, settled: bool) -> None:
-        pass
 
     def queue_deleted(self) -> None:
         self.unsettled.clear()

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from proton import Message
 
-from .engine import ACCEPTED, REJECTED, Link
+from .engine import ACCEPTED, REJECTED, Link, LinkHandler
 from .errors import BrokerError, INVALID_FIELD, NOT_FOUND, RESOURCE_LOCKED
 
 if TYPE_CHECKING:
@@ -124,7 +124,7 @@ class Management:
         return 200, found
 
 
-class ManagementEndpoint:
+class ManagementEndpoint(LinkHandler):
     """The link a client sends requests on; answers go to each request's reply-to address."""
 
     def __init__(self, management: Management, link: Link) -> None:
@@ -148,11 +148,5 @@ class ManagementEndpoint:
             log.warning("management reply to %s not delivered: %s", request.reply_to, e.description)
         self.link.settle(delivery, 0 if settled else ACCEPTED)
 
-    def on_outcome(self, delivery: Any, outcome: int, failed: bool, undeliverable: bool) -> None:
-        pass
 
-    def on_credit(self) -> None:
-        pass
 
-    def on_detach(self) -> None:
-        pass

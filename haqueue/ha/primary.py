@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any
 
-from ..broker.engine import Link
+from ..broker.engine import Link, LinkHandler
 from ..broker.errors import BrokerError, NOT_ALLOWED, NOT_FOUND
 from ..broker.exchange import Binding, Exchange
 from ..broker.queue import Queue
@@ -37,7 +37,7 @@ def describe(node: Queue | Exchange | Binding, level: str) -> dict[str, Any]:
     return info
 
 
-class WiringSubscription:
+class WiringSubscription(LinkHandler):
     """The primary's end of a backup's `$ha.wiring` link: a snapshot, then live events."""
 
     def __init__(self, backup: "RemoteBackup", link: Link) -> None:
@@ -49,15 +49,6 @@ class WiringSubscription:
     def send(self, event: dict[str, Any]) -> None:
         if not self.link.closed:
             self.link.send(protocol.wiring_event(event), settled=True)
-
-    def on_message(self, delivery: Any, data: bytes, settled: bool) -> None:
-        pass
-
-    def on_outcome(self, delivery: Any, outcome: int, failed: bool, undeliverable: bool) -> None:
-        pass
-
-    def on_credit(self) -> None:
-        pass
 
     def on_detach(self) -> None:
         self.backup.wiring_closed(self)

@@ -16,7 +16,7 @@ from collections import deque
 from typing import TYPE_CHECKING, Any
 
 from ..broker.completion import Completion
-from ..broker.engine import Link
+from ..broker.engine import Link, LinkHandler
 from ..broker.queue import DEQUEUED, Entry, Queue
 from . import protocol
 
@@ -47,7 +47,7 @@ def _missing(runs: list[tuple[int, int]], live: list[int]) -> list[tuple[int, in
     return gaps
 
 
-class ReplicatingSubscription:
+class ReplicatingSubscription(LinkHandler):
     def __init__(self, backup: "RemoteBackup", link: Link, queue: Queue, have: list[tuple[int, int]]) -> None:
         self.backup = backup
         self.link = link
@@ -163,9 +163,6 @@ class ReplicatingSubscription:
         elif self.marker_sent and not self.caught_up and delivery == self.marker:
             self.caught_up = True
             self.backup.changed()
-
-    def on_message(self, delivery: Any, data: bytes, settled: bool) -> None:
-        pass
 
     def overdue(self, timeout: float) -> bool:
         """Has a live enqueue waited longer than timeout for this backup's confirmation?"""

@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass
 
 PRIMARY, BACKUP = "primary", "backup"
 # backup states
@@ -35,9 +34,3 @@ class EpochStore:
                 f.flush()
                 os.fsync(f.fileno())
             os.replace(tmp, self.path)
-
-
-@dataclass
-class Role:
-    role: str = BACKUP
-    state: str = JOINING

@@ -7,7 +7,7 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any
 
-from ..broker.engine import ACCEPTED
+from ..broker.engine import ACCEPTED, LinkHandler
 from ..broker.errors import BrokerError
 from ..broker.exchange import Exchange
 from ..broker.queue import Queue
@@ -20,7 +20,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("haqueue.ha.wiring")
 
 
-class WiringReplicator:
+class WiringReplicator(LinkHandler):
     def __init__(self, backup: "Backup") -> None:
         self.backup = backup
         self.registry = backup.ha.broker.registry
@@ -94,12 +94,6 @@ class WiringReplicator:
         if isinstance(node, Queue):
             self.backup.stop_replicating(node)
         self.registry.delete(name)
-
-    def on_outcome(self, delivery: Any, outcome: int, failed: bool, undeliverable: bool) -> None:
-        pass
-
-    def on_credit(self) -> None:
-        pass
 
     def on_detach(self) -> None:
         self.backup.wiring_detached(self.link.remote_error() if self.link is not None else None)
