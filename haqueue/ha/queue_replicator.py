@@ -11,7 +11,7 @@ import time
 from collections import deque
 from typing import TYPE_CHECKING, Any
 
-from ..broker.engine import ACCEPTED, Connection, Link
+from ..broker.engine import ACCEPTED, Connection, Link, LinkHandler
 from ..broker.message import ttl_ms
 from ..broker.queue import DEQUEUED, Entry, Queue
 from . import protocol
@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 _WINDOW = 2000
 
 
-class QueueReplicator:
+class QueueReplicator(LinkHandler):
     def __init__(self, backup: "Backup", queue: Queue, conn: Connection) -> None:
         self.backup = backup
         self.queue = queue
@@ -102,12 +102,6 @@ class QueueReplicator:
         return {"caught_up": self.caught_up, "depth": self.queue.depth,
                 "catchup_received": self.received[protocol.CATCHUP], "catchup_first": self.catchup_first,
                 "catchup_last": list(self.catchup_last), "acquired": len(self.acquired)}
-
-    def on_outcome(self, delivery: Any, outcome: int, failed: bool, undeliverable: bool) -> None:
-        pass
-
-    def on_credit(self) -> None:
-        pass
 
     def on_detach(self) -> None:
         self.merge()
