@@ -1,0 +1,65 @@
+"""Fixtures for the Pacemaker tests.
+
+`pcmk_cluster`  one real three-node Corosync/Pacemaker cluster (pcmk_cluster.py) for the whole
+                module, built on first use and always torn down (namespaces, bridge, processes,
+                mount points). Skipped, with the reason, when not root or when this machine
+                cannot make network namespaces.
+`cluster`       the same cluster, restored to healthy before the test: link up, no move/ban
+                constraint, failures cleaned up, one active primary holding the VIP and two
+                ready backups.
+
+HAQUEUE_PCMK_KEEP=1 keeps the nodes' files (logs, CIBs) after the run, for a post-mortem.
+"""
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from pcmk_cluster import PacemakerCluster, missing_programs, namespaces_work  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def pcmk_cluster():
+    if os.geteuid() != 0:
+        pytest.skip("needs root: the cluster runs in network namespaces with bind mounts")
+    why = namespaces_work()
+    if why is not None:
+        pytest.skip(f"cannot create network namespaces here: {why}")
+    missing = missing_programs()
+    if missing:
+        pytest.fail(f"missing {', '.join(missing)}: apt-get install pacemaker corosync pcs resource-agents "
+                    "pacemaker-cli-utils libxml2-utils (make setup does)", pytrace=False)
+    cluster = PacemakerCluster()
+    try:
+        cluster.create()
+        cluster.wait_healthy(90)
+        yield cluster
+    except BaseException:
+        print(cluster.describe())
+        raise
+    finally:
+        cluster.destroy()
+        if os.environ.get("HAQUEUE_PCMK_KEEP"):
+            print(f"cluster files kept in {cluster.base}")
+        else:
+            cluster.remove_files()
+
+
+@pytest.fixture
+def cluster(pcmk_cluster, request):
+    pcmk_cluster.restore()
+    yield pcmk_cluster
+    if request.node.rep_call.failed if hasattr(request.node, "rep_call") else False:
+        print(pcmk_cluster.describe())
+
+
+@pytest.hookimpl(hookwrapper=True, tryfirst=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    report = outcome.get_result()
+    setattr(item, f"rep_{report.when}", report)

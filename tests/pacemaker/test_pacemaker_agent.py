@@ -1,0 +1,292 @@
+"""The OCF agent (agents/haqueue) on its own, with real brokers on loopback and no cluster.
+
+- `ocf-tester` (resource-agents) runs every action, twice where it checks idempotence.
+- validate-all gives OCF_ERR_CONFIGURED (6), with a reason, for bad parameters and bad configs,
+  and OCF_ERR_INSTALLED (5) for what is missing on this node.
+- Promotion scores: the agent's crm_attribute calls go to a fake one (HA_SBIN_DIR) that records
+  them, so the tests read which score each state gave: brand-new joining 1, primary 10000, ready
+  backup >= 1000, joining with a live peer none (deleted).
+- A SIGSTOPped broker fails the monitor within ping_timeout, and stop leaves no process behind.
+"""
+from __future__ import annotations
+
+import os
+import secrets
+import shutil
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from harness import BrokerProcess, free_port, wait_for
+
+REPO = Path(__file__).resolve().parents[2]
+AGENT = REPO / "agents" / "haqueue"
+BINARY = REPO / ".venv" / "bin" / "haqueue"
+SHELLFUNCS = Path("/usr/lib/ocf/lib/heartbeat/ocf-shellfuncs")
+
+OCF_SUCCESS, OCF_ERR_GENERIC, OCF_ERR_INSTALLED, OCF_ERR_CONFIGURED = 0, 1, 5, 6
+OCF_NOT_RUNNING, OCF_RUNNING_PROMOTED = 7, 8
+
+FAKE_CRM = """#!/bin/sh
+echo "$(basename "$0") $*" >> "{log}"
+exit 0
+"""
+
+
+@pytest.fixture(autouse=True)
+def _needs_resource_agents():
+    if not SHELLFUNCS.exists():
+        pytest.fail("resource-agents is not installed (apt-get install resource-agents libxml2-utils; "
+                    "make setup does)", pytrace=False)
+
+
+class Agent:
+    """Runs agents/haqueue actions with an OCF environment, as pacemaker-execd would."""
+
+    def __init__(self, directory: Path, config: dict, **params: str) -> None:
+        self.dir = directory
+        self.config_path = directory / "haqueue.yaml"
+        self.write_config(config)
+        self.crm_log = directory / "crm.log"
+        sbin = directory / "sbin"
+        sbin.mkdir()
+        for tool in ("crm_attribute", "crm_master"):
+            (sbin / tool).write_text(FAKE_CRM.format(log=self.crm_log))
+            (sbin / tool).chmod(0o755)
+        self.params = {"config": str(self.config_path), "binary": str(BINARY),
+                       "data_dir": str(directory / "data"), "pidfile": str(directory / "haqueue.pid"),
+                       "logfile": str(directory / "broker.log"), "ping_timeout": "2", **params}
+        self.env = {"PATH": os.environ.get("PATH", "/usr/sbin:/usr/bin:/sbin:/bin"),
+                    "OCF_ROOT": "/usr/lib/ocf", "OCF_RA_VERSION_MAJOR": "1", "OCF_RA_VERSION_MINOR": "1",
+                    "OCF_RESOURCE_INSTANCE": "haqueue:0", "OCF_RESOURCE_TYPE": "haqueue",
+                    "OCF_RESKEY_CRM_meta_timeout": "20000", "OCF_RESKEY_CRM_meta_interval": "3000",
+                    "OCF_RESKEY_crm_feature_set": "3.16.2", "HA_SBIN_DIR": str(sbin),
+                    "HA_RSCTMP": str(directory / "rsctmp"), "HA_LOGFILE": str(directory / "agent.log")}
+
+    def write_config(self, config: dict) -> None:
+        self.config_path.write_text(yaml.safe_dump(config, sort_keys=False))
+
+    def run(self, action: str, timeout: float = 40.0, **params: str) -> subprocess.CompletedProcess:
+        env = dict(self.env)
+        env.update({f"OCF_RESKEY_{k}": v for k, v in {**self.params, **params}.items()})
+        return subprocess.run([str(AGENT), action], env=env, capture_output=True, text=True, timeout=timeout)
+
+    def rc(self, action: str, **params: str) -> int:
+        return self.run(action, **params).returncode
+
+    def scores(self) -> list[str]:
+        """The promotion-score calls so far, as 'v SCORE' or 'D'; clears the record."""
+        try:
+            lines = self.crm_log.read_text().splitlines()
+        except FileNotFoundError:
+            return []
+        self.crm_log.unlink()
+        calls = []
+        for line in lines:
+            words = line.split()
+            if "-D" in words:
+                calls.append("D")
+            elif "-v" in words:
+                calls.append(f"v {words[words.index('-v') + 1]}")
+        return calls
+
+    def pid(self) -> int | None:
+        try:
+            return int(Path(self.params["pidfile"]).read_text())
+        except (OSError, ValueError):
+            return None
+
+    def kill(self) -> None:
+        pid = self.pid()
+        if pid is not None:
+            for sig in (signal.SIGCONT, signal.SIGKILL):
+                try:
+                    os.kill(pid, sig)
+                except ProcessLookupError:
+                    pass
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except OSError:
+        return False
+
+
+@pytest.fixture
+def agents(tmp_path):
+    made: list[Agent] = []
+
+    def make(config: dict, name: str = "a", **params: str) -> Agent:
+        directory = tmp_path / name
+        directory.mkdir()
+        agent = Agent(directory, config, **params)
+        made.append(agent)
+        return agent
+
+    yield make
+    for agent in made:
+        agent.run("stop", timeout=30)
+        agent.kill()
+        log = agent.dir / "broker.log"
+        if log.exists():
+            print(f"==== {log}\n" + "\n".join(log.read_text().splitlines()[-30:]))
+
+
+def ha_config(name: str, own: str, brokers: list[str], password: str) -> dict:
+    return {"name": name, "listen": [own], "data_dir": ".",
+            "ha": {"brokers": brokers, "username": "ha", "password": password, "backup_timeout": 2}}
+
+
+def test_ocf_tester_passes(agents, tmp_path):
+    tester = shutil.which("ocf-tester")
+    if tester is None:
+        pytest.fail("ocf-tester is missing: apt-get install resource-agents libxml2-utils (make setup does)")
+    port = free_port()
+    agent = agents(ha_config("solo", f"127.0.0.1:{port}", [f"127.0.0.1:{port}"], secrets.token_hex(8)))
+    args = [tester, "-n", "haqueue"]
+    for key, value in agent.params.items():
+        args += ["-o", f"{key}={value}"]
+    env = {k: v for k, v in agent.env.items() if k.startswith("HA_")}
+    proc = subprocess.run([*args, str(AGENT)], capture_output=True, text=True, timeout=180,
+                          env={**os.environ, **env}, cwd=tmp_path)
+    assert proc.returncode == 0 and "passed all tests" in proc.stdout, proc.stdout + proc.stderr
+
+
+@pytest.mark.parametrize("params, config_change, rc, reason", [
+    ({"binary": "haqueue"}, None, OCF_ERR_CONFIGURED, "binary must be an absolute path"),
+    ({"config": "haqueue.yaml"}, None, OCF_ERR_CONFIGURED, "config must be an absolute path"),
+    ({"ping_timeout": "soon"}, None, OCF_ERR_CONFIGURED, "ping_timeout must be a positive number"),
+    ({"ping_timeout": "0"}, None, OCF_ERR_CONFIGURED, "ping_timeout must be a positive number"),
+    ({"stop_timeout": "-1"}, None, OCF_ERR_CONFIGURED, "stop_timeout must be a positive whole number"),
+    ({}, {"limits": {"max_depth": -1}}, OCF_ERR_CONFIGURED, "limits.max_depth"),
+    ({}, {"surprise": 1}, OCF_ERR_CONFIGURED, "surprise"),
+    ({}, {"ha": None}, OCF_ERR_CONFIGURED, "no ha: section"),
+    ({}, {"ha.public": "127.0.0.1:5999"}, OCF_ERR_CONFIGURED, "ha.public: must not be set"),
+    ({}, {"ha.coordinator": "zookeeper"}, OCF_ERR_CONFIGURED, "ha.coordinator: must be external"),
+    ({"binary": "/nonexistent/haqueue"}, None, OCF_ERR_INSTALLED, "not installed"),
+    ({"config": "/nonexistent/haqueue.yaml"}, None, OCF_ERR_INSTALLED, "does not exist"),
+])
+def test_validate_all_reports_bad_parameters(agents, params, config_change, rc, reason):
+    port = free_port()
+    config = ha_config("v", f"127.0.0.1:{port}", [f"127.0.0.1:{port}"], "secret")
+    for key, value in (config_change or {}).items():
+        if key == "ha.public":
+            config["ha"]["public"] = value
+        elif key == "ha.coordinator":
+            config["ha"].update(coordinator=value, zookeeper={"hosts": "127.0.0.1:2181"})
+        elif value is None:
+            del config[key]
+        else:
+            config[key] = value
+    agent = agents(config)
+    proc = agent.run("validate-all", **params)
+    assert proc.returncode == rc, proc.stderr
+    assert reason in proc.stderr, proc.stderr
+    # probes on a node where haqueue is not installed say "not running" rather than fail
+    if rc == OCF_ERR_INSTALLED:
+        assert agent.rc("monitor", CRM_meta_interval="0", **params) == OCF_NOT_RUNNING
+
+
+def test_promotion_scores_follow_the_broker_state(agents, tmp_path):
+    password = secrets.token_hex(8)
+    port_a, port_b = free_port(), free_port()
+    brokers = [f"127.0.0.1:{port_a}", f"127.0.0.1:{port_b}"]
+    a = agents(ha_config("a", brokers[0], brokers, password))
+    b = BrokerProcess(tmp_path / "b", ha_config("b", brokers[1], brokers, password), name="b")
+    try:
+        assert a.rc("monitor") == OCF_NOT_RUNNING
+        assert a.rc("start") == OCF_SUCCESS
+        assert a.scores()[-1] == "D"  # a new backup has no score until a monitor knows its state
+        # brand-new cluster, no other broker up: a joining broker must be promotable
+        assert a.rc("monitor") == OCF_SUCCESS
+        assert a.scores() == ["v 1"]
+        assert a.rc("promote") == OCF_SUCCESS
+        assert a.scores() == ["v 10000"]
+        assert a.rc("monitor") == OCF_RUNNING_PROMOTED
+        assert a.scores() == ["v 10000"]
+        # b joins as a backup and becomes ready
+        b.start()
+        wait_for(lambda: _ha(b, password)["state"] == "ready", 20, message="b ready")
+        # demote restarts a as a backup; b (ready) is then the live one: a, joining, gets no score
+        assert a.rc("demote") == OCF_SUCCESS
+        assert a.rc("monitor") == OCF_SUCCESS
+        assert a.scores()[-1] == "D"
+        # b promoted: a follows it and becomes ready, which ranks above 1000
+        _promote(b, password)
+        wait_for(lambda: a.rc("monitor") == OCF_SUCCESS and a.scores()[-1] != "D" and
+                 _ha_at(brokers[0], password)["state"] == "ready", 20, message="a ready")
+        assert a.rc("monitor") == OCF_SUCCESS
+        score = int(a.scores()[-1].split()[1])
+        assert 1000 <= score < 2000
+        pid = a.pid()
+        assert a.rc("stop") == OCF_SUCCESS
+        assert a.scores()[-1] == "D"
+        assert not _alive(pid)
+        assert a.rc("monitor") == OCF_NOT_RUNNING
+    finally:
+        b.stop()
+
+
+def test_hung_broker_fails_monitor_and_stop_leaves_nothing(agents):
+    port = free_port()
+    address = f"127.0.0.1:{port}"
+    a = agents(ha_config("h", address, [address], "secret"))
+    assert a.rc("start") == OCF_SUCCESS
+    pid = a.pid()
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        started = time.monotonic()
+        proc = a.run("monitor")
+        took = time.monotonic() - started
+        assert proc.returncode == OCF_ERR_GENERIC, proc.stderr
+        assert "did not answer within 2s" in proc.stderr
+        assert took < 2 + 3
+        # demote of the hung broker (Pacemaker's recovery) stops it at once
+        assert a.rc("demote") == OCF_SUCCESS
+        assert not _alive(pid)
+        assert a.rc("monitor") == OCF_NOT_RUNNING
+        assert a.rc("stop") == OCF_SUCCESS
+    finally:
+        try:
+            os.kill(pid, signal.SIGCONT)
+        except ProcessLookupError:
+            pass
+
+
+def test_stop_of_a_stopped_broker_sends_sigcont_and_cleans_the_pidfile(agents):
+    port = free_port()
+    address = f"127.0.0.1:{port}"
+    a = agents(ha_config("s", address, [address], "secret"))
+    assert a.rc("start") == OCF_SUCCESS
+    pid = a.pid()
+    os.kill(pid, signal.SIGSTOP)
+    assert a.rc("stop") == OCF_SUCCESS
+    assert not _alive(pid)
+    assert not Path(a.params["pidfile"]).exists()
+    assert a.rc("stop") == OCF_SUCCESS
+
+
+def _ha_at(address: str, password: str) -> dict:
+    from haqueue.admin import AdminClient, AdminError
+    try:
+        with AdminClient(address, 3.0, "ha", password) as client:
+            return client.request("READ", "ha")[2] or {}
+    except AdminError:
+        return {}
+
+
+def _ha(b: BrokerProcess, password: str) -> dict:
+    return _ha_at(b.address, password)
+
+
+def _promote(b: BrokerProcess, password: str) -> None:
+    from haqueue.admin import AdminClient
+    with AdminClient(b.address, 5.0, "ha", password) as client:
+        code, description, _ = client.request("PROMOTE", "ha", body={"force": False})
+    assert code < 400, description

@@ -1,0 +1,222 @@
+"""haqueue under a real three-node Corosync/Pacemaker cluster, with an IPaddr2 virtual IP.
+
+One cluster (pcmk_cluster.py) serves the whole module; before each test it is restored to
+healthy. Clients always go through the VIP (10.213.47.100:5672) from the root namespace, as
+an application would. Failover times (kill -9 or SIGSTOP to the first publish confirmed through
+the VIP) are printed, and appended as JSON lines to $HAQUEUE_FAILOVER_RESULTS when it is set.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+
+import pytest
+from proton import Message
+
+from pcmk_clients import Load, connect
+from pcmk_cluster import CLONE, PING_TIMEOUT, VIP_ADDRESS, run, wait_for
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(420)]
+
+FAILOVER_TARGET = 10.0  # seconds, with a 2 s monitor interval on the primary
+
+
+def record(kind: str, **values) -> None:
+    line = {"kind": kind, "time": time.strftime("%Y-%m-%dT%H:%M:%S"), **values}
+    print(f"\n{kind}: {json.dumps(line)}")
+    path = os.environ.get("HAQUEUE_FAILOVER_RESULTS")
+    if path:
+        with open(path, "a", encoding="utf-8") as f:
+            f.write(json.dumps(line) + "\n")
+
+
+def send(queue: str, bodies: range) -> None:
+    conn = connect(VIP_ADDRESS, timeout=10)
+    try:
+        sender = conn.create_sender(queue)
+        for body in bodies:
+            sender.send(Message(body=body, durable=True), timeout=10)
+    finally:
+        conn.close()
+
+
+def receive_all(queue: str, n: int) -> list[int]:
+    conn = connect(VIP_ADDRESS, timeout=10)
+    try:
+        receiver = conn.create_receiver(queue, credit=100)
+        got = []
+        for _ in range(n):
+            got.append(receiver.receive(timeout=10).body)
+            receiver.accept()
+        return got
+    finally:
+        conn.close()
+
+
+def assert_no_loss(load: Load) -> dict:
+    report = load.report()
+    assert report["confirmed"] > 0, report
+    assert report["lost"] == [], f"confirmed but never received: {report}"
+    return report
+
+
+def test_cluster_comes_up_with_one_primary_two_ready_backups_and_the_vip(cluster):
+    primary = cluster.primary_node()
+    backups = [n for n in cluster.nodes if n is not primary]
+    assert cluster.vip_on(primary)
+    assert not any(cluster.vip_on(n) for n in backups)
+    status = cluster.broker_status(primary)
+    assert status["role"] == "primary" and status["state"] == "active", status
+    assert {b["name"]: b["state"] for b in status["backups"]} == {n.name: "ready" for n in backups}
+    # promotion scores: the primary's above any ready backup's
+    assert cluster.promotion_score(primary) == "10000"
+    for node in backups:
+        def ready_score():
+            score = cluster.promotion_score(node)
+            return score is not None and 1000 <= int(score) < 2000
+        wait_for(ready_score, 10, f"a ready backup's score on {node.name}")
+    # clients go through the VIP; a backup's own address refuses them
+    send("up", range(10))
+    assert receive_all("up", 10) == list(range(10))
+    assert refuses_clients(f"{backups[0].ip}:5672")
+
+
+def refuses_clients(address: str) -> bool:
+    try:
+        conn = connect(address, timeout=5)
+    except Exception:  # noqa: BLE001 - closed at once: the backup refused us
+        return True
+    try:
+        conn.create_sender("up")
+    except Exception:  # noqa: BLE001
+        return True
+    finally:
+        try:
+            conn.close()
+        except Exception:  # noqa: BLE001
+            pass
+    return False
+
+
+def test_kill9_of_primary_fails_over_through_the_vip_without_losing_confirmed_messages(cluster):
+    times = []
+    for round_ in range(3):
+        old = cluster.wait_healthy(90) if round_ == 0 else cluster.restore()
+        load = Load(VIP_ADDRESS, f"kill9-{round_}").start()
+        try:
+            load.wait_confirmed(30, 20)
+            pid = cluster.broker_pid(old)
+            killed = time.monotonic()
+            os.kill(pid, signal.SIGKILL)
+            new = cluster.wait_new_primary(old, timeout=30)
+            promoted = time.monotonic() - killed
+            load.wait_confirmed(30, 30)
+        finally:
+            load.stop()
+        report = assert_no_loss(load)
+        recovery = load.recovery_after(killed)
+        times.append(recovery)
+        record("pacemaker-kill9-failover", old=old.name, new=new.name, seconds=round(recovery, 2),
+               vip_moved_seconds=round(promoted, 2), confirmed=report["confirmed"],
+               duplicates=report["duplicates"])
+        assert new is not old
+        # the killed broker is restarted by Pacemaker as a backup and catches up
+        cluster.wait_healthy(60, allow_failures=True)
+    assert max(times) <= FAILOVER_TARGET, f"failover times {times} (target {FAILOVER_TARGET} s)"
+
+
+def test_partitioned_primary_is_replaced_and_rejoins_as_a_backup(cluster):
+    old = cluster.primary_node()
+    majority = [n for n in cluster.nodes if n is not old]
+    send("split", range(100))
+    run(["ip", "link", "set", old.veth, "down"])
+    cut = time.monotonic()
+    try:
+        new = cluster.wait_new_primary(old, timeout=60, view=majority[0])
+        replaced = time.monotonic() - cut
+        # the isolated node has lost quorum: it stops its broker and its VIP
+        wait_for(lambda: not cluster.broker_pids_in(old), 60, f"no broker left on isolated {old.name}")
+        wait_for(lambda: not cluster.vip_on(old), 10, f"no VIP on isolated {old.name}")
+        isolated = cluster.status(old)
+        assert not isolated.quorate
+        send("split", range(100, 200))
+    finally:
+        run(["ip", "link", "set", old.veth, "up"])
+    healed = time.monotonic()
+    cluster.wait_healthy(90, allow_failures=True)
+    rejoined = time.monotonic() - healed
+    assert cluster.primary_node() is new
+    status = cluster.broker_status(old)
+    assert status["role"] == "backup" and status["state"] == "ready" and status["epoch"] >= 1, status
+    wait_for(lambda: cluster.queue_depth(old, "split") == 200, 20, f"200 messages on {old.name}")
+    assert sorted(receive_all("split", 200)) == list(range(200))
+    record("pacemaker-partition", old=old.name, new=new.name, replaced_seconds=round(replaced, 2),
+           rejoined_seconds=round(rejoined, 2))
+
+
+def test_pcs_move_and_ban_move_the_primary_cleanly(cluster):
+    old = cluster.primary_node()
+    target = next(n for n in cluster.nodes if n is not old)
+    load = Load(VIP_ADDRESS, "moved").start()
+    try:
+        load.wait_confirmed(20, 20)
+        started = time.monotonic()
+        cluster.pcs("resource", "move", CLONE, target.name, "--promoted", "--wait=60", timeout=120)
+        pcs_seconds = time.monotonic() - started
+        moved = cluster.wait_new_primary(old, timeout=30)
+        assert moved is target
+        load.wait_confirmed(20, 30)
+        outage = load.outage_after(started)
+        # the move's constraint is gone (pcs 0.11 removes it) and the primary stays where it went
+        assert "cli-prefer" not in cluster.pcs("constraint", "--full").stdout
+        cluster.wait_healthy(60)
+        # ban the primary's node for the promoted role: it moves again, then the ban is cleared
+        cluster.pcs("resource", "ban", CLONE, target.name, "--promoted", "--wait=60", timeout=120)
+        again = cluster.wait_new_primary(target, timeout=30)
+        cluster.pcs("resource", "clear", CLONE)
+        load.wait_confirmed(20, 30)
+    finally:
+        load.stop()
+    report = assert_no_loss(load)
+    cluster.wait_healthy(60)  # no failed action anywhere: both moves were clean demote + promote
+    assert cluster.primary_node() is again
+    record("pacemaker-move", old=old.name, new=target.name, then=again.name,
+           pcs_move_seconds=round(pcs_seconds, 2), client_outage_seconds=round(outage, 2),
+           confirmed=report["confirmed"])
+
+
+def test_sigstopped_primary_is_detected_by_monitor_and_replaced(cluster):
+    old = cluster.primary_node()
+    pid = cluster.broker_pid(old)
+    load = Load(VIP_ADDRESS, "stopped").start()
+    try:
+        load.wait_confirmed(20, 20)
+        stopped = time.monotonic()
+        cluster.sigstop(pid)
+        new = cluster.wait_new_primary(old, timeout=40)
+        moved = time.monotonic() - stopped
+        load.wait_confirmed(20, 30)
+    finally:
+        load.stop()
+    report = assert_no_loss(load)
+    recovery = load.recovery_after(stopped)
+    # the hung broker was stopped (never left behind) and a fresh one runs there as a backup
+    wait_for(lambda: not os.path.exists(f"/proc/{pid}") or _zombie(pid), 30, f"hung broker {pid} gone")
+    cluster.stopped_pids.discard(pid)
+    cluster.wait_healthy(60, allow_failures=True)
+    assert cluster.broker_pids_in(old) and pid not in cluster.broker_pids_in(old)
+    failures = cluster.status().failures
+    assert any(f.get("node") == old.name and f.get("task") == "monitor" for f in failures), failures
+    record("pacemaker-sigstop-failover", old=old.name, new=new.name, seconds=round(recovery, 2),
+           vip_moved_seconds=round(moved, 2), ping_timeout=PING_TIMEOUT, confirmed=report["confirmed"])
+    assert recovery <= FAILOVER_TARGET + PING_TIMEOUT
+
+
+def _zombie(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] in ("Z", "X")
+    except OSError:
+        return True
