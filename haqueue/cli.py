@@ -129,7 +129,8 @@ def _add_admin(commands: Subparsers) -> None:
                    help=f"the broker (default {DEFAULT_LISTEN})")
     p.add_argument("--timeout", metavar="S", type=float, default=10.0, help="seconds to wait for the broker")
     p.add_argument("--user", help="SASL PLAIN user (default: no SASL)")
-    p.add_argument("--password", help="SASL PLAIN password")
+    p.add_argument("--password", default=os.environ.get("HAQUEUE_PASSWORD"),
+                   help="SASL PLAIN password (default: $HAQUEUE_PASSWORD, which keeps it out of ps)")
     actions = p.add_subparsers(dest="admin_command", metavar="COMMAND", required=True)
     _add_action(actions, "status", _status, "print the broker's status as one JSON object")
     _add_queue(actions)

@@ -255,6 +255,8 @@ class Connection:
 
     # -- input -------------------------------------------------------------------------------
     def received(self, data: bytes) -> None:
+        if self.phase == "refused":
+            return
         if self.tls is not None:
             data = self._decrypt(data)
         if self.phase != "amqp":
@@ -306,7 +308,10 @@ class Connection:
             if self.sasl.done or self.sasl.failed:
                 if self.sasl.user is None:
                     log.warning("connection %s refused: %s", self.peer, self.sasl.failed or "authentication failed")
-                    self.close_after_write()
+                    # Let the client read the outcome and close first: closing at once makes proton
+                    # report a framing error instead of the authentication failure.
+                    self.phase = "refused"
+                    self.engine.call_later(1.0, self.abort)
                     return b""
                 self.user = self.sasl.user
                 self.phase = "header"

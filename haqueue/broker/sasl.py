@@ -10,7 +10,7 @@ from __future__ import annotations
 import struct
 from typing import Callable
 
-from proton import Array, Data, Described, UNDESCRIBED, symbol, ulong
+from proton import Array, Data, Described, UNDESCRIBED, symbol, ubyte, ulong
 
 SASL_HEADER = b"AMQP\x03\x01\x00\x00"
 AMQP_HEADER = b"AMQP\x00\x01\x00\x00"
@@ -54,7 +54,7 @@ class SaslServer:
             size, doff, ftype, _channel = _FRAME.unpack_from(self._buffer)
             if size < 8 or ftype != 1 or size > 65536:
                 self.failed = f"malformed SASL frame (size {size}, type {ftype})"
-                return out + _frame(_OUTCOME, [ulong(SYS_ERROR)]), b""
+                return out + _frame(_OUTCOME, [ubyte(SYS_ERROR)]), b""
             if len(self._buffer) < size:
                 break
             body = self._buffer[doff * 4:size]
@@ -73,15 +73,15 @@ class SaslServer:
         frame = data.get_object()
         if not isinstance(frame, Described) or frame.descriptor != _INIT:
             self.failed = "expected sasl-init"
-            return _frame(_OUTCOME, [ulong(SYS_ERROR)])
+            return _frame(_OUTCOME, [ubyte(SYS_ERROR)])
         fields = list(frame.value) + [None, None]
         mechanism, response = str(fields[0]), fields[1] or b""
         self.done = True
         user = self._check(mechanism, bytes(response))
         if user is None:
-            return _frame(_OUTCOME, [ulong(AUTH_FAILED)])
+            return _frame(_OUTCOME, [ubyte(AUTH_FAILED)])
         self.user = user
-        return _frame(_OUTCOME, [ulong(OK)])
+        return _frame(_OUTCOME, [ubyte(OK)])
 
     def _check(self, mechanism: str, response: bytes) -> str | None:
         if mechanism not in self.mechanisms:
