@@ -1,0 +1,51 @@
+'use strict';
+// Shared helpers for the benchmark's rhea clients (producer.js, consumer.js).
+
+// Microseconds on CLOCK_MONOTONIC (Node's hrtime), comparable between processes
+// on the same machine: the producer stamps it into the body, the consumer
+// subtracts it from its own reading.
+function nowUs() {
+    return Number(process.hrtime.bigint()) / 1000;
+}
+
+// --name value / --flag parsing against a table of defaults; numbers stay numbers.
+function parseArgs(argv, defaults) {
+    const out = Object.assign({}, defaults);
+    for (let i = 0; i < argv.length; i++) {
+        const a = argv[i];
+        if (!a.startsWith('--')) throw new Error('unexpected argument: ' + a);
+        const key = a.slice(2).replace(/-/g, '_');
+        if (!(key in defaults)) throw new Error('unknown option: ' + a);
+        if (typeof defaults[key] === 'boolean') {
+            out[key] = true;
+            continue;
+        }
+        const v = argv[++i];
+        if (v === undefined) throw new Error('missing value for ' + a);
+        out[key] = typeof defaults[key] === 'number' ? Number(v) : v;
+        if (typeof defaults[key] === 'number' && !Number.isFinite(out[key])) {
+            throw new Error('not a number for ' + a + ': ' + v);
+        }
+    }
+    return out;
+}
+
+// The orchestrator may stop reading (it gave up on this run): don't crash on EPIPE.
+process.stdout.on('error', () => {});
+
+function emit(obj) {
+    process.stdout.write(JSON.stringify(obj) + '\n');
+}
+
+function cpuUs() {
+    const u = process.cpuUsage();
+    return u.user + u.system;
+}
+
+// Body layout: [0..8) float64 LE send time in µs (nowUs), [8..12) uint32 LE
+// sequence number, then filler up to the body size.
+const BODY_TS = 0;
+const BODY_SEQ = 8;
+const BODY_MIN = 12;
+
+module.exports = { nowUs, parseArgs, emit, cpuUs, BODY_TS, BODY_SEQ, BODY_MIN };
