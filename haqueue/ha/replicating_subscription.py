@@ -23,7 +23,7 @@ from . import protocol
 if TYPE_CHECKING:
     from .primary import RemoteBackup
 
-_CATCHUP_PER_PASS = 2000  # catch-up transfers per pass, so live traffic and IO interleave
+_CATCHUP_PER_PASS = 500  # catch-up transfers per pass, so live traffic and IO interleave (2000 gave live p99 19 ms)
 
 
 def _in_runs(starts: list[int], runs: list[tuple[int, int]], seq: int) -> bool:
