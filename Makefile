@@ -29,7 +29,7 @@ apt:
 
 $(VENV)/.installed: pyproject.toml | apt
 	test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
-	$(VENV)/bin/pip install -q -e '.[test,zk]'
+	$(VENV)/bin/pip install -q -e '.[test,zk,spark]'
 	@# pip may reuse a wheel it cached from a build without the -dev packages: rebuild it then.
 	$(PROTON_OK) || $(VENV)/bin/pip install -q --no-cache-dir --force-reinstall --no-deps '$(PROTON)'
 	@$(PROTON_OK) || { echo "python-qpid-proton was built without TLS or SASL" >&2; exit 1; }

@@ -76,20 +76,21 @@ def session(master: str | None = None) -> SparkSession:
 
 def read_events(spark: SparkSession, directory: str) -> tuple[DataFrame, DataFrame]:
     """(valid events, typed; bad lines with their problem). A bad line is counted, never fatal."""
-    lines = (spark.read.option("recursiveFileLookup", "true").option("pathGlobFilter", "*.jsonl")
-             .text(directory)
-             .select(F.col("value").alias("line"), F.col("_metadata.file_name").alias("file"))
-             .filter(F.trim("line") != ""))
-    e = F.col("e")
-    missing_common = _any_null(e[name] for name in schema.REQUIRED)
-    problem = F.when(F.json_object_keys("line").isNull(), F.lit("unparsable"))
-    problem = problem.when(missing_common, F.lit("missing field"))
-    problem = problem.when(~e["event"].isin(*schema.EVENTS), F.lit("unknown event"))
+    corrupt = "_corrupt_record"  # Spark puts a line here, and nulls in the fields, when it is not JSON
+    lines = (spark.read.schema(f"{schema.DDL}, `{corrupt}` STRING").option("mode", "PERMISSIVE")
+             .option("columnNameOfCorruptRecord", corrupt).option("recursiveFileLookup", "true")
+             .option("pathGlobFilter", "*.jsonl").json(directory)
+             .withColumn("file", F.col("_metadata.file_name")))
+    problem = F.when(F.col(corrupt).isNotNull(), F.lit("unparsable"))
+    problem = problem.when(_any_null(F.col(name) for name in schema.REQUIRED), F.lit("missing field"))
+    problem = problem.when(~F.col("event").isin(*schema.EVENTS), F.lit("unknown event"))
     for kind, names in schema.REQUIRED_FOR.items():
-        problem = problem.when((e["event"] == kind) & _any_null(e[name] for name in names), F.lit("missing field"))
-    parsed = lines.select("line", "file", F.from_json("line", schema.DDL).alias("e")).withColumn("problem", problem)
-    events = parsed.filter(F.col("problem").isNull()).select("e.*")
-    bad = parsed.filter(F.col("problem").isNotNull()).select("file", "problem", "line")
+        problem = problem.when((F.col("event") == kind) & _any_null(F.col(name) for name in names),
+                               F.lit("missing field"))
+    checked = lines.withColumn("problem", problem)
+    events = checked.filter(F.col("problem").isNull()).select(*schema.FIELDS)
+    bad = checked.filter(F.col("problem").isNotNull()).select(
+        "file", "problem", F.coalesce(F.col(corrupt), F.to_json(F.struct(*schema.FIELDS))).alias("line"))
     return events, bad
 
 
@@ -129,7 +130,7 @@ def _analyse(ev: DataFrame, bad: DataFrame) -> Audit:
     replicas = (ev.filter(F.col("event") == schema.REPLICATE)
                 .withColumnRenamed("broker", "backup"))
     mirrored = (ev.filter((F.col("event") == schema.DEQUEUE) & (F.col("role") == schema.BACKUP))
-                .select("uid", "seq", F.col("broker").alias("backup"), "run").distinct())
+                .select("uid", "seq", F.col("broker").alias("backup"), "run"))
     runs = ev.groupBy("broker", "run").agg(F.min("t").alias("start"), F.max("t").alias("end"))
     # Where and when each message was first enqueued (a message keeps its uid and seq everywhere).
     origin = enqueues.groupBy("uid", "seq").agg(F.min("t").alias("t_enq"), F.min("epoch").alias("enq_epoch"))
@@ -219,14 +220,11 @@ def _missing(completes: DataFrame, dequeues: DataFrame, replicas: DataFrame,
     first_dequeue = dequeues.groupBy("uid", "seq").agg(F.min("t").alias("t_deq"))
     expected = (expected.join(first_dequeue, ["uid", "seq"], "left")
                 .filter(F.col("t_deq").isNull() | (F.col("t_deq") >= F.col("t_done"))).drop("t_deq"))
+    absent = expected.join(replicas.select("uid", "seq", "backup"), ["uid", "seq", "backup"], "left_anti")
     r = runs.select(F.col("broker").alias("r_broker"), "start", "end")
     covered = ((F.col("backup") == F.col("r_broker")) & (F.col("start") <= F.col("t_done"))
                & (F.col("t_done") <= F.col("end")))
-    judged = expected.join(F.broadcast(r), covered, "left_semi")
-    unverified = expected.join(F.broadcast(r), covered, "left_anti")
-    received = replicas.select("uid", "seq", "backup").distinct()
-    missing = judged.join(received, ["uid", "seq", "backup"], "left_anti")
-    return missing, unverified
+    return absent.join(F.broadcast(r), covered, "left_semi"), absent.join(F.broadcast(r), covered, "left_anti")
 
 
 def _unmirrored(dequeues: DataFrame, replicas: DataFrame, mirrored: DataFrame, runs: DataFrame) -> DataFrame:

@@ -4,13 +4,9 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING
 
-import matplotlib
-
-matplotlib.use("Agg")  # no display: the chart is a file
-
-import matplotlib.dates as mdates  # noqa: E402
-import matplotlib.pyplot as plt  # noqa: E402
-import pandas as pd  # noqa: E402
+import matplotlib.dates as mdates
+import pandas as pd
+from matplotlib.figure import Figure  # not pyplot: no GUI backend, no global state
 
 if TYPE_CHECKING:
     from .lag import Audit
@@ -32,7 +28,8 @@ def write(audit: "Audit", out: str) -> None:
 
 def chart(audit: "Audit", path: str) -> None:
     """Lag over time, one line per backup (p99 per time bucket, max as a faint band), failovers marked."""
-    fig, ax = plt.subplots(figsize=(11, 5), dpi=100)
+    fig = Figure(figsize=(11, 5), dpi=100)
+    ax = fig.subplots()
     timeline = audit.timeline
     for i, (backup, points) in enumerate(timeline.groupby("backup", sort=True)):
         color = f"C{i}"
@@ -61,7 +58,6 @@ def chart(audit: "Audit", path: str) -> None:
     ax.grid(True, alpha=0.3)
     fig.tight_layout()
     fig.savefig(path)
-    plt.close(fig)
 
 
 def _break_gaps(points: pd.DataFrame, bucket_ms: float) -> pd.DataFrame:
@@ -78,7 +74,7 @@ def summary(audit: "Audit") -> str:
              f"{_time(t['last'])} UTC; {t['judged']:,} in the window judged"]
     if t["bad_lines"]:
         counts = audit.bad_input.groupby("problem")["lines"].sum()
-        lines.append(f"bad input: {t['bad_lines']:,} lines skipped ("
+        lines.append(f"bad input: {_count(t['bad_lines'], 'line')} skipped ("
                      + ", ".join(f"{n:,} {problem}" for problem, n in counts.items()) + "; see bad_input.csv)")
     for _, e in audit.epochs.iterrows():
         lines.append(f"epoch {e['epoch']}: primary {e['primary']} {_time(e['first_event'])}–{_time(e['last_event'])}, "
@@ -95,9 +91,13 @@ def summary(audit: "Audit") -> str:
                          f"out of order {b['order_violations']}, dequeues not mirrored {b['dequeues_not_mirrored']}"
                          + (f", {b['unverified']} not verifiable" if b["unverified"] else ""))
     missing = audit.missing
-    lines.append(f"LOSS: {missing:,} confirmed messages missing on a ready backup (see problems.csv)" if missing
-                 else "no loss: every confirmed message reached every backup that was ready")
+    lines.append(f"LOSS: {_count(missing, 'confirmed message')} missing on a ready backup (see problems.csv)"
+                 if missing else "no loss: every confirmed message reached every backup that was ready")
     return "\n".join(lines)
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n:,} {noun}" + ("" if n == 1 else "s")
 
 
 def _ms(value: float) -> str:

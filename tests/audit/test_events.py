@@ -1,0 +1,157 @@
+"""The event writer without Spark: message ids, line format, rotation, crash safety, the config
+section, and a real standalone broker writing its events."""
+from __future__ import annotations
+
+import json
+import uuid
+from pathlib import Path
+
+import pytest
+from proton import Message
+from proton.reactor import AtMostOnce
+from proton.utils import BlockingConnection
+
+from haqueue.audit import schema
+from haqueue.audit.events import Writer, _COMPLETE, _DEQUEUE, _ENQUEUE, _LIVE, _MARK
+from haqueue.audit.message_id import message_id
+from haqueue.broker.queue import Queue
+from haqueue.cli import main
+from haqueue.config import ConfigError, load_config
+
+
+def encoded(**fields) -> bytes:
+    return bytes(Message(body="hello", **fields).encode())
+
+
+def read_lines(directory: Path) -> list[dict]:
+    return [json.loads(line) for f in sorted(directory.glob("*.jsonl")) for line in f.read_text().splitlines()]
+
+
+def check_schema(event: dict) -> None:
+    required = schema.REQUIRED + schema.REQUIRED_FOR[event["event"]]
+    assert all(event.get(name) is not None for name in required), event
+    assert set(event) <= set(schema.FIELDS), event
+
+
+@pytest.mark.parametrize("mid, text", [("order-17", "order-17"), (12345, "12345"),
+                                        (uuid.UUID(int=7), "00000000-0000-0000-0000-000000000007"),
+                                        (b"\x01\xff", "01ff"), (None, None)])
+def test_message_id_read_from_the_encoded_message(mid, text):
+    from haqueue.audit.events import _json_id
+
+    data = encoded(id=mid, durable=True, ttl=5)
+    assert json.loads(_json_id(message_id(data))) == text
+
+
+def test_message_id_of_bytes_that_are_not_a_message_is_none():
+    assert message_id(b"") is None
+    assert message_id(b"\x00\x53\x73\xc0") is None  # cut short inside the properties
+    assert message_id(b"\x00\x53\x77\xa1\x02hi") is None  # a body and no properties
+
+
+def queue(name: str = "q") -> Queue:
+    return Queue(name, {}, uid=f"uid-{name}", schedule=lambda q: None)
+
+
+def test_lines_follow_the_schema(tmp_path):
+    w = Writer(str(tmp_path), 'b"1%s', 1 << 20, ha=True)  # a name JSON and %-formatting must both escape
+    q = queue('q"%d')
+    data = encoded(id="m-1")
+    lines = w.format([(_ENQUEUE, 1_500_000_000, q, 7, data, 3, None),
+                      (_COMPLETE, 1_500_100_000, q, 7, data, 3, ("b2", "b3")),
+                      (_LIVE, 1_600_000_000, q, 8, data, 3, 1_400_000),
+                      (_DEQUEUE, 1_700_000_000, q, 7, data, 3, None),
+                      (_MARK, 2_000_000_000, None, 0, b"", 3, schema.BACKUP)]).decode().splitlines()
+    events = [json.loads(line) for line in lines]
+    for event in events:
+        check_schema(event)
+    assert [e["event"] for e in events] == ["enqueue", "complete", "replicate", "dequeue", "mark"]
+    assert [e["n"] for e in events] == [1, 2, 3, 4, 5]
+    assert events[0] == {"t": 1_500_000, "event": "enqueue", "broker": 'b"1%s', "role": "primary", "epoch": 3,
+                         "run": w.run, "n": 1, "queue": 'q"%d', "uid": "uid-q\"%d", "seq": 7, "message_id": "m-1"}
+    assert events[1]["backups"] == ["b2", "b3"]
+    assert (events[2]["role"], events[2]["mode"], events[2]["enqueued"]) == ("backup", "live", 1_400_000)
+    assert events[4]["role"] == "backup" and "seq" not in events[4]
+    w.close()
+
+
+def test_files_rotate_by_size_and_a_new_run_starts_a_new_file(tmp_path):
+    q = queue()
+    w = Writer(str(tmp_path), "b0", 4096, ha=False)
+    for i in range(10):  # ten batches of about 1.9 kB each
+        w.write([(_ENQUEUE, (1 + i) * 10**9, q, i * 10 + j, encoded(id=f"m-{i}-{j}"), 0, None) for j in range(10)])
+    w.close()
+    files = sorted(tmp_path.iterdir())
+    assert [p.name for p in files] == [f"b0-{k:06d}.jsonl" for k in range(1, len(files) + 1)]
+    sizes = [p.stat().st_size for p in files]
+    assert len(sizes) >= 3 and min(sizes[:-1]) >= 4096 and max(sizes) < 4096 + 2000  # closed past 4096 bytes
+    assert [e["seq"] for e in read_lines(tmp_path)] == [i * 10 + j for i in range(10) for j in range(10)]
+
+    w2 = Writer(str(tmp_path), "b0", 4096, ha=False)
+    w2.write([(_ENQUEUE, 20 * 10**9, q, 1000, encoded(), 0, None)])
+    w2.close()
+    assert sorted(p.name for p in tmp_path.iterdir())[-1] == f"b0-{len(files) + 1:06d}.jsonl"
+
+
+def test_a_torn_last_line_is_never_followed_by_more_data(tmp_path):
+    """What a kill -9 in the middle of a write leaves: the next process writes a new file."""
+    q = queue()
+    w = Writer(str(tmp_path), "b0", 1 << 20, ha=False)
+    w.write([(_ENQUEUE, 10**9, q, 1, encoded(), 0, None)])
+    w.close()
+    first = tmp_path / "b0-000001.jsonl"
+    first.write_bytes(first.read_bytes() + b'{"t":2000000,"event":"enq')  # torn
+    w2 = Writer(str(tmp_path), "b0", 1 << 20, ha=False)
+    w2.write([(_ENQUEUE, 3 * 10**9, q, 2, encoded(), 0, None)])
+    w2.close()
+    assert first.read_bytes().endswith(b'"event":"enq')
+    assert [json.loads(line)["seq"] for line in (tmp_path / "b0-000002.jsonl").read_text().splitlines()] == [2]
+
+
+def test_audit_config_section(tmp_path):
+    path = tmp_path / "b.yaml"
+    path.write_text("audit: {dir: /var/log/haqueue-audit, max_bytes: 1048576, flush_interval: 0.5}\n")
+    audit = load_config(str(path)).audit
+    assert (audit.dir, audit.max_bytes, audit.flush_interval) == ("/var/log/haqueue-audit", 1048576, 0.5)
+    for text, error in (("audit: {max_bytes: 4096}", "audit.dir: missing"),
+                        ("audit: {dir: a, flush_interval: 0}", "audit.flush_interval: must be a positive number"),
+                        ("audit: {dir: a, max_bytes: 10}", "audit.max_bytes: must be an integer >= 4096"),
+                        ("audit: {dir: a, keep: 3}", "audit.keep: unknown key")):
+        path.write_text(text + "\n")
+        with pytest.raises(ConfigError, match=error):
+            load_config(str(path))
+
+
+def test_audit_lag_usage_errors(capsys, tmp_path):
+    assert main(["audit", "lag", "--events", str(tmp_path), "--out", str(tmp_path), "--since", "yesterday"]) == 2
+    assert "expected ISO 8601 or seconds since the epoch" in capsys.readouterr().err
+    assert main(["audit", "lag", "--out", str(tmp_path)]) == 2
+
+
+def test_a_standalone_broker_writes_enqueue_complete_dequeue(broker_factory, tmp_path):
+    events = tmp_path / "events"
+    b = broker_factory(name="solo", audit={"dir": str(events), "flush_interval": 0.05})
+    conn = BlockingConnection(b.url(), sasl_enabled=False, timeout=10)
+    try:
+        sender = conn.create_sender("orders")
+        for i in range(4):
+            sender.send(Message(id=f"order-{i}", body=i))
+        conn.create_sender("orders", name="presettled", options=AtMostOnce()).send(Message(id="unconfirmed", body=4))
+        receiver = conn.create_receiver("orders", credit=3)
+        for _ in range(3):
+            receiver.receive(timeout=10)
+            receiver.accept()
+    finally:
+        conn.close()
+    b.stop()
+    got = read_lines(events)
+    for event in got:
+        check_schema(event)
+    messages = [e for e in got if e["event"] != "mark"]
+    assert {(e["event"], e["seq"], e["message_id"]) for e in messages} == {  # a pre-settled message is never confirmed
+        *(("enqueue", i + 1, f"order-{i}") for i in range(4)), ("enqueue", 5, "unconfirmed"),
+        *(("complete", i + 1, f"order-{i}") for i in range(4)),
+        *(("dequeue", i + 1, f"order-{i}") for i in range(3))}
+    assert {(e["broker"], e["role"], e["epoch"], e["queue"]) for e in messages} == {("solo", "standalone", 0, "orders")}
+    assert got[0]["event"] == "mark" and got[-1]["event"] == "mark"  # the run's start and its clean stop
+    assert [e["n"] for e in got] == list(range(1, len(got) + 1))
