@@ -16,9 +16,10 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+TESTS = Path(__file__).resolve().parent
+sys.path[:0] = [str(TESTS), str(TESTS / "ha")]  # harness.py; ha_harness.py (clusters, clients) for every suite
 
-from harness import BrokerProcess  # noqa: E402
+from harness import BrokerProcess, unexpected_exits  # noqa: E402
 
 LOG_TAIL_LINES = 150
 
@@ -29,11 +30,8 @@ def _log_tail(broker: BrokerProcess) -> str:
 
 
 def _finish(brokers: list[BrokerProcess]) -> None:
-    crashed = []
+    crashed = unexpected_exits(brokers)
     for b in brokers:
-        died = b.proc is not None and b.proc.poll() is not None and not b.exit_expected
-        if died:
-            crashed.append(f"{b.name} exited with {b.proc.returncode} during the test")
         b.stop()
         print(f"\n==== log of broker {b.name} ({b.log_path}), last {LOG_TAIL_LINES} lines ====")
         print(_log_tail(b))

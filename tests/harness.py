@@ -22,7 +22,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 import yaml
 
@@ -288,6 +288,11 @@ class BrokerProcess:
     def returncode(self) -> int | None:
         return self.proc.poll() if self.proc else None
 
+    @property
+    def exited_unasked(self) -> bool:
+        """The process exited without the test asking for it (stop, kill, signal): a crash."""
+        return self.proc is not None and self.proc.poll() is not None and not self.exit_expected
+
     def signal(self, sig: int) -> None:
         self.exit_expected = True
         if self.running:
@@ -360,6 +365,11 @@ class BrokerProcess:
     def __repr__(self) -> str:
         state = "running" if self.running else f"exited {self.returncode}" if self.proc else "new"
         return f"<BrokerProcess {self.name} {self.addresses} {state}>"
+
+
+def unexpected_exits(brokers: Iterable[BrokerProcess]) -> list[str]:
+    """One line per broker that exited without the test asking for it (see `exited_unasked`)."""
+    return [f"{b.name} exited with {b.proc.returncode} during the test" for b in brokers if b.exited_unasked]
 
 
 @atexit.register

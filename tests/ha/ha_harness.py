@@ -1,14 +1,17 @@
 """Helpers for the HA tests: a cluster of real broker processes, its admin calls, and clients.
 
 `HaCluster`   N `BrokerProcess`es (tests/harness.py) on free loopback ports, each configured with
-              the `ha:` section naming all of them, a shared public address and random `ha`
-              credentials. Brokers are created up front (every config must list every broker)
-              but started only when the test says so, so a backup can join mid-stream.
+              the `ha:` section naming all of them, a shared public address (unless `public=False`)
+              and random `ha` credentials. Brokers are created up front (every config must list
+              every broker) but started only when the test says so, so a backup can join mid-stream.
+              The ZooKeeper tests' `ZkCluster` is one too.
 `admin`       management calls as the `ha` user: status, promote, queue list, create/delete.
+`cluster_factory`  the body of a pytest fixture making clusters that are always stopped after the test.
 Clients       proton BlockingConnections: anonymous without SASL for clients (public address),
               SASL PLAIN as `ha` for looking at a backup (admin, browsing its queues).
 `Load`        a producer and a consumer thread through the public address that reconnect across
-              a failover and count what was confirmed, received and received twice.
+              a failover and count what was confirmed, received and received twice; the Pacemaker
+              tests' `Load` (through a VIP) is one too, connecting differently.
 
 Every wait is a poll of a condition with a deadline (`wait_for`).
 """
@@ -19,10 +22,12 @@ import secrets
 import signal
 import sys
 import threading
+import time
 from collections import Counter
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Iterator, TypeVar
 
+import pytest
 from proton import Message, Timeout
 from proton.handlers import MessagingHandler
 from proton.reactor import Container, Copy
@@ -30,7 +35,8 @@ from proton.utils import BlockingConnection
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from harness import BrokerProcess, can_connect, free_port, run_haqueue, split_address, wait_for  # noqa: E402
+from harness import (POLL_INTERVAL, BrokerProcess, can_connect, free_port, run_haqueue,  # noqa: E402
+                     split_address, unexpected_exits, wait_for)
 
 from haqueue.admin import AdminClient, AdminError  # noqa: E402
 
@@ -51,12 +57,15 @@ class Refused(AssertionError):
 # The cluster
 
 class HaCluster:
+    state_timeout = 15.0  # default bound of `wait_state`, and its poll interval
+    state_interval = POLL_INTERVAL
+
     def __init__(self, directory: Path, size: int = 3, backup_timeout: float = 2.0,
                  replicate: str | None = None, extra: dict[str, Any] | None = None,
-                 ha_extra: dict[str, Any] | None = None) -> None:
+                 ha_extra: dict[str, Any] | None = None, public: bool = True) -> None:
         self.directory = Path(directory)
         self.password = secrets.token_hex(8)
-        self.public = f"127.0.0.1:{free_port()}"
+        self.public = f"127.0.0.1:{free_port()}" if public else None
         self.brokers: list[BrokerProcess] = []
         for i in range(size):
             name = f"b{i}"
@@ -64,6 +73,8 @@ class HaCluster:
                                                                        **(extra or {})}, name=name))
         ha: dict[str, Any] = {"brokers": [b.address for b in self.brokers], "public": self.public,
                               "username": HA_USER, "password": self.password, "backup_timeout": backup_timeout}
+        if not public:
+            del ha["public"]
         if replicate is not None:
             ha["replicate"] = replicate
         ha.update(ha_extra or {})
@@ -122,9 +133,10 @@ class HaCluster:
     def status(self, b: BrokerProcess, timeout: float = 5.0) -> dict[str, Any]:
         return self.request(b, "READ", "ha", timeout=timeout)
 
-    def try_status(self, b: BrokerProcess) -> dict[str, Any] | None:
+    def try_status(self, b: BrokerProcess, timeout: float = 2.0) -> dict[str, Any] | None:
+        """The broker's `ha` status, or None if it does not answer."""
         try:
-            return self.status(b, timeout=2.0)
+            return self.request(b, "READ", "ha", timeout=timeout)
         except (AdminError, Refused):
             return None
 
@@ -152,13 +164,14 @@ class HaCluster:
         return None if q is None else q["depth"]
 
     # -- waiting on roles and states --------------------------------------------------------------
-    def wait_state(self, b: BrokerProcess, role: str, state: str | None = None, timeout: float = 15.0,
+    def wait_state(self, b: BrokerProcess, role: str, state: str | None = None, timeout: float | None = None,
                    check: Callable[[dict], bool] | None = None) -> dict[str, Any]:
         def ok():
             s = self.try_status(b)
             return s if s and s["role"] == role and (state is None or s["state"] == state) and \
                 (check is None or check(s)) else None
-        return wait_for(ok, timeout, message=f"{b.name} {role} {state or ''} (last: {self.try_status(b)})")
+        return wait_for(ok, self.state_timeout if timeout is None else timeout, interval=self.state_interval,
+                        message=f"{b.name} {role} {state or ''} (last: {self.try_status(b)})")
 
     def wait_ready(self, b: BrokerProcess, timeout: float = 15.0, queues: Iterable[str] = ()) -> dict[str, Any]:
         """A backup in state ready, following a primary, with each named queue caught up."""
@@ -216,6 +229,33 @@ class HaCluster:
             tail = "\n".join(b.log().splitlines()[-lines:])
             out.append(f"==== {b.name} {b.address} ({b.log_path}) ====\n{tail}")
         return "\n".join(out)
+
+
+Cluster = TypeVar("Cluster", bound=HaCluster)
+
+
+def cluster_factory(new_cluster: Callable[..., Cluster], directory: Path, log_lines: int = 80,
+                    fail_on_crash: bool = True) -> Iterator[Callable[..., Cluster]]:
+    """The body of a fixture (``yield from cluster_factory(HaCluster, tmp_path)``) that yields
+    ``make(size=3, **kw)``: a new cluster ``new_cluster(directory / "clusterN", size=size, **kw)``, not
+    started. After the test every cluster made is shut down (SIGCONT, stop) and the last `log_lines`
+    of each broker's log printed (pytest shows them when the test fails); with `fail_on_crash`, a
+    broker that exited without the test asking fails the test."""
+    made: list[Cluster] = []
+
+    def make(size: int = 3, **kw: Any) -> Cluster:
+        cluster = new_cluster(directory / f"cluster{len(made)}", size=size, **kw)
+        made.append(cluster)
+        return cluster
+
+    yield make
+    crashed = []
+    for cluster in made:
+        crashed += unexpected_exits(cluster.brokers)
+        cluster.shutdown()
+        print(cluster.log_tails(log_lines))
+    if crashed and fail_on_crash:
+        pytest.fail("; ".join(crashed), pytrace=False)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -390,22 +430,34 @@ def expect_refused_client(address: str, timeout: float = 5.0) -> str:
 class Load:
     """A producer and a consumer on `queue` through `address`, each reconnecting on any error.
 
-    The producer sends body i (ints from 0) and waits for each settlement: `confirmed` holds the
-    bodies the broker accepted. A send that failed is retried with the same body (so the broker
-    may hold it twice). The consumer accepts each message and records its body in `received`.
+    The producer sends body i (ints from `first`) and waits for each settlement: `confirmed` maps
+    each body the broker accepted to when (monotonic). A send that failed is retried with the same
+    body (so the broker may hold it twice); `error_times` holds when each producer failure was seen.
+    The consumer accepts each message and records its body in `received`.
+
+    How a connection is made is `_connect`: here, retried (every 0.1 s, each failure logged as a
+    `connect:` error) until it succeeds or the thread is stopped, as the public address moves. A
+    subclass may instead try once and let a failure count as a failed send or receive, which
+    is followed by `retry_pause` seconds before the next try.
     """
+
+    connect_timeout = 5.0
+    send_timeout = 5.0
+    retry_pause = 0.0
+    max_errors = 500
 
     def __init__(self, address: str, queue: str, first: int = 0) -> None:
         self.address, self.queue = address, queue
-        self.confirmed: set[int] = set()
+        self.confirmed: dict[int, float] = {}
         self.received: list[int] = []
         self.errors: list[str] = []
+        self.error_times: list[float] = []
         self.next = first
-        self._stop = threading.Event()
+        self._stop_producer = threading.Event()
         self._stop_consumer = threading.Event()
         self._lock = threading.Lock()
-        self.threads = [threading.Thread(target=self._produce, daemon=True),
-                        threading.Thread(target=self._consume, daemon=True)]
+        self.threads = [threading.Thread(target=self._produce, daemon=True, name="producer"),
+                        threading.Thread(target=self._consume, daemon=True, name="consumer")]
 
     def start(self) -> "Load":
         for t in self.threads:
@@ -413,9 +465,10 @@ class Load:
         return self
 
     def _connect(self, stop: threading.Event) -> BlockingConnection | None:
+        """A connection to `address`, or None once `stop` is set."""
         while not stop.is_set():
             try:
-                return connect(self.address, timeout=5.0)
+                return connect(self.address, timeout=self.connect_timeout)
             except Exception as e:  # noqa: BLE001
                 self._error(f"connect: {e}")
                 stop.wait(0.1)  # retry pace while the public address moves
@@ -423,57 +476,56 @@ class Load:
 
     def _error(self, text: str) -> None:
         with self._lock:
-            if len(self.errors) < 200:
-                self.errors.append(text)
+            if len(self.errors) < self.max_errors:
+                self.errors.append(f"{time.monotonic():.3f} {text}")
+
+    def _keep_going(self, stop: threading.Event, open_link: Callable[[BlockingConnection], Any],
+                    step: Callable[[Any], None], failed: Callable[[Exception], None]) -> None:
+        """`step(link)` until `stop` is set; after any error (`failed(error)`), a new connection and link."""
+        conn = link = None
+        while not stop.is_set():
+            try:
+                if conn is None:
+                    conn = self._connect(stop)
+                    if conn is None:
+                        break
+                    link = open_link(conn)
+                step(link)
+            except Exception as e:  # noqa: BLE001 - lost connection, timeout, refusal: retry
+                failed(e)
+                conn = _close(conn)
+                stop.wait(self.retry_pause)
+        _close(conn)
 
     def _produce(self) -> None:
-        conn = sender = None
-        while not self._stop.is_set():
-            try:
-                if conn is None:
-                    conn = self._connect(self._stop)
-                    if conn is None:
-                        break
-                    sender = conn.create_sender(self.queue)
-                sender.send(Message(body=self.next, durable=True), timeout=5.0)
-                with self._lock:
-                    self.confirmed.add(self.next)
-                self.next += 1
-            except Exception as e:  # noqa: BLE001 - lost connection, timeout, refusal: retry this body
-                self._error(f"send {self.next}: {type(e).__name__}: {e}")
-                conn = self._close(conn)
-        self._close(conn)
+        self._keep_going(self._stop_producer, lambda conn: conn.create_sender(self.queue), self._send_next,
+                         self._send_failed)
+
+    def _send_next(self, sender: Any) -> None:
+        sender.send(Message(body=self.next, durable=True), timeout=self.send_timeout)
+        with self._lock:
+            self.confirmed[self.next] = time.monotonic()
+        self.next += 1
+
+    def _send_failed(self, e: Exception) -> None:  # the same body is sent again
+        self._error(f"send {self.next}: {type(e).__name__}: {e}")
+        with self._lock:
+            self.error_times.append(time.monotonic())
 
     def _consume(self) -> None:
-        conn = receiver = None
-        while not self._stop_consumer.is_set():
-            try:
-                if conn is None:
-                    conn = self._connect(self._stop_consumer)
-                    if conn is None:
-                        break
-                    receiver = conn.create_receiver(self.queue, credit=20)
-                try:
-                    m = receiver.receive(timeout=0.5)
-                except Timeout:
-                    continue
-                receiver.accept()
-                with self._lock:
-                    self.received.append(m.body)
-            except Exception as e:  # noqa: BLE001
-                self._error(f"receive: {type(e).__name__}: {e}")
-                conn = self._close(conn)
-        self._close(conn)
+        self._keep_going(self._stop_consumer, lambda conn: conn.create_receiver(self.queue, credit=20),
+                         self._receive_one, lambda e: self._error(f"receive: {type(e).__name__}: {e}"))
 
-    @staticmethod
-    def _close(conn: BlockingConnection | None) -> None:
-        if conn is not None:
-            try:
-                conn.close()
-            except Exception:  # noqa: BLE001
-                pass
-        return None
+    def _receive_one(self, receiver: Any) -> None:
+        try:
+            m = receiver.receive(timeout=0.5)
+        except Timeout:
+            return
+        receiver.accept()
+        with self._lock:
+            self.received.append(m.body)
 
+    # ---- observing ----------------------------------------------------------------------------
     def confirmed_count(self) -> int:
         with self._lock:
             return len(self.confirmed)
@@ -482,20 +534,58 @@ class Load:
         with self._lock:
             return len(self.received)
 
+    def wait_confirmed(self, n: int, timeout: float) -> None:
+        """Until n more publishes than now are confirmed (bounded)."""
+        target = self.confirmed_count() + n
+        deadline = time.monotonic() + timeout
+        while self.confirmed_count() < target:
+            if time.monotonic() > deadline:
+                raise AssertionError(f"only {self.confirmed_count()}/{target} publishes confirmed within "
+                                     f"{timeout} s; last errors: {self.errors[-5:]}")
+            time.sleep(0.05)
+
+    def recovery_after(self, t: float) -> float | None:
+        """Seconds from monotonic time t (the failure) to the first publish confirmed after the
+        producer noticed it (its first error after t): a settlement the old primary sent just
+        before t does not count."""
+        with self._lock:
+            noticed = min((e for e in self.error_times if e > t), default=t)
+            after = [c for c in self.confirmed.values() if c > noticed]
+        return min(after) - t if after else None
+
+    def outage_after(self, t: float) -> float | None:
+        """Seconds between the producer's first failure after t and its next confirmed publish:
+        how long the client could not publish."""
+        with self._lock:
+            noticed = min((e for e in self.error_times if e > t), default=None)
+            if noticed is None:
+                return 0.0
+            after = [c for c in self.confirmed.values() if c > noticed]
+        return min(after) - noticed if after else None
+
     def stop_producer(self, timeout: float = 15.0) -> None:
-        self._stop.set()
+        self._stop_producer.set()
         self.threads[0].join(timeout)
 
     def stop(self, timeout: float = 15.0) -> None:
-        self._stop.set()
+        self._stop_producer.set()
         self._stop_consumer.set()
         for t in self.threads:
             t.join(timeout)
 
     def report(self) -> dict[str, Any]:
-        counts = Counter(self.received)
-        lost = sorted(self.confirmed - set(counts))
-        return {"confirmed": len(self.confirmed), "received": len(self.received),
-                "distinct": len(counts), "lost": lost,
-                "duplicates": sorted(b for b, c in counts.items() if c > 1),
-                "errors": len(self.errors), "first_errors": self.errors[:5]}
+        with self._lock:
+            counts = Counter(self.received)
+            return {"confirmed": len(self.confirmed), "received": len(self.received),
+                    "distinct": len(counts), "lost": sorted(set(self.confirmed) - set(counts)),
+                    "duplicates": sorted(b for b, c in counts.items() if c > 1),
+                    "errors": len(self.errors), "first_errors": self.errors[:5]}
+
+
+def _close(conn: BlockingConnection | None) -> None:
+    """Close, ignoring errors (the broker may be gone: nothing to tidy); returns None."""
+    if conn is not None:
+        try:
+            conn.close()
+        except Exception:  # noqa: BLE001
+            pass

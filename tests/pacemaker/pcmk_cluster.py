@@ -36,12 +36,13 @@ import time
 import xml.etree.ElementTree as ET
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
 
 import yaml
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
+
+from harness import wait_for  # noqa: E402
 
 from haqueue.admin import AdminClient, AdminError  # noqa: E402
 
@@ -60,23 +61,13 @@ HA_USER = "ha"
 BINARY = REPO / ".venv" / "bin" / "haqueue"
 PING_TIMEOUT = 2
 BACKUP_TIMEOUT = 3.0
+POLL_INTERVAL = 0.2  # of `wait_for` on the cluster: each poll runs crm_mon, pcs or nsenter
 
 # Host directories that the nodes bind-mount over: created if missing, removed again if we made them.
 MADE_MARKER = ".made-by-hqpm-tests"
 MOUNT_POINTS = ["/etc/haqueue", "/var/lib/haqueue", "/var/log/haqueue", "/usr/lib/ocf/resource.d/haqueue"]
 NEEDED_PROGRAMS = ["ip", "nsenter", "unshare", "corosync", "pacemakerd", "crm_mon", "crm_attribute",
                    "cibadmin", "pcs", "corosync-cfgtool"]
-
-
-def wait_for(condition: Callable[[], Any], timeout: float, message: str, interval: float = 0.2) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() >= deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {message}")
-        time.sleep(interval)
 
 
 def run(cmd: list[str], timeout: float = 30.0, check: bool = True, env: dict | None = None,
@@ -350,7 +341,7 @@ class PacemakerCluster:
         def online():
             s = self.try_status()
             return s is not None and s.dc and len(s.online) == len(self.nodes)
-        wait_for(online, timeout, "every node online with a DC")
+        wait_for(online, timeout, interval=POLL_INTERVAL, message="every node online with a DC")
 
     def setup_resources(self) -> None:
         env = {**os.environ, "VIP": VIP, "CIDR_NETMASK": "24", "NIC": "eth0", "BINARY": str(BINARY),
@@ -444,7 +435,7 @@ class PacemakerCluster:
             last[0] = why
             return ok
         try:
-            wait_for(check, timeout, "a healthy cluster", interval=0.5)
+            wait_for(check, timeout, interval=0.5, message="a healthy cluster")
         except AssertionError as e:
             raise AssertionError(f"{e}: {last[0]}\n{self.describe()}") from None
         return self.primary_node()
@@ -466,7 +457,7 @@ class PacemakerCluster:
             found[0] = node
             return True
         try:
-            wait_for(moved, timeout, f"a primary other than {old.name} with the VIP", interval=0.1)
+            wait_for(moved, timeout, interval=0.1, message=f"a primary other than {old.name} with the VIP")
         except AssertionError as e:
             raise AssertionError(f"{e}\n{self.describe()}") from None
         return found[0]

@@ -15,8 +15,9 @@ import time
 import pytest
 from proton import Message
 
+from harness import wait_for
 from pcmk_clients import Load, connect
-from pcmk_cluster import CLONE, PING_TIMEOUT, VIP_ADDRESS, run, wait_for
+from pcmk_cluster import CLONE, PING_TIMEOUT, POLL_INTERVAL, VIP_ADDRESS, run
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(420)]
 
@@ -76,7 +77,8 @@ def test_cluster_comes_up_with_one_primary_two_ready_backups_and_the_vip(cluster
         def ready_score():
             score = cluster.promotion_score(node)
             return score is not None and 1000 <= int(score) < 2000
-        wait_for(ready_score, 10, f"a ready backup's score on {node.name}")
+        wait_for(ready_score, 10, interval=POLL_INTERVAL,
+                 message=f"a ready backup's score on {node.name}")
     # clients go through the VIP; a backup's own address refuses them
     send("up", range(10))
     assert receive_all("up", 10) == list(range(10))
@@ -137,8 +139,10 @@ def test_partitioned_primary_is_replaced_and_rejoins_as_a_backup(cluster):
         new = cluster.wait_new_primary(old, timeout=60, view=majority[0])
         replaced = time.monotonic() - cut
         # the isolated node has lost quorum: it stops its broker and its VIP
-        wait_for(lambda: not cluster.broker_pids_in(old), 60, f"no broker left on isolated {old.name}")
-        wait_for(lambda: not cluster.vip_on(old), 10, f"no VIP on isolated {old.name}")
+        wait_for(lambda: not cluster.broker_pids_in(old), 60, interval=POLL_INTERVAL,
+                 message=f"no broker left on isolated {old.name}")
+        wait_for(lambda: not cluster.vip_on(old), 10, interval=POLL_INTERVAL,
+                 message=f"no VIP on isolated {old.name}")
         isolated = cluster.status(old)
         assert not isolated.quorate
         send("split", range(100, 200))
@@ -150,7 +154,8 @@ def test_partitioned_primary_is_replaced_and_rejoins_as_a_backup(cluster):
     assert cluster.primary_node() is new
     status = cluster.broker_status(old)
     assert status["role"] == "backup" and status["state"] == "ready" and status["epoch"] >= 1, status
-    wait_for(lambda: cluster.queue_depth(old, "split") == 200, 20, f"200 messages on {old.name}")
+    wait_for(lambda: cluster.queue_depth(old, "split") == 200, 20, interval=POLL_INTERVAL,
+             message=f"200 messages on {old.name}")
     assert sorted(receive_all("split", 200)) == list(range(200))
     record("pacemaker-partition", old=old.name, new=new.name, replaced_seconds=round(replaced, 2),
            rejoined_seconds=round(rejoined, 2))
@@ -203,7 +208,8 @@ def test_sigstopped_primary_is_detected_by_monitor_and_replaced(cluster):
     report = assert_no_loss(load)
     recovery = load.recovery_after(stopped)
     # the hung broker was stopped (never left behind) and a fresh one runs there as a backup
-    wait_for(lambda: not os.path.exists(f"/proc/{pid}") or _zombie(pid), 30, f"hung broker {pid} gone")
+    wait_for(lambda: not os.path.exists(f"/proc/{pid}") or _zombie(pid), 30, interval=POLL_INTERVAL,
+             message=f"hung broker {pid} gone")
     cluster.stopped_pids.discard(pid)
     cluster.wait_healthy(60, allow_failures=True)
     assert cluster.broker_pids_in(old) and pid not in cluster.broker_pids_in(old)

@@ -7,14 +7,15 @@
 """
 from __future__ import annotations
 
+import functools
 import sys
 from pathlib import Path
 
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from ha_harness import cluster_factory  # noqa: E402
 from zk_cluster import ZkCluster  # noqa: E402
 from zk_harness import Ensemble, available  # noqa: E402
 
@@ -39,14 +40,4 @@ def ensemble(tmp_path):
 
 @pytest.fixture
 def zk_cluster(tmp_path, ensemble):
-    made: list[ZkCluster] = []
-
-    def make(size: int = 3, **kw) -> ZkCluster:
-        cluster = ZkCluster(tmp_path / f"cluster{len(made)}", ensemble.hosts, size=size, **kw)
-        made.append(cluster)
-        return cluster
-
-    yield make
-    for cluster in made:
-        cluster.shutdown()
-        print(cluster.log_tails(80))
+    yield from cluster_factory(functools.partial(ZkCluster, hosts=ensemble.hosts), tmp_path, fail_on_crash=False)

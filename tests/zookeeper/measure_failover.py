@@ -13,7 +13,8 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parent.parent)]
+TESTS = Path(__file__).resolve().parent.parent
+sys.path[:0] = [str(TESTS / "zookeeper"), str(TESTS), str(TESTS / "ha")]
 
 from harness import wait_for  # noqa: E402
 from zk_cluster import Producer, ZkCluster, drain  # noqa: E402

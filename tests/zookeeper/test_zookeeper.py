@@ -8,8 +8,9 @@ import time
 import pytest
 import yaml
 
+from ha_harness import HA_USER
 from harness import BrokerProcess, free_port, run_haqueue, wait_for
-from zk_cluster import HA_USER, PinnedPublisher, Producer, drain
+from zk_cluster import PinnedPublisher, Producer, drain
 
 
 @pytest.mark.slow

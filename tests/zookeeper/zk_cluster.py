@@ -1,6 +1,7 @@
 """Brokers coordinated by a real ZooKeeper ensemble, and the clients the tests drive them with.
 
-`ZkCluster`   N `BrokerProcess`es (tests/harness.py) on free loopback ports with `ha.coordinator:
+`ZkCluster`   an `HaCluster` (tests/ha/ha_harness.py: N `BrokerProcess`es on free loopback ports,
+              started, stopped, SIGSTOPped, asked for status like any HA cluster) with `ha.coordinator:
               zookeeper`. There is no public address: as with ActiveMQ or Artemis under ZooKeeper,
               clients list every broker and the backups refuse them, so the client lands on the
               primary (a listener shared by a stopped old primary and a new one could not be bound).
@@ -12,9 +13,7 @@ Every wait is a poll of a condition with a deadline (`wait_for`).
 """
 from __future__ import annotations
 
-import os
 import secrets
-import signal
 import threading
 import time
 from pathlib import Path
@@ -23,67 +22,31 @@ from typing import Any
 from proton import Message, Timeout
 from proton.handlers import MessagingHandler
 from proton.reactor import Container
-from proton.utils import BlockingConnection
 
+from ha_harness import HaCluster, connect
 from harness import BrokerProcess, wait_for
 
-from haqueue.admin import AdminClient, AdminError
 
-HA_USER = "ha"
+class ZkCluster(HaCluster):
+    state_timeout = 20.0
+    state_interval = 0.1
 
-
-class ZkCluster:
     def __init__(self, directory: Path, hosts: str, size: int = 3, session_timeout: float = 3.0,
                  path: str | None = None, weights: list[int] | None = None) -> None:
-        self.password = secrets.token_hex(8)
+        super().__init__(directory, size, public=False, ha_extra={"coordinator": "zookeeper"})
         self.path = path or f"/haqueue/{secrets.token_hex(4)}"
         self.session_timeout = session_timeout
-        self.brokers = [BrokerProcess(Path(directory) / f"b{i}", {"name": f"b{i}", "listen": ["127.0.0.1:0"]},
-                                      name=f"b{i}") for i in range(size)]
-        for i, b in enumerate(self.brokers):
-            b.config["ha"] = {"brokers": [x.address for x in self.brokers], "username": HA_USER,
-                              "password": self.password, "backup_timeout": 2.0, "coordinator": "zookeeper",
-                              "zookeeper": {"hosts": hosts, "path": self.path, "session_timeout": session_timeout,
-                                            "weight": (weights or [0] * size)[i]}}
-        self.stopped: set[str] = set()
-
-    def __getitem__(self, i: int) -> BrokerProcess:
-        return self.brokers[i]
+        for b, weight in zip(self.brokers, weights or [0] * size):
+            b.config["ha"]["zookeeper"] = {"hosts": hosts, "path": self.path, "session_timeout": session_timeout,
+                                           "weight": weight}
 
     @property
     def addresses(self) -> list[str]:
         return [b.address for b in self.brokers]
 
-    # -- processes ----------------------------------------------------------------------------
-    def start(self, *indices: int) -> None:
-        for i in indices or range(len(self.brokers)):
-            if not self.brokers[i].running:
-                self.brokers[i].start()
-
-    def sigstop(self, b: BrokerProcess) -> None:
-        os.kill(b.pid, signal.SIGSTOP)
-        self.stopped.add(b.name)
-
-    def sigcont(self, b: BrokerProcess) -> None:
-        os.kill(b.pid, signal.SIGCONT)
-        self.stopped.discard(b.name)
-
-    def shutdown(self) -> None:
-        for b in self.brokers:
-            if b.running and b.name in self.stopped:
-                os.kill(b.pid, signal.SIGCONT)
-        for b in self.brokers:
-            b.stop(timeout=5)
-
-    # -- admin --------------------------------------------------------------------------------
     def status(self, b: BrokerProcess, timeout: float = 2.0) -> dict[str, Any] | None:
         """The broker's `ha` status, or None if it does not answer."""
-        try:
-            with AdminClient(b.address, timeout, HA_USER, self.password) as client:
-                code, _, answer = client.request("READ", "ha")
-        except AdminError:
-            return None
-        return answer if code < 400 else None
+        return self.try_status(b, timeout)
 
     def primaries(self) -> list[BrokerProcess]:
         found = []
@@ -101,24 +64,10 @@ class ZkCluster:
             return found[0] if found else None
         return wait_for(one, timeout, interval=0.05, message="a primary elected through ZooKeeper")
 
-    def wait_state(self, b: BrokerProcess, role: str, state: str | None = None, timeout: float = 20.0) -> dict:
-        def ok() -> dict | None:
-            s = self.status(b)
-            return s if s and s["role"] == role and (state is None or s["state"] == state) else None
-        return wait_for(ok, timeout, interval=0.1, message=f"{b.name} {role} {state or ''}")
-
     def wait_ready_backups(self, primary: BrokerProcess, timeout: float = 20.0) -> None:
         for b in self.brokers:
             if b is not primary and b.running:
                 self.wait_state(b, "backup", "ready", timeout)
-
-    def log_tails(self, lines: int = 60) -> str:
-        return "\n".join(f"==== {b.name} {b.address} ====\n" + "\n".join(b.log().splitlines()[-lines:])
-                         for b in self.brokers)
-
-
-def connect(address: str, timeout: float = 5.0) -> BlockingConnection:
-    return BlockingConnection(f"amqp://{address}", timeout=timeout, reconnect=False, sasl_enabled=False)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -262,7 +211,7 @@ def drain(addresses: list[str], queue: str, expected: set[int], timeout: float =
     while not expected <= set(got) and time.monotonic() < deadline:
         for address in addresses:
             try:
-                conn = connect(address)
+                conn = connect(address, timeout=5.0)
             except Exception:  # noqa: BLE001 - a backup refuses, a dead broker does not answer
                 continue
             try:
