@@ -9,21 +9,9 @@ import time
 import pandas as pd
 import pytest
 
-from ha_harness import HaCluster, Load, run_haqueue, wait_for
+from ha_harness import Load, run_haqueue, wait_for
 
 pytestmark = pytest.mark.slow
-
-
-def best_backup(c: HaCluster, exclude=()):
-    """The running ready backup that has applied the most (what the supervisor would promote)."""
-    best, best_applied = None, -1
-    for b in c.brokers:
-        if b in exclude or not b.running:
-            continue
-        s = c.try_status(b)
-        if s and s["role"] == "backup" and s["state"] == "ready" and s["applied"] > best_applied:
-            best, best_applied = b, s["applied"]
-    return best
 
 
 def test_kill9_failover_audits_with_zero_loss(ha_cluster, tmp_path):
@@ -36,7 +24,7 @@ def test_kill9_failover_audits_with_zero_loss(ha_cluster, tmp_path):
         wait_for(lambda: load.confirmed_count() >= 300 and load.received_count() >= 100, 30,
                  message="traffic before the failover")
         c.kill(old)
-        new = wait_for(lambda: best_backup(c, exclude=[old]), 10, message="a ready backup")
+        new = wait_for(lambda: c.best_backup(exclude=[old]), 10, message="a ready backup")
         c.promote(new)
         old.start()
         base = load.confirmed_count()

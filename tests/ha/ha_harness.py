@@ -140,6 +140,17 @@ class HaCluster:
         except (AdminError, Refused):
             return None
 
+    def best_backup(self, exclude: Iterable[BrokerProcess] = ()) -> BrokerProcess | None:
+        """The running ready backup that has applied the most (what the supervisor would promote)."""
+        best, best_applied = None, -1
+        for b in self.brokers:
+            if b in exclude or not b.running:
+                continue
+            s = self.try_status(b)
+            if s and s["role"] == "backup" and s["state"] == "ready" and s["applied"] > best_applied:
+                best, best_applied = b, s["applied"]
+        return best
+
     def promote(self, b: BrokerProcess, force: bool = False) -> dict[str, Any]:
         answer = self.request(b, "PROMOTE", "ha", body={"force": force})
         wait_for(lambda: can_connect(*split_address(self.public)), 10, message=f"public address {self.public}")

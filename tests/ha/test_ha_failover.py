@@ -12,22 +12,10 @@ from proton import Message, Timeout
 from ha_harness import HaCluster, Load, connect, receive, send_all, wait_for
 
 
-def best_backup(c: HaCluster, exclude=()):
-    """The running ready backup that has applied the most (what the supervisor would promote)."""
-    best, best_applied = None, -1
-    for b in c.brokers:
-        if b in exclude or not b.running:
-            continue
-        s = c.try_status(b)
-        if s and s["role"] == "backup" and s["state"] == "ready" and s["applied"] > best_applied:
-            best, best_applied = b, s["applied"]
-    return best
-
-
 def fail_over(c: HaCluster, old) -> object:
     """kill -9 the primary, promote the most up-to-date ready backup, restart the old one as a backup."""
     c.kill(old)
-    new = wait_for(lambda: best_backup(c, exclude=[old]), 10, message="a ready backup")
+    new = wait_for(lambda: c.best_backup(exclude=[old]), 10, message="a ready backup")
     c.promote(new)
     old.start()
     return new
