@@ -337,7 +337,7 @@ class HaCluster(R.Broker):
 
 # ---------------------------------------------------------------- RabbitMQ 3-node cluster
 
-class RabbitCluster(R.Broker):
+class RabbitCluster(R.RabbitQueues, R.Broker):
     """Three rabbitmq-server nodes on this machine, joined; a durable quorum queue per run."""
 
     label = "RabbitMQ 3-node cluster, quorum queue"
@@ -408,33 +408,14 @@ class RabbitCluster(R.Broker):
         GROUPS[self.pid] = self.cpu_groups
         self.version = self.ctl(0, "version").stdout.strip()
         self.label = f"RabbitMQ {self.version} 3-node cluster, quorum queue"
-        deadline = time.monotonic() + 30
-        while not R.port_open(self.port):
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"RabbitMQ not listening on {self.port}")
-            time.sleep(0.5)
+        self.wait_listening()
         log(f"{self.label}: nodes {self.nodes}, beam pids {self.pids}, clients on port {self.port}")
 
     def cpu_groups(self) -> list:
         return [(f"node{i + 1}" + (" (clients)" if i == 0 else ""), p, True) for i, p in enumerate(self.pids)]
 
-    def _pika(self):
-        import pika
-        return pika.BlockingConnection(pika.ConnectionParameters(HOST, self.port, connection_attempts=3,
-                                                                 retry_delay=1, socket_timeout=10))
-
-    def address(self, queue: str) -> str:
-        return f"/amq/queue/{queue}"
-
     def prepare_queue(self, queue: str) -> None:
-        c = self._pika()
-        try:
-            ch = c.channel()
-            ch.queue_declare(queue, durable=True, arguments={"x-queue-type": "quorum",
-                                                             "x-quorum-initial-group-size": 3})
-            ch.queue_purge(queue)
-        finally:
-            c.close()
+        self.declare(queue, {"x-queue-type": "quorum", "x-quorum-initial-group-size": 3})
         try:
             out = self.ctl(0, "list_queues", "-q", "--no-table-headers", "name", "type", "leader", "members",
                            timeout=30, check=False).stdout
@@ -443,16 +424,6 @@ class RabbitCluster(R.Broker):
                     self.leaders.append(line.strip())
         except subprocess.TimeoutExpired:
             pass
-
-    def drop_queue(self, queue: str) -> None:
-        try:
-            c = self._pika()
-            try:
-                c.channel().queue_delete(queue)
-            finally:
-                c.close()
-        except Exception as e:  # best effort
-            log(f"could not delete queue {queue}: {e}")
 
     def alive(self) -> bool:
         return all(pid_alive(p) for p in self.pids)

@@ -342,7 +342,49 @@ class CommandBroker(Broker):
         shutil.rmtree(self.data_dir, ignore_errors=True)
 
 
-class RabbitBroker(Broker):
+class RabbitQueues:
+    """What every RabbitMQ set-up here shares: queues declared over AMQP 0-9-1 (pika), addressed as
+    /amq/queue/NAME over AMQP 1.0, on the node listening on self.port."""
+
+    port: int
+
+    def wait_listening(self, timeout: float = 30) -> None:
+        deadline = time.monotonic() + timeout
+        while not port_open(self.port):
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"RabbitMQ not listening on {self.port}")
+            time.sleep(0.5)
+
+    def _pika(self):
+        import pika  # pip install pika into the venv
+        return pika.BlockingConnection(pika.ConnectionParameters(HOST, self.port, connection_attempts=3,
+                                                                 retry_delay=1, socket_timeout=10))
+
+    def address(self, queue: str) -> str:
+        return f"/amq/queue/{queue}"
+
+    def declare(self, queue: str, arguments: dict) -> None:
+        """A durable queue of the given kind, emptied."""
+        c = self._pika()
+        try:
+            ch = c.channel()
+            ch.queue_declare(queue, durable=True, arguments=arguments)
+            ch.queue_purge(queue)
+        finally:
+            c.close()
+
+    def drop_queue(self, queue: str) -> None:
+        try:
+            c = self._pika()
+            try:
+                c.channel().queue_delete(queue)
+            finally:
+                c.close()
+        except Exception as e:  # best effort cleanup
+            log(f"could not delete queue {queue}: {e}")
+
+
+class RabbitBroker(RabbitQueues, Broker):
     """RabbitMQ 3.10 from Debian, AMQP 1.0 plugin, durable classic queue declared over 0-9-1 (pika)."""
 
     label = "RabbitMQ 3.10 classic"
@@ -409,39 +451,11 @@ class RabbitBroker(Broker):
             renice_tree(self.pid, NICE)
         self.version = self._ctl("version").stdout.strip()
         self.label = f"RabbitMQ {self.version} classic"
-        deadline = time.monotonic() + 30
-        while not port_open(self.port):
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"RabbitMQ not listening on {self.port}")
-            time.sleep(0.5)
+        self.wait_listening()
         log(f"RabbitMQ {self.version} running (beam pid {self.pid}, port {self.port})")
 
-    def _pika(self):
-        import pika  # pip install pika into the venv
-        return pika.BlockingConnection(pika.ConnectionParameters(HOST, self.port, connection_attempts=3,
-                                                                 retry_delay=1, socket_timeout=10))
-
-    def address(self, queue: str) -> str:
-        return f"/amq/queue/{queue}"
-
     def prepare_queue(self, queue: str) -> None:
-        c = self._pika()
-        try:
-            ch = c.channel()
-            ch.queue_declare(queue, durable=True, arguments={"x-queue-type": "classic"})
-            ch.queue_purge(queue)
-        finally:
-            c.close()
-
-    def drop_queue(self, queue: str) -> None:
-        try:
-            c = self._pika()
-            try:
-                c.channel().queue_delete(queue)
-            finally:
-                c.close()
-        except Exception as e:  # best effort cleanup
-            log(f"could not delete queue {queue}: {e}")
+        self.declare(queue, {"x-queue-type": "classic"})
 
     def describe_failure(self) -> str:
         return "RabbitMQ " + ("running" if self._running() else "NOT running")
