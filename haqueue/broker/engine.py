@@ -324,7 +324,7 @@ class Connection:
         header, rest = self.header[:8], self.header[8:]
         options = self.listener.options
         if header == SASL_HEADER and self.user is None:
-            self.sasl = SaslServer(self.listener.mechanisms(), self.engine.authenticate)
+            self.sasl = SaslServer(self.listener.mechanisms(self.engine.anonymous), self.engine.authenticate)
             self.phase = "sasl"
             self.write_plain(self.sasl.greeting())
             return self._before_amqp(rest) if rest else b""
@@ -508,12 +508,9 @@ class Connection:
 
 
 class Listener:
-    def __init__(self, options: ListenerConfig, tls_context: ssl.SSLContext | None,
-                 users: dict[str, str], anonymous: bool) -> None:
+    def __init__(self, options: ListenerConfig, tls_context: ssl.SSLContext | None) -> None:
         self.options = options
         self.tls_context = tls_context
-        self._users = users
-        self._anonymous = anonymous
         self.sock = socket.socket(socket.AF_INET6 if ":" in options.host else socket.AF_INET)
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
@@ -524,9 +521,10 @@ class Listener:
         self.sock.listen(1024)
         self.sock.setblocking(False)
 
-    def mechanisms(self) -> list[str]:
+    def mechanisms(self, anonymous: bool) -> list[str]:
+        """What this listener offers: PLAIN always, ANONYMOUS where the broker allows it and SASL is optional."""
         mechs = ["PLAIN"]
-        if self.options.sasl == "optional" and self._anonymous:
+        if self.options.sasl == "optional" and anonymous:
             mechs.append("ANONYMOUS")
         return mechs
 

@@ -79,7 +79,7 @@ class Broker:
         """Open a listener (at start, or later: HA binds the public address on promotion)."""
         if options.tls and self._tls is None:
             self._tls = self._tls_context()
-        listener = Listener(options, self._tls if options.tls else None, self.config.users, self.config.anonymous)
+        listener = Listener(options, self._tls if options.tls else None)
         self.engine.listen(listener)
         log.info("listening on %s:%s%s", options.host, options.port, " (TLS)" if options.tls else "")
 
