@@ -823,10 +823,11 @@ class Engine:
 
     def _on_outcome(self, link: Link, delivery: Any) -> None:
         """A consumer settled or gave an outcome for a message the broker sent."""
-        if not lib.pn_delivery_updated(delivery) and not lib.pn_delivery_settled(delivery):
+        settled = lib.pn_delivery_settled(delivery)
+        if not settled and not lib.pn_delivery_updated(delivery):
             return
         state = lib.pn_delivery_remote_state(delivery)
-        if not state and not lib.pn_delivery_settled(delivery):
+        if not state and not settled:
             return
         failed = undeliverable = False
         if state == MODIFIED:
