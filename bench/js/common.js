@@ -48,4 +48,28 @@ const BODY_TS = 0;
 const BODY_SEQ = 8;
 const BODY_MIN = 12;
 
-module.exports = { nowUs, parseArgs, emit, cpuUs, BODY_TS, BODY_SEQ, BODY_MIN };
+// Connect (SASL PLAIN only when a username is given) and fail the run on any error or on a
+// disconnect before it finished; `role` is 'sender' or 'receiver'.
+function connectWatched(container, opts, role, st, isFinished, finish, exitNow) {
+    for (const ev of ['connection_error', 'session_error', role + '_error', 'protocol_error', 'error']) {
+        container.on(ev, (ctx) => {
+            if (isFinished()) return;
+            const e = ctx.error || (ctx.connection && ctx.connection.error) || (ctx[role] && ctx[role].error);
+            st.errors.push(ev + ': ' + (e && (e.description || e.message || JSON.stringify(e))));
+            finish(1);
+        });
+    }
+    container.on('disconnected', (ctx) => {
+        if (!isFinished()) {
+            st.errors.push('disconnected: ' + (ctx.error ? (ctx.error.message || String(ctx.error)) : 'socket closed'));
+            finish(1);
+        } else {
+            exitNow();
+        }
+    });
+    const connOpts = { host: opts.host, port: opts.port, reconnect: false };
+    if (opts.username) { connOpts.username = opts.username; connOpts.password = opts.password; }
+    return container.connect(connOpts);
+}
+
+module.exports = { nowUs, parseArgs, emit, cpuUs, connectWatched, BODY_TS, BODY_SEQ, BODY_MIN };

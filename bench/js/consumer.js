@@ -7,7 +7,7 @@
 // message as receive time minus the send time the producer wrote into the body.
 // Exit 0 on success, 1 on error, 2 on timeout/stall.
 const rhea = require('rhea');
-const { nowUs, parseArgs, emit, cpuUs, BODY_TS, BODY_SEQ } = require('./common');
+const { nowUs, parseArgs, emit, cpuUs, BODY_TS, BODY_SEQ, connectWatched } = require('./common');
 
 const opts = parseArgs(process.argv.slice(2), {
     host: '127.0.0.1',
@@ -142,26 +142,7 @@ container.on('message', (ctx) => {
         setImmediate(() => finish(st.dup || st.badBody ? 1 : 0));
     }
 });
-for (const ev of ['connection_error', 'session_error', 'receiver_error', 'protocol_error', 'error']) {
-    container.on(ev, (ctx) => {
-        if (finished) return;
-        const e = ctx.error || (ctx.connection && ctx.connection.error) || (ctx.receiver && ctx.receiver.error);
-        st.errors.push(ev + ': ' + (e && (e.description || e.message || JSON.stringify(e))));
-        finish(1);
-    });
-}
-container.on('disconnected', (ctx) => {
-    if (!finished) {
-        st.errors.push('disconnected: ' + (ctx.error ? (ctx.error.message || String(ctx.error)) : 'socket closed'));
-        finish(1);
-    } else {
-        process.exit(exitCode);
-    }
-});
-
-const connOpts = { host: opts.host, port: opts.port, reconnect: false };
-if (opts.username) { connOpts.username = opts.username; connOpts.password = opts.password; }
-connection = container.connect(connOpts);
+connection = connectWatched(container, opts, 'receiver', st, () => finished, finish, () => process.exit(exitCode));
 connection.open_receiver({ source: { address: opts.address }, credit_window: opts.credit, autoaccept: true });
 
 // Stall watchdog: 4 checks a second, bounded by the hard timeout below.

@@ -7,7 +7,7 @@
 // the send time and sequence number into the body (see common.js).
 // Prints one JSON line with the result; exit 0 on success, 1 on error, 2 on timeout.
 const rhea = require('rhea');
-const { nowUs, parseArgs, emit, cpuUs, BODY_TS, BODY_SEQ, BODY_MIN } = require('./common');
+const { nowUs, parseArgs, emit, cpuUs, BODY_TS, BODY_SEQ, BODY_MIN, connectWatched } = require('./common');
 
 const opts = parseArgs(process.argv.slice(2), {
     host: '127.0.0.1',
@@ -148,26 +148,7 @@ container.on('settled', () => {
 });
 container.on('sender_open', (ctx) => { sender = ctx.sender; startPacing(); });
 container.on('connection_close', () => { if (finished) process.exit(exitCode); });
-for (const ev of ['connection_error', 'session_error', 'sender_error', 'protocol_error', 'error']) {
-    container.on(ev, (ctx) => {
-        if (finished) return;
-        const e = ctx.error || (ctx.connection && ctx.connection.error) || (ctx.sender && ctx.sender.error);
-        st.errors.push(ev + ': ' + (e && (e.description || e.message || JSON.stringify(e))));
-        finish(1);
-    });
-}
-container.on('disconnected', (ctx) => {
-    if (!finished) {
-        st.errors.push('disconnected: ' + (ctx.error ? (ctx.error.message || String(ctx.error)) : 'socket closed'));
-        finish(1);
-    } else {
-        process.exit(exitCode);
-    }
-});
-
-const connOpts = { host: opts.host, port: opts.port, reconnect: false };
-if (opts.username) { connOpts.username = opts.username; connOpts.password = opts.password; }
-connection = container.connect(connOpts);
+connection = connectWatched(container, opts, 'sender', st, () => finished, finish, () => process.exit(exitCode));
 connection.open_sender({ target: { address: opts.address } });
 
 setTimeout(() => { st.errors.push('timeout after ' + opts.timeout + ' s'); finish(2); }, opts.timeout * 1000).unref();
