@@ -132,7 +132,7 @@ class ZooKeeperCoordinator:
     def epoch_seen(self, epoch: int) -> None:
         """The cluster epoch in ZooKeeper: a primary behind it is a zombie; a backup refuses primaries behind it."""
         ha = self.ha
-        if epoch <= ha.epoch.epoch:
+        if epoch <= ha.epoch.epoch or epoch == self.worker.claiming:
             return
         if ha.role == PRIMARY:
             self.fence(f"ZooKeeper's epoch is {epoch}, this primary's {ha.epoch.epoch}")
@@ -192,6 +192,9 @@ class _Worker:
         self._leader_session: int | None = None  # set while we hold the primary node
         self._resign = False
         self._no_primary_since: float | None = None
+        # The epoch our transaction is raising ZooKeeper's to: its own watch event must not count as
+        # news of another primary (it would mark a brand-new winner as having had one, and it resigns).
+        self.claiming: int | None = None
         self._thread = threading.Thread(target=self._run, name="zookeeper", daemon=True)
 
     def _learn_granted_timeout(self) -> None:
@@ -392,9 +395,14 @@ class _Worker:
         transaction.create(self.primary_path, json.dumps({"name": self.name, "epoch": epoch}).encode(),
                            ephemeral=True)
         sent = time.monotonic()
+        self.claiming = epoch
         results = transaction.commit()
         if any(isinstance(r, Exception) for r in results):
             log.info("lost the election race at epoch %d: %s", epoch, results)
+            self.claiming = None
+            seen, _ = self._read_epoch()  # a watch event ignored meanwhile was someone else's
+            coordinator = self.coordinator
+            coordinator.call(lambda: coordinator.epoch_seen(seen))
             return
         self._leader_session = session
         self._no_primary_since = None

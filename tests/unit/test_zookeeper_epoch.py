@@ -1,0 +1,30 @@
+"""A broker's own election claim, seen back through ZooKeeper's epoch watch, is not news of another
+primary: a brand-new winner stays eligible (the race made a first election loop forever)."""
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+pytest.importorskip("kazoo")
+from haqueue.coord.zookeeper import ZooKeeperCoordinator  # noqa: E402
+from haqueue.ha.role import BACKUP, EpochStore  # noqa: E402
+
+
+def coordinator(tmp_path, claiming):
+    c = object.__new__(ZooKeeperCoordinator)  # the loop-side logic only: no ZooKeeper session
+    c.ha = SimpleNamespace(role=BACKUP, epoch=EpochStore(str(tmp_path)))
+    c.worker = SimpleNamespace(claiming=claiming)
+    return c
+
+
+def test_own_claim_does_not_mark_a_brand_new_broker(tmp_path):
+    c = coordinator(tmp_path, claiming=1)
+    c.epoch_seen(1)
+    assert (c.ha.epoch.epoch, c.ha.epoch.had_primary) == (0, False)
+
+
+def test_another_brokers_epoch_is_recorded(tmp_path):
+    c = coordinator(tmp_path, claiming=None)
+    c.epoch_seen(3)
+    assert (c.ha.epoch.epoch, c.ha.epoch.had_primary) == (3, True)
