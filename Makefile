@@ -27,7 +27,7 @@ apt:
 		apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends $$missing; \
 	fi
 
-$(VENV)/.installed: pyproject.toml | apt
+$(VENV)/.installed: pyproject.toml haqueue/audit/_lines.c | apt
 	test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/pip install -q -e '.[test,zk,spark]'
 	@# pip may reuse a wheel it cached from a build without the -dev packages: rebuild it then.

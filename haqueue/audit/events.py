@@ -1,28 +1,27 @@
 """The audit log: a broker plug-in that writes replication events as JSON lines (schema.py).
 
-The hot path only appends a small tuple to a list (the message's bytes by reference, the time,
-the seq). Every `flush_interval` the engine's timer takes the list and formats it into whole
-lines, a slice of records per event-loop pass so a busy broker's IO keeps flowing, appending
-each slice to the current file with one write. It runs on the engine's thread: a writer thread
-would fight the event loop for the GIL (measured: it cost twice the CPU). A crash loses at most
-the records not yet written; it cannot tear an earlier line, and a new process starts a new file,
-so a torn last line is never followed by more data.
+The hot path appends (time, seq, message bytes) to the queue's `QueueEvents` list for that kind of
+event, and returns. Every `flush_interval` the engine's timer turns every list into lines
+(lines.py) and appends them to the current file with one write. A change of context (a promotion,
+a newer epoch, a backup becoming ready for a queue or dropped) writes the lists first, through HA's
+context hooks, so every line carries the context its event happened in.
+
+It runs on the engine's thread: a writer thread would fight the event loop for the GIL (measured: it
+cost twice the CPU). A crash loses at most the records not yet written; it cannot tear an earlier
+line, and a new process starts a new file, so a torn last line is never followed by more data.
 """
 from __future__ import annotations
 
 import atexit
-import json
 import logging
-import os
-import re
 import time
-from json.encoder import encode_basestring  # the C encoder: a JSON string in a fraction of json.dumps' time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from ..broker.queue import Entry, Queue
 from ..config import AuditConfig
 from . import schema
-from .message_id import message_id
+from .lines import BACKUP_KINDS, PRIMARY_KINDS, Kind, LineFormatter, Records
+from .writer import Writer
 
 if TYPE_CHECKING:
     from ..broker.server import Broker
@@ -30,18 +29,37 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("haqueue.audit")
 
-# Kinds of buffered records; each has its own line template.
-_ENQUEUE, _COMPLETE, _DEQUEUE, _LIVE, _CATCHUP, _BACKUP_DEQUEUE, _MARK = range(7)
-_EVENT = {_ENQUEUE: schema.ENQUEUE, _COMPLETE: schema.COMPLETE, _DEQUEUE: schema.DEQUEUE,
-          _LIVE: schema.REPLICATE, _CATCHUP: schema.REPLICATE, _BACKUP_DEQUEUE: schema.DEQUEUE}
-_BACKUP_KINDS = (_LIVE, _CATCHUP, _BACKUP_DEQUEUE)
-SLICE = 2000  # records formatted per event-loop pass (a few ms)
-_now = time.time_ns
 MARK_INTERVAL_NS = 1_000_000_000  # see schema.MARK
+CHUNK = 512  # records formatted and written at once: ~110 kB of lines, small enough to reuse memory
+_now = time.time_ns
 
-# A record: (kind, time.time_ns(), queue, seq, message bytes, epoch, extra). extra: the ready backups
-# (complete), the primary's enqueue time in µs (live replicate) or the role (mark, which has no queue).
-Record = tuple[int, int, Any, int, bytes, int, Any]
+
+class QueueEvents:
+    """One logged queue's records since the last write, a flat list per kind (lines.Records). On a
+    primary (or standalone broker) it is the queue's observer; on a backup AuditLog.replicated fills
+    it. The lists live as long as the queue: young containers would cost every garbage collection."""
+
+    __slots__ = ("queue", "ids", "enqueues", "completes", "dequeues", "live", "catchup", "mirrored")
+
+    def __init__(self, queue: Queue) -> None:
+        self.queue = queue
+        self.ids: dict[int, bytes] = {}  # seq -> message id as JSON, between its first and last event
+        self.enqueues: Records = []
+        self.completes: Records = []
+        self.dequeues: Records = []
+        self.live: Records = []
+        self.catchup: Records = []
+        self.mirrored: Records = []
+
+    def enqueued(self, queue: Queue, entry: Entry) -> None:
+        self.enqueues.extend((_now(), entry.seq, entry.data))
+
+    def acquired(self, queue: Queue, entry: Entry) -> None:
+        pass
+
+    def dequeued(self, queue: Queue, entry: Entry) -> None:
+        if not queue.deleted:  # a deleted queue's purge is not a consume
+            self.dequeues.extend((_now(), entry.seq, entry.data))
 
 
 class AuditLog:
@@ -49,216 +67,90 @@ class AuditLog:
 
     def __init__(self, broker: "Broker", config: AuditConfig, ha: "HaBroker | None") -> None:
         self.ha = ha
-        self.pending: list[Record] = []
-        self._append = self.pending.append  # the list is emptied in place, never replaced
-        self.backlog: list[Record] = []  # taken from pending, being written a slice per pass
-        self.written = 0  # how much of the backlog is written
-        self.watched: set[Queue] = set()
-        self.engine = broker.engine
-        self.writer = Writer(config.dir, broker.name, config.max_bytes, ha is not None)
+        self.queues: dict[Queue, QueueEvents] = {}
+        self.lines = LineFormatter(broker.name)
+        self.writer = Writer(config.dir, broker.name, config.max_bytes)
+        self.primary_side = ha is None or ha.primary is not None  # what this broker logs: clients' doings
         for queue in broker.registry.queues():
             self._watch(queue)
         broker.registry.queue_hooks.append(self._watch)
         broker.completion_hooks.append(self.completed)
         if ha is not None:
             ha.replication_hooks.append(self.replicated)
-        self._mark()  # the run starts
+            ha.context_hooks.append(self.write)
+            ha.promotion_hooks.append(self.promoted)
+        self.last_mark = 0
+        self.write(mark=True)  # the run starts
         broker.engine.every(config.flush_interval, self.flush)
         atexit.register(self.close)
         log.info("audit events to %s", self.writer.directory)
+
+    @property
+    def role(self) -> str:
+        return schema.STANDALONE if self.ha is None else schema.PRIMARY if self.primary_side else schema.BACKUP
 
     # -- which queues --------------------------------------------------------------------------
     def _watch(self, queue: Queue) -> None:
         """Queues whose messages are replicated (all but temporary ones on a broker without HA)."""
         replicated = self.ha.policy.replicates_messages(queue) if self.ha is not None else not queue.temporary
         if replicated:
-            self.watched.add(queue)
-            queue.observers.append(self)
+            events = self.queues[queue] = QueueEvents(queue)
+            if self.primary_side:
+                queue.observers.append(events)
+
+    def promoted(self) -> None:
+        """From now on this broker logs what clients do (what it logged as a backup is written)."""
+        self.primary_side = True
+        for queue, events in self.queues.items():
+            queue.observers.append(events)
 
     # -- the hot path: append and return -------------------------------------------------------
-    # Each hook checks the role itself: a primary (or standalone) logs what clients do, a backup
-    # only what replication does (its queue observers also see the replicated enqueues).
-    def enqueued(self, queue: Queue, entry: Entry) -> None:
-        ha = self.ha
-        if ha is None:
-            self._append((_ENQUEUE, _now(), queue, entry.seq, entry.data, 0, None))
-        elif ha.primary is not None:
-            self._append((_ENQUEUE, _now(), queue, entry.seq, entry.data, ha.epoch.epoch, None))
-
-    def acquired(self, queue: Queue, entry: Entry) -> None:
-        pass
-
-    def dequeued(self, queue: Queue, entry: Entry) -> None:
-        if queue.deleted:  # a deleted queue's purge is not a consume
-            return
-        ha = self.ha
-        if ha is None:
-            self._append((_DEQUEUE, _now(), queue, entry.seq, entry.data, 0, None))
-        elif ha.primary is not None:
-            self._append((_DEQUEUE, _now(), queue, entry.seq, entry.data, ha.epoch.epoch, None))
-
     def completed(self, queue: Queue, entry: Entry) -> None:
-        if queue not in self.watched:
-            return
-        ha = self.ha
-        if ha is None:
-            self._append((_COMPLETE, _now(), queue, entry.seq, entry.data, 0, ()))
-        elif ha.primary is not None:
-            # The backups caught up with this queue now. A subscription leaves queue.observers
-            # before it releases its holds, so a backup being dropped is not named.
-            ready = tuple([o.backup.name for o in queue.observers if getattr(o, "caught_up", False)])
-            self._append((_COMPLETE, _now(), queue, entry.seq, entry.data, ha.epoch.epoch, ready))
+        events = self.queues.get(queue)
+        if events is not None:
+            events.completes.extend((_now(), entry.seq, entry.data))
 
     def replicated(self, queue: Queue, kind: bytes, seq: int, enqueued_us: int, data: bytes) -> None:
         """The HA replication hook, on a backup."""
-        assert self.ha is not None
+        events = self.queues.get(queue)
+        if events is None:
+            return
         if kind == b"E":
-            self._append((_LIVE, _now(), queue, seq, data, self.ha.epoch.epoch, enqueued_us))
+            events.live.extend((_now(), seq, data, enqueued_us))
         elif kind == b"C":
-            self._append((_CATCHUP, _now(), queue, seq, data, self.ha.epoch.epoch, None))
+            events.catchup.extend((_now(), seq, data))
         else:
-            self._append((_BACKUP_DEQUEUE, _now(), queue, seq, data, self.ha.epoch.epoch, None))
+            events.mirrored.extend((_now(), seq, data))
 
     # -- off the hot path ----------------------------------------------------------------------
-    def _mark(self) -> None:
-        ha = self.ha
-        role = schema.STANDALONE if ha is None else schema.PRIMARY if ha.primary is not None else schema.BACKUP
-        now = _now()
-        self._append((_MARK, now, None, 0, b"", ha.epoch.epoch if ha is not None else 0, role))
-        self.last_mark = now
-
     def flush(self) -> None:
-        """The engine's timer: start writing what was buffered."""
-        if _now() - self.last_mark >= MARK_INTERVAL_NS:
-            self._mark()
-        if self.pending and not self.backlog:
-            self.backlog = self.pending.copy()
-            self.pending.clear()
-            self._write_slice()
-        self.watched = {q for q in self.watched if not q.deleted}
+        """The engine's timer."""
+        self.write(mark=_now() - self.last_mark >= MARK_INTERVAL_NS)
+        for queue in [q for q in self.queues if q.deleted]:  # its last records are written
+            del self.queues[queue]
 
-    def _write_slice(self) -> None:
-        start = self.written
-        self.writer.write(self.backlog[start:start + SLICE])
-        self.written = start + SLICE
-        if self.written < len(self.backlog):
-            self.engine.call_later(0, self._write_slice)  # the rest after this pass's IO
-        else:
-            self.backlog, self.written = [], 0
+    def write(self, mark: bool = False) -> None:
+        """Write every list's records under the current context (and a mark: the log is complete up to now)."""
+        ha = self.ha
+        epoch = ha.epoch.epoch if ha is not None else 0
+        role, lines = self.role, self.lines
+        chunks = []
+        for queue, events in self.queues.items():
+            for kind in PRIMARY_KINDS if self.primary_side else BACKUP_KINDS:
+                records = getattr(events, kind.records)
+                if records:
+                    backups = ha.ready_backups(queue) if ha is not None and kind is Kind.COMPLETE else ()
+                    parts = lines.parts(kind, role, epoch, queue.name, queue.uid, backups)
+                    step = CHUNK * kind.stride
+                    for start in range(0, len(records), step):
+                        chunks.append(lines.format(kind, parts, records[start:start + step], events.ids))
+                    records.clear()
+        if mark:
+            self.last_mark = _now()
+            chunks.append(lines.mark(self.last_mark, role, epoch))
+        self.writer.write(chunks)
 
     def close(self) -> None:
-        """At exit: write everything left, and a mark (the log is complete up to now)."""
-        self._mark()
-        self.writer.write(self.backlog[self.written:] + self.pending)
-        self.backlog, self.written = [], 0
-        self.pending.clear()
+        """At exit: write everything left, and a mark."""
+        self.write(mark=True)
         self.writer.close()
-
-
-class Writer:
-    """Formats records into JSON lines and appends them to size-rotated files.
-
-    Files are `<dir>/<broker>-<part>.jsonl`; each process starts a new part, so a file never holds two runs.
-    """
-
-    def __init__(self, directory: str, broker: str, max_bytes: int, ha: bool) -> None:
-        self.directory = os.path.abspath(directory)
-        os.makedirs(self.directory, exist_ok=True)
-        self.broker_json = json.dumps(broker)
-        self.prefix = re.sub(r"[^A-Za-z0-9_.-]", "_", broker)  # a file name, whatever the broker's name
-        self.max_bytes = max_bytes
-        self.ha = ha
-        self.run = int(time.time() * 1e6)
-        self.n = 0
-        self.part = self._last_part()
-        self.file: Any = None
-        self.size = 0
-        self._templates: dict[tuple[int, Queue, int], str] = {}
-        self._backups: dict[tuple[str, ...], str] = {}  # a complete's ready backups -> the end of its line
-        # message bytes -> id as JSON, for this slice and the one before: a message's events are
-        # usually close together, so its id is read once, not once per event
-        self._ids: dict[bytes, str] = {}
-
-    def _last_part(self) -> int:
-        pattern = re.compile(re.escape(self.prefix) + r"-(\d+)\.jsonl$")
-        parts = [int(m.group(1)) for m in map(pattern.match, os.listdir(self.directory)) if m]
-        return max(parts, default=0)
-
-    def write(self, records: list[Record]) -> None:
-        if not records:
-            return
-        try:
-            if self.file is None:
-                self.part += 1
-                self.file = open(os.path.join(self.directory, f"{self.prefix}-{self.part:06d}.jsonl"), "ab")
-                self.size = 0
-            data = self.format(records)
-            self.file.write(data)  # whole lines only
-            self.file.flush()
-            self.size += len(data)
-            if self.size >= self.max_bytes:
-                self.close()
-        except OSError as e:  # a full disk must not stop the broker; the gap shows in the audit
-            log.error("audit: cannot write %d events to %s: %s", len(records), self.directory, e)
-
-    def close(self) -> None:
-        if self.file is not None:
-            self.file.close()
-            self.file = None
-
-    def format(self, records: list[Record]) -> bytes:
-        lines: list[str] = []
-        append = lines.append
-        previous, ids = self._ids, {}
-        templates, backups = self._templates, self._backups
-        mark, complete, live = _MARK, _COMPLETE, _LIVE
-        n = self.n
-        for kind, t, queue, seq, data, epoch, extra in records:
-            n += 1
-            if kind == mark:
-                append(f'{{"t":{t // 1000},"event":"mark","broker":{self.broker_json},"role":"{extra}",'
-                       f'"epoch":{epoch},"run":{self.run},"n":{n}}}\n')
-                continue
-            mid = ids.get(data)
-            if mid is None:
-                mid = ids[data] = previous.get(data) or _json_id(message_id(data))
-            line = (templates.get((kind, queue, epoch)) or self._template(kind, queue, epoch)) % (t // 1000, n, seq, mid)
-            if kind == complete:
-                line += backups.get(extra) or self._backups_tail(extra)
-            elif kind == live:
-                line += f',"mode":"live","enqueued":{extra}}}\n'
-            append(line)
-        self.n = n
-        self._ids = ids
-        return "".join(lines).encode()
-
-    def _backups_tail(self, backups: tuple[str, ...]) -> str:
-        tail = self._backups[backups] = f',"backups":{json.dumps(backups)}}}\n'
-        return tail
-
-    def _template(self, kind: int, queue: Queue, epoch: int) -> str:
-        role = schema.STANDALONE if not self.ha else schema.BACKUP if kind in _BACKUP_KINDS else schema.PRIMARY
-        head = (f'{{"t":%d,"event":"{_EVENT[kind]}","broker":{_escape(self.broker_json)},"role":"{role}",'
-                f'"epoch":{epoch},"run":{self.run},"n":%d,"queue":{_json(queue.name)},"uid":{_json(queue.uid)},'
-                f'"seq":%d,"message_id":%s')
-        tail = {_COMPLETE: "", _LIVE: "", _CATCHUP: ',"mode":"catchup","enqueued":0}\n'}.get(kind, "}\n")
-        template = head + tail
-        self._templates[(kind, queue, epoch)] = template
-        return template
-
-
-def _escape(text: str) -> str:
-    return text.replace("%", "%%")  # it goes into a %-template
-
-
-def _json(text: str) -> str:
-    return _escape(json.dumps(text))
-
-
-def _json_id(value: Any) -> str:
-    """A message id as a JSON string: text as is, numbers in decimal, UUIDs in their usual form, binary in hex."""
-    if value is None:
-        return "null"
-    if isinstance(value, (bytes, bytearray)):
-        value = value.hex()
-    return encode_basestring(value if isinstance(value, str) else str(value))

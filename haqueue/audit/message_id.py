@@ -31,7 +31,7 @@ def message_id(data: bytes) -> Any:
             if code > PROPERTIES:  # past the properties: there are none
                 return None
             pos = skip(data, pos + 3)
-    except (IndexError, struct.error, MalformedMessage):
+    except (IndexError, ValueError, struct.error, MalformedMessage):  # cut short, or not UTF-8
         pass
     return None
 

@@ -137,7 +137,7 @@ class ZooKeeperCoordinator:
         if ha.role == PRIMARY:
             self.fence(f"ZooKeeper's epoch is {epoch}, this primary's {ha.epoch.epoch}")
         else:
-            ha.epoch.raise_to(epoch)
+            ha.raise_epoch(epoch)
 
     def _admin_promote(self, name: str | None, body: dict[str, Any]) -> tuple[int, Any]:
         if self.ha.role == PRIMARY:

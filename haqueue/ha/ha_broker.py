@@ -41,6 +41,10 @@ class HaBroker:
         # Called on a backup with (queue, kind, seq, primary enqueue time in µs, message bytes) for each
         # message applied: ENQUEUE and CATCHUP as received, DEQUEUE once per message removed (the audit log).
         self.replication_hooks: list[Callable[[Queue, bytes, int, int, bytes], None]] = []
+        # Called just before the epoch, the role or the backups ready for a queue change (the audit log
+        # writes what it buffered under the old ones); promotion hooks once this broker is the primary.
+        self.context_hooks: list[Callable[[], None]] = []
+        self.promotion_hooks: list[Callable[[], None]] = []
         self.public_listener_bound = False
         self.status_hooks: list[Callable[[dict[str, Any]], None]] = []  # a coordinator adds its fields
         broker.config.users.setdefault(config.username, config.password)
@@ -99,14 +103,30 @@ class HaBroker:
                     if state == READY and name != self.broker.name}
         self.backup.stop()
         # Above every epoch seen, ours or a peer's, so no two primaries ever share one.
-        self.epoch.raise_to(max(self.epoch.epoch, self.backup.max_peer_epoch) + 1 if epoch is None else epoch)
+        self.raise_epoch(max(self.epoch.epoch, self.backup.max_peer_epoch) + 1 if epoch is None else epoch)
         floor = self.epoch.epoch << EPOCH_SEQ_SHIFT
         for queue in self.broker.registry.queues():
             queue.next_seq = max(queue.next_seq, floor)
         self.primary = Primary(self, expected)
         log.info("%s promoted to primary, epoch %d", self.broker.name, self.epoch.epoch)
+        for hook in self.promotion_hooks:
+            hook()
         self._bind_public()
         return self.status()
+
+    def raise_epoch(self, epoch: int) -> None:
+        """This broker has seen `epoch` (persisted); a newer one than it had changes its context."""
+        if epoch > self.epoch.epoch:
+            self.context_changing()
+        self.epoch.raise_to(epoch)
+
+    def context_changing(self) -> None:
+        for hook in self.context_hooks:
+            hook()
+
+    def ready_backups(self, queue: Queue) -> tuple[str, ...]:
+        """The backups whose replication of `queue` has caught up (none on a backup)."""
+        return self.primary.ready_backups(queue) if self.primary is not None else ()
 
     def _not_brand_new(self) -> str | None:
         """Why this is not a brand-new cluster, where a joining broker may be promoted; None if it is."""

@@ -182,6 +182,11 @@ class Primary:
     def members(self) -> dict[str, str]:
         return {name: backup.state for name, backup in self.backups.items()}
 
+    def ready_backups(self, queue: Queue) -> tuple[str, ...]:
+        return tuple(sorted(name for name, backup in self.backups.items()
+                            if (sub := backup.subscriptions.get(queue.name)) is not None
+                            and sub.caught_up and sub.queue is queue))
+
     def membership_changed(self) -> None:
         for name, guard in list(self.expected.items()):
             backup = self.backups.get(name)

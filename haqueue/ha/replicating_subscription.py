@@ -175,6 +175,7 @@ class ReplicatingSubscription(LinkHandler):
             if completion is not None:
                 completion.release()
         elif self.marker_sent and not self.caught_up and delivery == self.marker:
+            self.backup.primary.ha.context_changing()
             self.caught_up = True
             self.backup.changed()
 
@@ -195,6 +196,8 @@ class ReplicatingSubscription(LinkHandler):
     def close(self) -> None:
         if self.closed:
             return
+        if self.caught_up:
+            self.backup.primary.ha.context_changing()
         self.closed = True
         queue = self.queue
         if self in queue.guards:

@@ -3,6 +3,7 @@ section, and a real standalone broker writing its events."""
 from __future__ import annotations
 
 import json
+import random
 import uuid
 from pathlib import Path
 
@@ -12,9 +13,9 @@ from proton.reactor import AtMostOnce
 from proton.utils import BlockingConnection
 
 from haqueue.audit import schema
-from haqueue.audit.events import Writer, _COMPLETE, _DEQUEUE, _ENQUEUE, _LIVE, _MARK
+from haqueue.audit.lines import Kind, LineFormatter, json_id, message_ids
 from haqueue.audit.message_id import message_id
-from haqueue.broker.queue import Queue
+from haqueue.audit.writer import Writer
 from haqueue.cli import main
 from haqueue.config import ConfigError, load_config
 
@@ -33,14 +34,35 @@ def check_schema(event: dict) -> None:
     assert set(event) <= set(schema.FIELDS), event
 
 
+def json_message_id(data: bytes) -> bytes:
+    return message_ids([0, 1, data], 3)[0]
+
+
 @pytest.mark.parametrize("mid, text", [("order-17", "order-17"), (12345, "12345"),
                                         (uuid.UUID(int=7), "00000000-0000-0000-0000-000000000007"),
                                         (b"\x01\xff", "01ff"), (None, None)])
 def test_message_id_read_from_the_encoded_message(mid, text):
-    from haqueue.audit.events import _json_id
+    for data in (encoded(id=mid, durable=True, ttl=5), encoded(id=mid)):  # with and without a header
+        assert json.loads(json_message_id(data)) == text
 
-    data = encoded(id=mid, durable=True, ttl=5)
-    assert json.loads(_json_id(message_id(data))) == text
+
+@pytest.mark.parametrize("mid", ['say "hi"', "back\\slash", "tab\t", "caf\u00e9", "x" * 300, ""])
+def test_message_ids_that_need_escaping_are_read_in_full(mid):
+    assert json.loads(json_message_id(encoded(id=mid, durable=True))) == mid
+
+
+def test_message_ids_of_cut_and_damaged_messages_agree_with_the_full_reader():
+    """The C reader of the usual layout either gives the id the Python reader gives, or leaves it to it."""
+    rng = random.Random(7)
+    data = encoded(id="order-17", durable=True, correlation_id="c-1")
+    samples = [data[:end] for end in range(len(data))]
+    for _ in range(20000):
+        damaged = bytearray(data[:rng.randrange(4, 40)])
+        for _ in range(rng.randrange(1, 4)):
+            damaged[rng.randrange(len(damaged))] = rng.randrange(256)
+        samples.append(bytes(damaged))
+    for sample in samples:
+        assert json_message_id(sample) == json_id(message_id(sample)).encode(), sample
 
 
 def test_message_id_of_bytes_that_are_not_a_message_is_none():
@@ -49,37 +71,55 @@ def test_message_id_of_bytes_that_are_not_a_message_is_none():
     assert message_id(b"\x00\x53\x77\xa1\x02hi") is None  # a body and no properties
 
 
-def queue(name: str = "q") -> Queue:
-    return Queue(name, {}, uid=f"uid-{name}", schedule=lambda q: None)
+def lines_of(f: LineFormatter, kind: Kind, records: list, ids: dict | None = None, role: str = "primary",
+             backups: tuple[str, ...] = ()) -> bytes:
+    parts = f.parts(kind, role, 3, 'q"%d', 'uid-q"%d', backups)  # names JSON must escape
+    return f.format(kind, parts, [item for record in records for item in record], {} if ids is None else ids)
 
 
-def test_lines_follow_the_schema(tmp_path):
-    w = Writer(str(tmp_path), 'b"1%s', 1 << 20, ha=True)  # a name JSON and %-formatting must both escape
-    q = queue('q"%d')
-    data = encoded(id="m-1")
-    lines = w.format([(_ENQUEUE, 1_500_000_000, q, 7, data, 3, None),
-                      (_COMPLETE, 1_500_100_000, q, 7, data, 3, ("b2", "b3")),
-                      (_LIVE, 1_600_000_000, q, 8, data, 3, 1_400_000),
-                      (_DEQUEUE, 1_700_000_000, q, 7, data, 3, None),
-                      (_MARK, 2_000_000_000, None, 0, b"", 3, schema.BACKUP)]).decode().splitlines()
-    events = [json.loads(line) for line in lines]
+def test_lines_follow_the_schema():
+    f = LineFormatter('b"1%s')
+    data, other = encoded(id="m-1"), encoded(id=7)
+    ids: dict = {}
+    text = b"".join([lines_of(f, Kind.ENQUEUE, [(1_500_000_000, 7, data), (1_500_000_999, 8, other)], ids),
+                     lines_of(f, Kind.COMPLETE, [(1_500_100_000, 7, data)], ids, backups=("b2", "b3")),
+                     lines_of(f, Kind.DEQUEUE, [(1_700_000_000, 7, data)], ids),
+                     lines_of(f, Kind.LIVE, [(1_600_000_000, 9, data, 1_400_000)], role="backup"),
+                     lines_of(f, Kind.CATCHUP, [(1_600_000_000, 10, other)], role="backup"),
+                     f.mark(2_000_000_000, schema.BACKUP, 3)])
+    events = [json.loads(line) for line in text.decode().splitlines()]
     for event in events:
         check_schema(event)
-    assert [e["event"] for e in events] == ["enqueue", "complete", "replicate", "dequeue", "mark"]
-    assert [e["n"] for e in events] == [1, 2, 3, 4, 5]
+    assert [e["event"] for e in events] == ["enqueue", "enqueue", "complete", "dequeue", "replicate", "replicate",
+                                            "mark"]
+    assert [e["n"] for e in events] == list(range(1, 8))
     assert events[0] == {"t": 1_500_000, "event": "enqueue", "broker": 'b"1%s', "role": "primary", "epoch": 3,
-                         "run": w.run, "n": 1, "queue": 'q"%d', "uid": "uid-q\"%d", "seq": 7, "message_id": "m-1"}
-    assert events[1]["backups"] == ["b2", "b3"]
-    assert (events[2]["role"], events[2]["mode"], events[2]["enqueued"]) == ("backup", "live", 1_400_000)
-    assert events[4]["role"] == "backup" and "seq" not in events[4]
-    w.close()
+                         "run": f.run, "n": 1, "queue": 'q"%d', "uid": 'uid-q"%d', "seq": 7, "message_id": "m-1"}
+    assert [e["message_id"] for e in events[:6]] == ["m-1", "7", "m-1", "m-1", "m-1", "7"]
+    assert events[2]["backups"] == ["b2", "b3"]
+    assert (events[4]["role"], events[4]["mode"], events[4]["enqueued"]) == ("backup", "live", 1_400_000)
+    assert (events[5]["mode"], events[5]["enqueued"]) == ("catchup", 0)
+    assert events[6]["role"] == "backup" and "seq" not in events[6]
+    assert list(ids) == [8]  # the dequeue was 7's last event: its id is forgotten
+
+
+def test_ids_not_remembered_are_read_again():
+    f = LineFormatter("b0")
+    ids = {2: b'"two"'}
+    text = lines_of(f, Kind.DEQUEUE, [(10**9, seq, encoded(id=f"late-{seq}")) for seq in (1, 2, 3)], ids)
+    assert [json.loads(line)["message_id"] for line in text.splitlines()] == ["late-1", "two", "late-3"]
+    assert ids == {}
+
+
+def enqueues(f: LineFormatter, first_seq: int, count: int) -> bytes:
+    return lines_of(f, Kind.ENQUEUE, [(10**9, seq, encoded(id=f"m-{seq}")) for seq in range(first_seq, first_seq + count)])
 
 
 def test_files_rotate_by_size_and_a_new_run_starts_a_new_file(tmp_path):
-    q = queue()
-    w = Writer(str(tmp_path), "b0", 4096, ha=False)
+    f = LineFormatter("b0")
+    w = Writer(str(tmp_path), "b0", 4096)
     for i in range(10):  # ten batches of about 1.9 kB each
-        w.write([(_ENQUEUE, (1 + i) * 10**9, q, i * 10 + j, encoded(id=f"m-{i}-{j}"), 0, None) for j in range(10)])
+        w.write([enqueues(f, i * 10, 10)])
     w.close()
     files = sorted(tmp_path.iterdir())
     assert [p.name for p in files] == [f"b0-{k:06d}.jsonl" for k in range(1, len(files) + 1)]
@@ -87,22 +127,22 @@ def test_files_rotate_by_size_and_a_new_run_starts_a_new_file(tmp_path):
     assert len(sizes) >= 3 and min(sizes[:-1]) >= 4096 and max(sizes) < 4096 + 2000  # closed past 4096 bytes
     assert [e["seq"] for e in read_lines(tmp_path)] == [i * 10 + j for i in range(10) for j in range(10)]
 
-    w2 = Writer(str(tmp_path), "b0", 4096, ha=False)
-    w2.write([(_ENQUEUE, 20 * 10**9, q, 1000, encoded(), 0, None)])
+    w2 = Writer(str(tmp_path), "b0", 4096)
+    w2.write([enqueues(f, 1000, 1)])
     w2.close()
     assert sorted(p.name for p in tmp_path.iterdir())[-1] == f"b0-{len(files) + 1:06d}.jsonl"
 
 
 def test_a_torn_last_line_is_never_followed_by_more_data(tmp_path):
     """What a kill -9 in the middle of a write leaves: the next process writes a new file."""
-    q = queue()
-    w = Writer(str(tmp_path), "b0", 1 << 20, ha=False)
-    w.write([(_ENQUEUE, 10**9, q, 1, encoded(), 0, None)])
+    f = LineFormatter("b0")
+    w = Writer(str(tmp_path), "b0", 1 << 20)
+    w.write([enqueues(f, 1, 1)])
     w.close()
     first = tmp_path / "b0-000001.jsonl"
     first.write_bytes(first.read_bytes() + b'{"t":2000000,"event":"enq')  # torn
-    w2 = Writer(str(tmp_path), "b0", 1 << 20, ha=False)
-    w2.write([(_ENQUEUE, 3 * 10**9, q, 2, encoded(), 0, None)])
+    w2 = Writer(str(tmp_path), "b0", 1 << 20)
+    w2.write([enqueues(f, 2, 1)])
     w2.close()
     assert first.read_bytes().endswith(b'"event":"enq')
     assert [json.loads(line)["seq"] for line in (tmp_path / "b0-000002.jsonl").read_text().splitlines()] == [2]

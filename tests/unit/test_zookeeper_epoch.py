@@ -13,7 +13,8 @@ from haqueue.ha.role import BACKUP, EpochStore  # noqa: E402
 
 def coordinator(tmp_path, claiming):
     c = object.__new__(ZooKeeperCoordinator)  # the loop-side logic only: no ZooKeeper session
-    c.ha = SimpleNamespace(role=BACKUP, epoch=EpochStore(str(tmp_path)))
+    epoch = EpochStore(str(tmp_path))
+    c.ha = SimpleNamespace(role=BACKUP, epoch=epoch, raise_epoch=epoch.raise_to)
     c.worker = SimpleNamespace(claiming=claiming)
     return c
 
