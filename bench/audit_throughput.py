@@ -1,14 +1,15 @@
 #!/usr/bin/env python3
 """What writing audit events costs in throughput: the same broker set-up with and without
 `audit: {dir: ...}`, driven at saturation by bench/run.py's rhea producer and consumer (100-byte
-bodies, at-least-once), in alternating rounds so that a machine whose speed drifts (this one's
-does, by ±15 % over minutes) treats both alike.
+bodies, at-least-once).
 
-Each round starts the plain set-up, runs --runs saturation runs, stops it, then does the same with
-audit events on. Reported: median msg/s and broker CPU per message of each, the cost (1 - audit /
-plain, of the medians), and the audit lines written per message (checks every event was logged).
+Both set-ups run side by side (the idle one costs nothing); each round is one saturation run on
+each, in the order plain, audit, then audit, plain in the next round, so that a machine whose speed
+drifts (this one's does, by ±15 % within minutes) treats both alike. Reported: the median of the
+rounds' cost (1 - audit msg/s / plain msg/s of the round), median msg/s and broker CPU per message
+of each set-up, and the audit lines written per message (checks that every event was logged).
 
-    .venv/bin/python bench/audit_throughput.py [--setup standalone|cluster] [--rounds 4] [--runs 2]
+    .venv/bin/python bench/audit_throughput.py [--setup standalone|cluster] [--rounds 8]
 """
 from __future__ import annotations
 
@@ -47,44 +48,42 @@ def audit_lines(broker: run.CommandBroker) -> int:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--setup", choices=("standalone", "cluster"), default="standalone")
-    ap.add_argument("--rounds", type=int, default=4)
-    ap.add_argument("--runs", type=int, default=2, help="saturation runs per set-up and round")
+    ap.add_argument("--rounds", type=int, default=8)
     ap.add_argument("--messages", type=int, default=200_000)
     args = ap.parse_args()
     opts = SimpleNamespace(inflight=1000, credit=1000, durable=False)
     results: dict[bool, list[dict]] = {False: [], True: []}
-    lines_per_message: list[float] = []
-    for round_ in range(args.rounds):
-        for audit in (False, True):
-            broker = start(args.setup, audit)
-            try:
-                for _ in range(args.runs):
-                    r = run.saturation(broker, 100, args.messages, opts)
-                    if "error" in r:
-                        raise SystemExit(f"{broker.label}: {r['error']}")
-                    run.log(f"round {round_ + 1} {broker.label}: {r['msgs_per_s']:.0f} msg/s, "
-                            f"{r['broker_cpu_us_per_msg']:.1f} µs/msg, other load {r['other_load_cores']:.2f}")
-                    results[audit].append(r)
-            finally:
-                lines = audit_lines(broker) if audit else 0
-                messages = args.runs * (args.messages + min(max(args.messages // 10, 2000), 20000))  # + warm-ups
-                broker.stop()
-            if audit:
-                lines_per_message.append(lines / messages)
+    brokers = {False: start(args.setup, False)}
+    try:
+        brokers[True] = start(args.setup, True)
+        for round_ in range(args.rounds):
+            for audit in (False, True) if round_ % 2 == 0 else (True, False):
+                r = run.saturation(brokers[audit], 100, args.messages, opts)
+                if "error" in r:
+                    raise SystemExit(f"{brokers[audit].label}: {r['error']}")
+                run.log(f"round {round_ + 1} {brokers[audit].label}: {r['msgs_per_s']:.0f} msg/s, "
+                        f"{r['broker_cpu_us_per_msg']:.1f} µs/msg ({r['broker_sys_us_per_msg']:.1f} sys), other load {r['other_load_cores']:.2f}")
+                results[audit].append(r)
+        warm = min(max(args.messages // 10, 2000), 20000)
+        lines_per_message = audit_lines(brokers[True]) / (args.rounds * (args.messages + warm))
+    finally:
+        for broker in brokers.values():
+            broker.stop()
 
     def median(audit: bool, key: str) -> float:
         return statistics.median(r[key] for r in results[audit])
 
-    plain, audited = median(False, "msgs_per_s"), median(True, "msgs_per_s")
-    print(f"| setup | msg/s plain | msg/s + audit | cost | broker CPU µs/msg plain | + audit | audit lines/msg |")
-    print(f"|---|---|---|---|---|---|---|")
-    print(f"| {args.setup} | {plain:.0f} | {audited:.0f} | {1 - audited / plain:.1%} | "
-          f"{median(False, 'broker_cpu_us_per_msg'):.1f} | {median(True, 'broker_cpu_us_per_msg'):.1f} | "
-          f"{statistics.median(lines_per_message):.2f} |")
+    costs = [1 - a["msgs_per_s"] / p["msgs_per_s"] for p, a in zip(results[False], results[True])]
+    print("| setup | cost (median of rounds) | msg/s plain | msg/s + audit | broker CPU µs/msg plain | + audit "
+          "| audit lines/msg |")
+    print("|---|---|---|---|---|---|---|")
+    print(f"| {args.setup} | {statistics.median(costs):.1%} | {median(False, 'msgs_per_s'):.0f} | "
+          f"{median(True, 'msgs_per_s'):.0f} | {median(False, 'broker_cpu_us_per_msg'):.1f} | "
+          f"{median(True, 'broker_cpu_us_per_msg'):.1f} | {lines_per_message:.2f} |")
+    print("rounds' cost:", " ".join(f"{c:.1%}" for c in costs))
     for audit in (False, True):
-        print(f"{'+ audit' if audit else 'plain'} runs, msg/s:",
-              " ".join(f"{r['msgs_per_s']:.0f}" for r in results[audit]),
-              "| other load ≤", f"{max(r['other_load_cores'] for r in results[audit]):.2f} cores")
+        print(f"{'+ audit' if audit else 'plain'} msg/s:", " ".join(f"{r['msgs_per_s']:.0f}" for r in results[audit]),
+              f"| other load ≤ {max(r['other_load_cores'] for r in results[audit]):.2f} cores")
     return 0
 
 

@@ -1,13 +1,14 @@
-/* The audit log's per-record work (lines.py): message ids read from the encoded messages, and a
- * batch of records written out as JSON lines in one pass.
+/* The audit log's per-record work (lines.py): a batch of records written out as JSON lines, with
+ * each message's id read from its encoded bytes.
  *
  * In CPython a line costs about 0.6 us (three integers to text and a template filled in) and an id
  * 0.45 us; at three lines per message that is a quarter of what the broker spends on a message.
- * Here both cost a fraction of that. Only the usual message layout is read here, with every
- * offset checked against the length; the caller reads any other in Python (message_id.py).
+ * Here both cost a fraction of that. Only the usual encodings are read here, with every offset
+ * checked against the length; the caller reads any other in Python (message_id.py).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <stdint.h>
 
 static const char PAIRS[] =
     "00010203040506070809101112131415161718192021222324252627282930313233343536373839"
@@ -43,20 +44,47 @@ static char *put_bytes(char *out, PyObject *b)
     return out + size;
 }
 
-PyDoc_STRVAR(message_ids_doc,
-"message_ids(records, stride) -> list\n\n"
-"records is flat: stride items per record, its message bytes third. For each record, the message's\n"
-"properties.message-id as JSON text (bytes) if the message has the usual layout (a list8 header\n"
-"section or none, then a list8 properties section whose first field is a str8 of printable ASCII\n"
-"without quote or backslash); None otherwise.");
+/* The size of the section value at d[pos] (a list or map), or -1 for an encoding not handled here. */
+static Py_ssize_t value_size(const unsigned char *d, Py_ssize_t len, Py_ssize_t pos)
+{
+    if (pos >= len)
+        return -1;
+    switch (d[pos]) {
+    case 0x45: /* list0 */
+        return 1;
+    case 0xC0: case 0xC1: /* list8, map8: size, then that many bytes */
+        return pos + 1 < len ? 2 + (Py_ssize_t)d[pos + 1] : -1;
+    case 0xD0: case 0xD1: /* list32, map32 */
+        if (pos + 4 >= len)
+            return -1;
+        return 5 + (Py_ssize_t)((uint32_t)d[pos + 1] << 24 | (uint32_t)d[pos + 2] << 16 | (uint32_t)d[pos + 3] << 8 | d[pos + 4]);
+    default:
+        return -1;
+    }
+}
 
 static PyObject *plain_id(const unsigned char *d, Py_ssize_t len)
 {
     Py_ssize_t pos = 0;
-    if (len >= 5 && d[0] == 0x00 && d[1] == 0x53 && d[2] == 0x70 && d[3] == 0xC0)
-        pos = 5 + d[4];
-    if (pos + 8 > len || d[pos] != 0x00 || d[pos + 1] != 0x53 || d[pos + 2] != 0x73 || d[pos + 3] != 0xC0
-        || d[pos + 5] == 0 || d[pos + 6] != 0xA1)
+    /* Sections in order: header, delivery and message annotations are skipped by their sizes. */
+    while (pos + 3 < len && d[pos] == 0x00 && d[pos + 1] == 0x53 && d[pos + 2] < 0x73) {
+        Py_ssize_t size = value_size(d, len, pos + 3);
+        if (size < 0 || d[pos + 2] < 0x70)
+            Py_RETURN_NONE;
+        pos += 3 + size;
+    }
+    if (pos + 3 > len || d[pos] != 0x00 || d[pos + 1] != 0x53)
+        Py_RETURN_NONE; /* cut short, or not a message */
+    if (d[pos + 2] > 0x73) /* application properties or the body: there are no properties */
+        return PyBytes_FromStringAndSize("null", 4);
+    /* The properties, a list8 whose first field is the message-id (list0: no fields). */
+    if (pos + 3 < len && d[pos + 3] == 0x45)
+        return PyBytes_FromStringAndSize("null", 4);
+    if (pos + 7 > len || d[pos + 3] != 0xC0)
+        Py_RETURN_NONE;
+    if (d[pos + 5] == 0 || d[pos + 6] == 0x40) /* no fields, or a null id */
+        return PyBytes_FromStringAndSize("null", 4);
+    if (pos + 8 > len || d[pos + 6] != 0xA1) /* not a str8 */
         Py_RETURN_NONE;
     Py_ssize_t size = d[pos + 7], start = pos + 8;
     if (start + size > len || d[pos + 4] < size + 3) /* the string lies in the data and in the list */
@@ -73,105 +101,77 @@ static PyObject *plain_id(const unsigned char *d, Py_ssize_t len)
     return text;
 }
 
-/* Checks a flat record list and its stride; the number of records, or -1 with an exception set. */
-static Py_ssize_t records_of(const char *function, PyObject *records, Py_ssize_t stride)
-{
-    if (stride < 3 || PyList_GET_SIZE(records) % stride) {
-        PyErr_Format(PyExc_ValueError, "%s: records must hold whole records of stride >= 3", function);
-        return -1;
-    }
-    return PyList_GET_SIZE(records) / stride;
-}
-
-static PyObject *message_ids(PyObject *self, PyObject *args)
-{
-    PyObject *records;
-    Py_ssize_t stride;
-    if (!PyArg_ParseTuple(args, "O!n:message_ids", &PyList_Type, &records, &stride))
-        return NULL;
-    Py_ssize_t count = records_of("message_ids", records, stride);
-    if (count < 0)
-        return NULL;
-    PyObject *result = PyList_New(count);
-    if (result == NULL)
-        return NULL;
-    for (Py_ssize_t i = 0; i < count; i++) {
-        PyObject *data = PyList_GET_ITEM(records, i * stride + 2), *text;
-        if (!PyBytes_Check(data)) {
-            Py_DECREF(result);
-            PyErr_SetString(PyExc_TypeError, "message_ids: a record's third item must be bytes");
-            return NULL;
-        }
-        text = plain_id((const unsigned char *)PyBytes_AS_STRING(data), PyBytes_GET_SIZE(data));
-        if (text == NULL) {
-            Py_DECREF(result);
-            return NULL;
-        }
-        PyList_SET_ITEM(result, i, text);
-    }
-    return result;
-}
-
 #define INT_ROOM 21 /* a long long in decimal, with its sign */
 
-/* The summed sizes of n bytes objects, or -1 with an exception set if one is not bytes. */
-static Py_ssize_t total_size(PyObject **items, Py_ssize_t n, const char *what)
+/* *v = the integer o; -1 with an exception set if it is none. */
+static int as_int(PyObject *o, long long *v)
 {
-    Py_ssize_t total = 0;
-    for (Py_ssize_t i = 0; i < n; i++) {
-        if (!PyBytes_Check(items[i])) {
-            PyErr_Format(PyExc_TypeError, "format: %s must be bytes", what);
-            return -1;
-        }
-        total += PyBytes_GET_SIZE(items[i]);
-    }
-    return total;
+    *v = PyLong_AsLongLong(o);
+    return *v == -1 && PyErr_Occurred() ? -1 : 0;
 }
 
 PyDoc_STRVAR(format_doc,
-"format(parts, records, ids, n) -> bytes\n\n"
+"format(parts, records, n, read_id) -> bytes\n\n"
 "records is flat: (time_ns, seq, data) per record, or (time_ns, seq, data, enqueued) when parts has\n"
 "6 pieces instead of 5. One line per record:\n"
 "parts[0] t parts[1] n parts[2] seq parts[3] id parts[4] [enqueued parts[5]]\n"
-"with t = time_ns // 1000, n counting up from n + 1, id = ids[i].");
+"with t = time_ns // 1000, n counting up from n + 1, and id the message-id of data as JSON text:\n"
+"read here for the usual encodings (a str8 of printable ASCII without quote or backslash, or no id),\n"
+"by read_id(data) -> bytes for any other.");
 
 static PyObject *format(PyObject *self, PyObject *args)
 {
-    PyObject *parts, *records, *ids;
+    PyObject *parts, *records, *read_id;
     long long n;
-    if (!PyArg_ParseTuple(args, "O!O!O!L:format", &PyTuple_Type, &parts, &PyList_Type, &records,
-                          &PyList_Type, &ids, &n))
+    if (!PyArg_ParseTuple(args, "O!O!LO:format", &PyTuple_Type, &parts, &PyList_Type, &records, &n, &read_id))
         return NULL;
-    Py_ssize_t nparts = PyTuple_GET_SIZE(parts);
-    if (nparts != 5 && nparts != 6) {
-        PyErr_SetString(PyExc_ValueError, "format: parts must hold 5 or 6 pieces");
-        return NULL;
-    }
-    Py_ssize_t stride = nparts - 2, count = records_of("format", records, stride);
-    if (count < 0)
-        return NULL;
-    if (PyList_GET_SIZE(ids) != count) {
-        PyErr_SetString(PyExc_ValueError, "format: one id per record");
+    Py_ssize_t nparts = PyTuple_GET_SIZE(parts), stride = nparts - 2;
+    if ((nparts != 5 && nparts != 6) || PyList_GET_SIZE(records) % stride) {
+        PyErr_SetString(PyExc_ValueError, "format: 5 or 6 parts, and whole records of 3 or 4 items");
         return NULL;
     }
-    Py_ssize_t fixed = total_size(PySequence_Fast_ITEMS(parts), nparts, "parts");
-    Py_ssize_t varying = total_size(PySequence_Fast_ITEMS(ids), count, "ids");
-    if (fixed < 0 || varying < 0)
-        return NULL;
-    Py_ssize_t room = (fixed + stride * INT_ROOM) * count + varying; /* t, n, seq (, enqueued) */
-    PyObject *result = PyBytes_FromStringAndSize(NULL, room);
-    if (result == NULL)
-        return NULL;
+    Py_ssize_t count = PyList_GET_SIZE(records) / stride, room = 0;
+    for (Py_ssize_t i = 0; i < nparts; i++) {
+        if (!PyBytes_Check(PyTuple_GET_ITEM(parts, i))) {
+            PyErr_SetString(PyExc_TypeError, "format: parts must be bytes");
+            return NULL;
+        }
+        room += PyBytes_GET_SIZE(PyTuple_GET_ITEM(parts, i));
+    }
+    room = (room + stride * INT_ROOM) * count; /* and the ids: t, n, seq (, enqueued) are integers */
+    PyObject **ids = PyMem_Calloc((size_t)count + 1, sizeof(PyObject *)), *result = NULL;
+    if (ids == NULL)
+        return PyErr_NoMemory();
+    PyObject **items = PySequence_Fast_ITEMS(records);
+    for (Py_ssize_t i = 0; i < count; i++) {
+        PyObject *data = items[i * stride + 2];
+        if (!PyBytes_Check(data)) {
+            PyErr_SetString(PyExc_TypeError, "format: a record's third item must be bytes");
+            goto done;
+        }
+        ids[i] = plain_id((const unsigned char *)PyBytes_AS_STRING(data), PyBytes_GET_SIZE(data));
+        if (ids[i] == Py_None) {
+            Py_DECREF(Py_None);
+            ids[i] = PyObject_CallOneArg(read_id, data);
+        }
+        if (ids[i] == NULL)
+            goto done;
+        if (!PyBytes_Check(ids[i])) {
+            PyErr_SetString(PyExc_TypeError, "format: read_id must return bytes");
+            goto done;
+        }
+        room += PyBytes_GET_SIZE(ids[i]);
+    }
+    if ((result = PyBytes_FromStringAndSize(NULL, room)) == NULL)
+        goto done;
     char *out = PyBytes_AS_STRING(result);
     for (Py_ssize_t i = 0; i < count; i++) {
-        PyObject **record = PySequence_Fast_ITEMS(records) + i * stride;
+        PyObject **record = items + i * stride;
         long long t, seq, enqueued = 0;
-        if ((t = PyLong_AsLongLong(record[0])) == -1 && PyErr_Occurred())
-            goto fail;
-        if ((seq = PyLong_AsLongLong(record[1])) == -1 && PyErr_Occurred())
-            goto fail;
-        if (stride == 4 && (enqueued = PyLong_AsLongLong(record[3])) == -1 && PyErr_Occurred())
-            goto fail;
+        if (as_int(record[0], &t) || as_int(record[1], &seq) || (stride == 4 && as_int(record[3], &enqueued))) {
+            Py_CLEAR(result);
+            goto done;
+        }
         out = put_bytes(out, PyTuple_GET_ITEM(parts, 0));
         out = put_int(out, t / 1000);
         out = put_bytes(out, PyTuple_GET_ITEM(parts, 1));
@@ -179,7 +179,7 @@ static PyObject *format(PyObject *self, PyObject *args)
         out = put_bytes(out, PyTuple_GET_ITEM(parts, 2));
         out = put_int(out, seq);
         out = put_bytes(out, PyTuple_GET_ITEM(parts, 3));
-        out = put_bytes(out, PyList_GET_ITEM(ids, i));
+        out = put_bytes(out, ids[i]);
         out = put_bytes(out, PyTuple_GET_ITEM(parts, 4));
         if (stride == 4) {
             out = put_int(out, enqueued);
@@ -187,15 +187,15 @@ static PyObject *format(PyObject *self, PyObject *args)
         }
     }
     if (_PyBytes_Resize(&result, out - PyBytes_AS_STRING(result)) < 0)
-        return NULL;
+        result = NULL;
+done:
+    for (Py_ssize_t i = 0; i < count && ids[i] != NULL; i++)
+        Py_DECREF(ids[i]);
+    PyMem_Free(ids);
     return result;
-fail:
-    Py_DECREF(result);
-    return NULL;
 }
 
 static PyMethodDef methods[] = {
-    {"message_ids", message_ids, METH_VARARGS, message_ids_doc},
     {"format", format, METH_VARARGS, format_doc},
     {NULL, NULL, 0, NULL},
 };

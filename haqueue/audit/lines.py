@@ -2,39 +2,35 @@
 
 A queue's records of one kind, written under one context (role, epoch, the backups ready for the
 queue), share their lines' text but for the time, line number, seq and message id (and, for a live
-replica, the primary's enqueue time). `_lines` (C) reads the ids of messages of the usual layout
-and writes the lines; Python reads any other id. In CPython alone a line cost about 0.6 µs and an
-id 0.45 µs, at three lines per message a quarter of the broker's own work (bench/RESULTS.md).
+replica, the primary's enqueue time). `_lines` (C) writes the lines, reading each message's id
+from its bytes when it has the usual encoding; `read_id` reads any other. In CPython alone a line
+cost about 0.6 µs and an id 0.45 µs, at three lines per message a quarter of the broker's own work
+(bench/RESULTS.md).
 """
 from __future__ import annotations
 
 import json
 import time
 from enum import Enum
-from itertools import repeat
 from json.encoder import encode_basestring  # the C encoder: a JSON string in a fraction of json.dumps' time
 from typing import Any
 
 from . import _lines, schema
 from .message_id import message_id
 
-ID_CACHE = 65536  # message ids a queue keeps between its first and last event, at most
-
 
 class Kind(Enum):
-    """What a record is: (the QueueEvents list it waits in, its items, its event, whether it is the
-    message's first or last event on this broker: its id is read from its bytes on the first and
-    forgotten after the last)."""
+    """What a record is: (the QueueEvents list it waits in, its items, its event)."""
 
-    ENQUEUE = ("enqueues", 3, schema.ENQUEUE, True, False)
-    COMPLETE = ("completes", 3, schema.COMPLETE, False, False)
-    DEQUEUE = ("dequeues", 3, schema.DEQUEUE, False, True)
-    LIVE = ("live", 4, schema.REPLICATE, True, False)  # records carry the primary's enqueue time
-    CATCHUP = ("catchup", 3, schema.REPLICATE, True, False)
-    MIRRORED = ("mirrored", 3, schema.DEQUEUE, False, True)  # a backup applied the primary's dequeue
+    ENQUEUE = ("enqueues", 3, schema.ENQUEUE)
+    COMPLETE = ("completes", 3, schema.COMPLETE)
+    DEQUEUE = ("dequeues", 3, schema.DEQUEUE)
+    LIVE = ("live", 4, schema.REPLICATE)  # records carry the primary's enqueue time
+    CATCHUP = ("catchup", 3, schema.REPLICATE)
+    MIRRORED = ("mirrored", 3, schema.DEQUEUE)  # a backup applied the primary's dequeue
 
-    def __init__(self, records: str, stride: int, event: str, first: bool, last: bool) -> None:
-        self.records, self.stride, self.event, self.first, self.last = records, stride, event, first, last
+    def __init__(self, records: str, stride: int, event: str) -> None:
+        self.records, self.stride, self.event = records, stride, event
 
 
 PRIMARY_KINDS = (Kind.ENQUEUE, Kind.COMPLETE, Kind.DEQUEUE)  # in the order their lines are written
@@ -77,40 +73,20 @@ class LineFormatter:
         return (f'{{"t":{t // 1000},"event":"mark","broker":{self.broker_json},'
                 f'"role":"{role}","epoch":{epoch},"run":{self.run},"n":{self.n}}}\n').encode()
 
-    def format(self, kind: Kind, parts: tuple[bytes, ...], records: Records, ids: dict[int, bytes]) -> bytes:
-        """The lines of `records` (flat, kind.stride items each); `ids` is their queue's seq -> id cache."""
-        stride = kind.stride
-        seqs = records[1::stride]
-        if kind.first:
-            texts = message_ids(records, stride)
-            if len(ids) > ID_CACHE:
-                ids.clear()
-            ids.update(zip(seqs, texts))
-        else:  # read on the message's first event, unless that was long ago (or on another broker)
-            texts = list(map(ids.pop if kind.last else ids.get, seqs, repeat(None)))
-            if None in texts:
-                missed = [i for i, text in enumerate(texts) if text is None]
-                found = message_ids([item for i in missed for item in records[i * stride:(i + 1) * stride]], stride)
-                for i, text in zip(missed, found):
-                    texts[i] = text
+    def format(self, kind: Kind, parts: tuple[bytes, ...], records: Records) -> bytes:
+        """The lines of `records` (flat, kind.stride items each)."""
         n = self.n
-        self.n = n + len(seqs)
-        return _lines.format(parts, records, texts, n)
+        self.n = n + len(records) // kind.stride
+        return _lines.format(parts, records, n, read_id)
 
 
-def message_ids(records: Records, stride: int) -> list[bytes]:
-    """Each record's message-id as JSON text (schema.py): the usual layout read in C, any other here."""
-    texts = _lines.message_ids(records, stride)
-    if None in texts:
-        datas = records[2::stride]
-        texts = [text or json_id(message_id(data)).encode() for text, data in zip(texts, datas)]
-    return texts
-
-
-def json_id(value: Any) -> str:
-    """A message id as a JSON string: text as is, numbers in decimal, UUIDs in their usual form, binary in hex."""
+def read_id(data: bytes) -> bytes:
+    """A message-id as JSON text, for the messages `_lines` leaves to Python (ids of other types,
+    encodings it does not read): text as is, numbers in decimal, UUIDs in their usual form, binary
+    in hex; null when there is none or the bytes cannot be read."""
+    value = message_id(data)
     if value is None:
-        return "null"
+        return b"null"
     if isinstance(value, (bytes, bytearray)):
         value = value.hex()
-    return encode_basestring(value if isinstance(value, str) else str(value))
+    return encode_basestring(value if isinstance(value, str) else str(value)).encode()

@@ -13,7 +13,7 @@ from proton.reactor import AtMostOnce
 from proton.utils import BlockingConnection
 
 from haqueue.audit import schema
-from haqueue.audit.lines import Kind, LineFormatter, json_id, message_ids
+from haqueue.audit.lines import Kind, LineFormatter, read_id
 from haqueue.audit.message_id import message_id
 from haqueue.audit.writer import Writer
 from haqueue.cli import main
@@ -35,7 +35,9 @@ def check_schema(event: dict) -> None:
 
 
 def json_message_id(data: bytes) -> bytes:
-    return message_ids([0, 1, data], 3)[0]
+    """The message_id of data's line, as JSON text."""
+    line = lines_of(LineFormatter("b0"), Kind.ENQUEUE, [(0, 1, data)])
+    return line[line.index(b'"message_id":') + 13:-2]
 
 
 @pytest.mark.parametrize("mid, text", [("order-17", "order-17"), (12345, "12345"),
@@ -51,18 +53,30 @@ def test_message_ids_that_need_escaping_are_read_in_full(mid):
     assert json.loads(json_message_id(encoded(id=mid, durable=True))) == mid
 
 
+MESSAGES = [  # encodings the C reader handles, and some it leaves to the Python one
+    encoded(id="order-17", durable=True, correlation_id="c-1"),
+    encoded(durable=True, annotations={"x-opt-a": "v" * 300}),  # no properties; map32 annotations
+    encoded(id="m-2", instructions={"x-opt-i": 1}, annotations={"x-opt-a": 2}, properties={"k": "v"}),
+    encoded(subject="no id"),  # properties without an id
+    encoded(id=42, ttl=5), encoded(id=uuid.UUID(int=7)), encoded(id=b"\x01\xff"), encoded(id="x" * 300),
+    bytes(Message(body=b"\x00\x53\x73\xc0\x05\x01\xa1\x02hi").encode()),  # a body that looks like properties
+]
+
+
 def test_message_ids_of_cut_and_damaged_messages_agree_with_the_full_reader():
-    """The C reader of the usual layout either gives the id the Python reader gives, or leaves it to it."""
+    """The C reader of the usual encodings either gives the id the Python reader gives, or leaves it to it."""
     rng = random.Random(7)
-    data = encoded(id="order-17", durable=True, correlation_id="c-1")
-    samples = [data[:end] for end in range(len(data))]
+    samples = [data[:end] for data in MESSAGES for end in range(len(data) + 1)]
     for _ in range(20000):
-        damaged = bytearray(data[:rng.randrange(4, 40)])
+        data = rng.choice(MESSAGES)
+        damaged = bytearray(data[:rng.randrange(4, len(data) + 1)])
         for _ in range(rng.randrange(1, 4)):
             damaged[rng.randrange(len(damaged))] = rng.randrange(256)
         samples.append(bytes(damaged))
     for sample in samples:
-        assert json_message_id(sample) == json_id(message_id(sample)).encode(), sample
+        assert json_message_id(sample) == read_id(sample), sample
+    assert [json.loads(json_message_id(data)) for data in MESSAGES] == [
+        "order-17", None, "m-2", None, "42", "00000000-0000-0000-0000-000000000007", "01ff", "x" * 300, None]
 
 
 def test_message_id_of_bytes_that_are_not_a_message_is_none():
@@ -71,19 +85,18 @@ def test_message_id_of_bytes_that_are_not_a_message_is_none():
     assert message_id(b"\x00\x53\x77\xa1\x02hi") is None  # a body and no properties
 
 
-def lines_of(f: LineFormatter, kind: Kind, records: list, ids: dict | None = None, role: str = "primary",
+def lines_of(f: LineFormatter, kind: Kind, records: list, role: str = "primary",
              backups: tuple[str, ...] = ()) -> bytes:
     parts = f.parts(kind, role, 3, 'q"%d', 'uid-q"%d', backups)  # names JSON must escape
-    return f.format(kind, parts, [item for record in records for item in record], {} if ids is None else ids)
+    return f.format(kind, parts, [item for record in records for item in record])
 
 
 def test_lines_follow_the_schema():
     f = LineFormatter('b"1%s')
     data, other = encoded(id="m-1"), encoded(id=7)
-    ids: dict = {}
-    text = b"".join([lines_of(f, Kind.ENQUEUE, [(1_500_000_000, 7, data), (1_500_000_999, 8, other)], ids),
-                     lines_of(f, Kind.COMPLETE, [(1_500_100_000, 7, data)], ids, backups=("b2", "b3")),
-                     lines_of(f, Kind.DEQUEUE, [(1_700_000_000, 7, data)], ids),
+    text = b"".join([lines_of(f, Kind.ENQUEUE, [(1_500_000_000, 7, data), (1_500_000_999, 8, other)]),
+                     lines_of(f, Kind.COMPLETE, [(1_500_100_000, 7, data)], backups=("b2", "b3")),
+                     lines_of(f, Kind.DEQUEUE, [(1_700_000_000, 7, data)]),
                      lines_of(f, Kind.LIVE, [(1_600_000_000, 9, data, 1_400_000)], role="backup"),
                      lines_of(f, Kind.CATCHUP, [(1_600_000_000, 10, other)], role="backup"),
                      f.mark(2_000_000_000, schema.BACKUP, 3)])
@@ -100,15 +113,6 @@ def test_lines_follow_the_schema():
     assert (events[4]["role"], events[4]["mode"], events[4]["enqueued"]) == ("backup", "live", 1_400_000)
     assert (events[5]["mode"], events[5]["enqueued"]) == ("catchup", 0)
     assert events[6]["role"] == "backup" and "seq" not in events[6]
-    assert list(ids) == [8]  # the dequeue was 7's last event: its id is forgotten
-
-
-def test_ids_not_remembered_are_read_again():
-    f = LineFormatter("b0")
-    ids = {2: b'"two"'}
-    text = lines_of(f, Kind.DEQUEUE, [(10**9, seq, encoded(id=f"late-{seq}")) for seq in (1, 2, 3)], ids)
-    assert [json.loads(line)["message_id"] for line in text.splitlines()] == ["late-1", "two", "late-3"]
-    assert ids == {}
 
 
 def enqueues(f: LineFormatter, first_seq: int, count: int) -> bytes:
@@ -119,7 +123,7 @@ def test_files_rotate_by_size_and_a_new_run_starts_a_new_file(tmp_path):
     f = LineFormatter("b0")
     w = Writer(str(tmp_path), "b0", 4096)
     for i in range(10):  # ten batches of about 1.9 kB each
-        w.write([enqueues(f, i * 10, 10)])
+        w.write(enqueues(f, i * 10, 10))
     w.close()
     files = sorted(tmp_path.iterdir())
     assert [p.name for p in files] == [f"b0-{k:06d}.jsonl" for k in range(1, len(files) + 1)]
@@ -128,7 +132,7 @@ def test_files_rotate_by_size_and_a_new_run_starts_a_new_file(tmp_path):
     assert [e["seq"] for e in read_lines(tmp_path)] == [i * 10 + j for i in range(10) for j in range(10)]
 
     w2 = Writer(str(tmp_path), "b0", 4096)
-    w2.write([enqueues(f, 1000, 1)])
+    w2.write(enqueues(f, 1000, 1))
     w2.close()
     assert sorted(p.name for p in tmp_path.iterdir())[-1] == f"b0-{len(files) + 1:06d}.jsonl"
 
@@ -137,12 +141,12 @@ def test_a_torn_last_line_is_never_followed_by_more_data(tmp_path):
     """What a kill -9 in the middle of a write leaves: the next process writes a new file."""
     f = LineFormatter("b0")
     w = Writer(str(tmp_path), "b0", 1 << 20)
-    w.write([enqueues(f, 1, 1)])
+    w.write(enqueues(f, 1, 1))
     w.close()
     first = tmp_path / "b0-000001.jsonl"
     first.write_bytes(first.read_bytes() + b'{"t":2000000,"event":"enq')  # torn
     w2 = Writer(str(tmp_path), "b0", 1 << 20)
-    w2.write([enqueues(f, 2, 1)])
+    w2.write(enqueues(f, 2, 1))
     w2.close()
     assert first.read_bytes().endswith(b'"event":"enq')
     assert [json.loads(line)["seq"] for line in (tmp_path / "b0-000002.jsonl").read_text().splitlines()] == [2]
