@@ -1,27 +1,29 @@
 """The audit log: a broker plug-in that writes replication events as JSON lines (schema.py).
 
 The hot path appends (time, seq, message bytes) to the queue's `QueueEvents` list for that kind of
-event, and returns. Every `flush_interval` the engine's timer turns every list into lines
-(lines.py) and appends them to the current file with one write. A change of context (a promotion,
-a newer epoch, a backup becoming ready for a queue or dropped) writes the lists first, through HA's
-context hooks, so every line carries the context its event happened in.
+event, and returns. Every `flush_interval` the engine's timer takes the lists (under the current
+context: role, epoch, the backups ready for the queue), numbers their lines and hands them to the
+writer thread, which formats and writes them in C with the GIL released (`_lines.write`), so the
+broker's thread goes on meanwhile. A change of context (a promotion, a newer epoch, a backup
+becoming ready for a queue or dropped) takes the lists first, through HA's context hooks, so every
+line carries the context its event happened in.
 
-It runs on the engine's thread: a writer thread would fight the event loop for the GIL (measured: it
-cost twice the CPU). A crash loses at most the records not yet written; it cannot tear an earlier
-line, and a new process starts a new file, so a torn last line is never followed by more data.
+A crash loses at most the records not yet written; it cannot tear an earlier line, and a new
+process starts a new file, so a torn last line is never followed by more data.
 """
 from __future__ import annotations
 
 import atexit
 import logging
-import sys
+import threading
 import time
+from queue import Empty, SimpleQueue
 from typing import TYPE_CHECKING
 
 from ..broker.queue import Entry, Queue
 from ..config import AuditConfig
 from . import schema
-from .lines import BACKUP_KINDS, PRIMARY_KINDS, Kind, LineFormatter, Records
+from .lines import BACKUP_KINDS, PRIMARY_KINDS, Group, Kind, LineFormatter, Records
 from .writer import Writer
 
 if TYPE_CHECKING:
@@ -31,10 +33,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("haqueue.audit")
 
 MARK_INTERVAL_NS = 1_000_000_000  # see schema.MARK
-SLICE = 2048  # records written per event-loop pass (a few hundred µs), so a busy broker's IO keeps flowing
-# Records formatted and written at once: ~110 kB of lines, in memory malloc reuses while it is in the
-# CPU's cache. A flush's megabytes joined into one buffer cost twice as much (fresh pages, cold cache).
-CHUNK = 512
 _now = time.time_ns
 
 
@@ -80,11 +78,13 @@ class AuditLog:
         broker.completion_hooks.append(self.completed)
         if ha is not None:
             ha.replication_hooks.append(self.replicated)
-            ha.context_hooks.append(self.write)  # everything, now
+            ha.context_hooks.append(self.context_changing)
             ha.promotion_hooks.append(self.promoted)
-        self.writing = False
-        self.engine = broker.engine
-        self._mark()  # the run starts
+        self.jobs: SimpleQueue[list[bytes | Group] | None] = SimpleQueue()  # to the writer thread, in order
+        self.spares: SimpleQueue[Records] = SimpleQueue()  # emptied lists, back from it
+        self.thread = threading.Thread(target=self._run_writer, name="audit-writer", daemon=True)
+        self.thread.start()
+        self.jobs.put([self._mark()])  # the run starts
         broker.engine.every(config.flush_interval, self.flush)
         atexit.register(self.close)
         log.info("audit events to %s", self.writer.directory)
@@ -128,51 +128,65 @@ class AuditLog:
 
     # -- off the hot path ----------------------------------------------------------------------
     def flush(self) -> None:
-        """The engine's timer: write what was buffered, a slice per event-loop pass."""
-        if not self.writing:
-            self.writing = True
-            self._write_slice()
-
-    def _write_slice(self) -> None:
-        if not self.write(SLICE):
-            self.engine.call_later(0, self._write_slice)  # the rest after this pass's IO
-            return
-        self.writing = False
+        """The engine's timer: hand what was buffered to the writer thread."""
+        job = self.take()
         if _now() - self.last_mark >= MARK_INTERVAL_NS:
-            self._mark()
-        for queue in [q for q in self.queues if q.deleted]:  # its last records are written
+            job.append(self._mark())
+        if job:
+            self.jobs.put(job)
+        for queue in [q for q in self.queues if q.deleted]:  # its last records are taken
             del self.queues[queue]
 
-    def write(self, budget: int | None = None) -> bool:
-        """Write up to `budget` records (all by default) under the current context; is all written?"""
+    def context_changing(self) -> None:
+        """HA's context hook: what was buffered goes out under the context it happened in."""
+        job = self.take()
+        if job:
+            self.jobs.put(job)
+
+    def take(self) -> list[bytes | Group]:
+        """Every list's records, numbered, under the current context; each list is replaced by an
+        emptied one the writer thread gives back (an old list: the garbage collector skips it)."""
         ha = self.ha
         epoch = ha.epoch.epoch if ha is not None else 0
-        role, lines, writer = self.role, self.lines, self.writer
-        left = budget if budget is not None else sys.maxsize
+        role, lines = self.role, self.lines
+        job: list[bytes | Group] = []
         for queue, events in self.queues.items():
             for kind in PRIMARY_KINDS if self.primary_side else BACKUP_KINDS:
                 records = getattr(events, kind.records)
-                if not records:
-                    continue
-                backups = ha.ready_backups(queue) if ha is not None and kind is Kind.COMPLETE else ()
-                parts = lines.parts(kind, role, epoch, queue.name, queue.uid, backups)
-                while records:
-                    if left <= 0:
-                        return False
-                    count = min(CHUNK, left, len(records) // kind.stride)
-                    writer.write(lines.format(kind, parts, records[:count * kind.stride]))
-                    del records[:count * kind.stride]
-                    left -= count
-        return True
+                if records:
+                    backups = ha.ready_backups(queue) if ha is not None and kind is Kind.COMPLETE else ()
+                    parts = lines.parts(kind, role, epoch, queue.name, queue.uid, backups)
+                    job.append(lines.group(kind, parts, records))
+                    setattr(events, kind.records, self._spare())
+        return job
 
-    def _mark(self) -> None:
-        """The log is complete up to now."""
+    def _spare(self) -> Records:
+        try:
+            return self.spares.get_nowait()
+        except Empty:
+            return []
+
+    def _mark(self) -> bytes:
+        """A mark: the log is complete up to now."""
         ha = self.ha
         self.last_mark = _now()
-        self.writer.write(self.lines.mark(self.last_mark, self.role, ha.epoch.epoch if ha is not None else 0))
+        return self.lines.mark(self.last_mark, self.role, ha.epoch.epoch if ha is not None else 0)
+
+    def _run_writer(self) -> None:
+        """The writer thread: formats and writes each job (in C, without the GIL), then empties its lists."""
+        while (job := self.jobs.get()) is not None:
+            try:
+                self.writer.write(job)
+            except Exception:  # noqa: BLE001 - the thread must go on; the gap shows in the audit
+                log.exception("audit: writing %d groups failed", len(job))
+            for group in job:
+                if type(group) is tuple:
+                    group[1].clear()
+                    self.spares.put(group[1])
 
     def close(self) -> None:
         """At exit: write everything left, and a mark."""
-        self.write()
-        self._mark()
+        self.jobs.put([*self.take(), self._mark()])
+        self.jobs.put(None)
+        self.thread.join(timeout=10)
         self.writer.close()

@@ -5,7 +5,7 @@ queue), share their lines' text but for the time, line number, seq and message i
 replica, the primary's enqueue time). `_lines` (C) writes the lines, reading each message's id
 from its bytes when it has the usual encoding; `read_id` reads any other. In CPython alone a line
 cost about 0.6 µs and an id 0.45 µs, at three lines per message a quarter of the broker's own work
-(bench/RESULTS.md).
+(bench/RESULTS.md); `_lines` does it on the writer thread with the GIL released.
 """
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from enum import Enum
 from json.encoder import encode_basestring  # the C encoder: a JSON string in a fraction of json.dumps' time
 from typing import Any
 
-from . import _lines, schema
+from . import schema
 from .message_id import message_id
 
 
@@ -40,6 +40,8 @@ BACKUP_KINDS = (Kind.LIVE, Kind.CATCHUP, Kind.MIRRORED)
 # for Kind.LIVE the primary's enqueue time in µs. Flat lists of ints and bytes give the garbage
 # collector nothing to track: a list of tuples made it walk every buffered record, again and again.
 Records = list[Any]
+# What `_lines.write` writes: lines already formatted, or (parts, records, number of the line before).
+Group = tuple[tuple[bytes, ...], Records, int]
 
 
 class LineFormatter:
@@ -73,11 +75,11 @@ class LineFormatter:
         return (f'{{"t":{t // 1000},"event":"mark","broker":{self.broker_json},'
                 f'"role":"{role}","epoch":{epoch},"run":{self.run},"n":{self.n}}}\n').encode()
 
-    def format(self, kind: Kind, parts: tuple[bytes, ...], records: Records) -> bytes:
-        """The lines of `records` (flat, kind.stride items each)."""
+    def group(self, kind: Kind, parts: tuple[bytes, ...], records: Records) -> Group:
+        """`records` (flat, kind.stride items each) numbered as the next lines, for `_lines.write`."""
         n = self.n
         self.n = n + len(records) // kind.stride
-        return _lines.format(parts, records, n, read_id)
+        return parts, records, n
 
 
 def read_id(data: bytes) -> bytes:

@@ -15,6 +15,9 @@ import os
 import re
 from typing import BinaryIO
 
+from . import _lines
+from .lines import Group, read_id
+
 log = logging.getLogger("haqueue.audit")
 
 DROP_EVERY = 8 << 20
@@ -37,27 +40,23 @@ class Writer:
         parts = [int(m.group(1)) for m in map(pattern.match, os.listdir(self.directory)) if m]
         return max(parts, default=0)
 
-    def write(self, lines: bytes) -> None:
-        """Append whole lines with one write; past max_bytes the next write opens the next file."""
-        if not lines:
-            return
+    def write(self, groups: list[bytes | Group]) -> None:
+        """Append the groups' lines with one write; past max_bytes the next write opens the next file."""
         try:
             if self.file is None:
                 self.part += 1
                 self.file = open(os.path.join(self.directory, f"{self.prefix}-{self.part:06d}.jsonl"), "ab",
                                  buffering=0)
                 self.size = self.dropped = self.window = 0
-            written = 0
-            while written < len(lines):  # an unbuffered write may be short
-                written += self.file.write(memoryview(lines)[written:]) or 0
-            self.size += written
+            self.size += _lines.write(self.file.fileno(), groups, read_id)
             if self.size - self.window >= DROP_EVERY:
                 os.posix_fadvise(self.file.fileno(), self.dropped, self.size - self.dropped, os.POSIX_FADV_DONTNEED)
                 self.dropped, self.window = self.window, self.size
             if self.size >= self.max_bytes:
                 self.close()
         except OSError as e:  # a full disk must not stop the broker; the gap shows in the audit
-            log.error("audit: cannot write %d lines to %s: %s", lines.count(b"\n"), self.directory, e)
+            log.error("audit: cannot write to %s: %s", self.directory, e)
+            self.close()  # what follows goes to a new file: a line cut here stays the last of its file
 
     def close(self) -> None:
         if self.file is not None:

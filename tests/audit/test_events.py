@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import random
+import tempfile
 import uuid
 from pathlib import Path
 
@@ -13,6 +14,7 @@ from proton.reactor import AtMostOnce
 from proton.utils import BlockingConnection
 
 from haqueue.audit import schema
+from haqueue.audit import _lines
 from haqueue.audit.lines import Kind, LineFormatter, read_id
 from haqueue.audit.message_id import message_id
 from haqueue.audit.writer import Writer
@@ -85,10 +87,20 @@ def test_message_id_of_bytes_that_are_not_a_message_is_none():
     assert message_id(b"\x00\x53\x77\xa1\x02hi") is None  # a body and no properties
 
 
+def render(groups: list) -> bytes:
+    """What the writer thread writes for `groups`."""
+    with tempfile.TemporaryFile() as f:
+        written = _lines.write(f.fileno(), groups, read_id)
+        f.seek(0)
+        text = f.read()
+    assert written == len(text)
+    return text
+
+
 def lines_of(f: LineFormatter, kind: Kind, records: list, role: str = "primary",
              backups: tuple[str, ...] = ()) -> bytes:
     parts = f.parts(kind, role, 3, 'q"%d', 'uid-q"%d', backups)  # names JSON must escape
-    return f.format(kind, parts, [item for record in records for item in record])
+    return render([f.group(kind, parts, [item for record in records for item in record])])
 
 
 def test_lines_follow_the_schema():
@@ -123,7 +135,7 @@ def test_files_rotate_by_size_and_a_new_run_starts_a_new_file(tmp_path):
     f = LineFormatter("b0")
     w = Writer(str(tmp_path), "b0", 4096)
     for i in range(10):  # ten batches of about 1.9 kB each
-        w.write(enqueues(f, i * 10, 10))
+        w.write([enqueues(f, i * 10, 10)])
     w.close()
     files = sorted(tmp_path.iterdir())
     assert [p.name for p in files] == [f"b0-{k:06d}.jsonl" for k in range(1, len(files) + 1)]
@@ -132,7 +144,7 @@ def test_files_rotate_by_size_and_a_new_run_starts_a_new_file(tmp_path):
     assert [e["seq"] for e in read_lines(tmp_path)] == [i * 10 + j for i in range(10) for j in range(10)]
 
     w2 = Writer(str(tmp_path), "b0", 4096)
-    w2.write(enqueues(f, 1000, 1))
+    w2.write([enqueues(f, 1000, 1)])
     w2.close()
     assert sorted(p.name for p in tmp_path.iterdir())[-1] == f"b0-{len(files) + 1:06d}.jsonl"
 
@@ -141,12 +153,12 @@ def test_a_torn_last_line_is_never_followed_by_more_data(tmp_path):
     """What a kill -9 in the middle of a write leaves: the next process writes a new file."""
     f = LineFormatter("b0")
     w = Writer(str(tmp_path), "b0", 1 << 20)
-    w.write(enqueues(f, 1, 1))
+    w.write([enqueues(f, 1, 1)])
     w.close()
     first = tmp_path / "b0-000001.jsonl"
     first.write_bytes(first.read_bytes() + b'{"t":2000000,"event":"enq')  # torn
     w2 = Writer(str(tmp_path), "b0", 1 << 20)
-    w2.write(enqueues(f, 2, 1))
+    w2.write([enqueues(f, 2, 1)])
     w2.close()
     assert first.read_bytes().endswith(b'"event":"enq')
     assert [json.loads(line)["seq"] for line in (tmp_path / "b0-000002.jsonl").read_text().splitlines()] == [2]
