@@ -37,14 +37,13 @@ _now = time.time_ns
 
 
 class QueueEvents:
-    """One logged queue's records since the last write, a flat list per kind (lines.Records). On a
+    """One logged queue's records since the last flush, a flat list per kind (lines.Records). On a
     primary (or standalone broker) it is the queue's observer; on a backup AuditLog.replicated fills
-    it. The lists live as long as the queue: young containers would cost every garbage collection."""
+    it. Each flush swaps its lists for emptied ones the writer thread gives back."""
 
-    __slots__ = ("queue", "enqueues", "completes", "dequeues", "live", "catchup", "mirrored")
+    __slots__ = ("enqueues", "completes", "dequeues", "live", "catchup", "mirrored")
 
-    def __init__(self, queue: Queue) -> None:
-        self.queue = queue
+    def __init__(self) -> None:
         self.enqueues: Records = []
         self.completes: Records = []
         self.dequeues: Records = []
@@ -98,7 +97,7 @@ class AuditLog:
         """Queues whose messages are replicated (all but temporary ones on a broker without HA)."""
         replicated = self.ha.policy.replicates_messages(queue) if self.ha is not None else not queue.temporary
         if replicated:
-            events = self.queues[queue] = QueueEvents(queue)
+            events = self.queues[queue] = QueueEvents()
             if self.primary_side:
                 queue.observers.append(events)
 
