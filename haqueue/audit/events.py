@@ -1,12 +1,13 @@
 """The audit log: a broker plug-in that writes replication events as JSON lines (schema.py).
 
-The hot path appends (time, seq, message bytes) to the queue's `QueueEvents` list for that kind of
-event, and returns. Every `flush_interval` the engine's timer takes the lists (under the current
-context: role, epoch, the backups ready for the queue), numbers their lines and hands them to the
-writer thread, which formats and writes them in C with the GIL released (`_lines.write`), so the
-broker's thread goes on meanwhile. A change of context (a promotion, a newer epoch, a backup
-becoming ready for a queue or dropped) takes the lists first, through HA's context hooks, so every
-line carries the context its event happened in.
+The hot path appends (time, seq, message bytes) to the queue's `_lines.Recorder`, in C, and
+returns: on a primary (or standalone broker) the recorder is the queue's observer; completions and
+a backup's replication reach it through the hooks below. Every `flush_interval` the engine's timer
+takes the recorders' records (under the current context: role, epoch, the backups ready for the
+queue), numbers their lines and hands them to the writer thread, which formats and writes them in
+C with the GIL released (`_lines.write`), so the broker's thread goes on meanwhile. A change of
+context (a promotion, a newer epoch, a backup becoming ready for a queue or dropped) takes the
+records first, through HA's context hooks, so every line carries the context its event happened in.
 
 A crash loses at most the records not yet written; it cannot tear an earlier line, and a new
 process starts a new file, so a torn last line is never followed by more data.
@@ -17,13 +18,14 @@ import atexit
 import logging
 import threading
 import time
-from queue import Empty, SimpleQueue
+from queue import SimpleQueue
 from typing import TYPE_CHECKING
 
 from ..broker.queue import Entry, Queue
 from ..config import AuditConfig
 from . import schema
-from .lines import BACKUP_KINDS, PRIMARY_KINDS, Group, Kind, LineFormatter, Records
+from ._lines import Recorder
+from .lines import BACKUP_KINDS, PRIMARY_KINDS, Group, Kind, LineFormatter
 from .writer import Writer
 
 if TYPE_CHECKING:
@@ -34,32 +36,8 @@ log = logging.getLogger("haqueue.audit")
 
 MARK_INTERVAL_NS = 1_000_000_000  # see schema.MARK
 _now = time.time_ns
-
-
-class QueueEvents:
-    """One logged queue's records since the last flush, a flat list per kind (lines.Records). On a
-    primary (or standalone broker) it is the queue's observer; on a backup AuditLog.replicated fills
-    it. Each flush swaps its lists for emptied ones the writer thread gives back."""
-
-    __slots__ = ("enqueues", "completes", "dequeues", "live", "catchup", "mirrored")
-
-    def __init__(self) -> None:
-        self.enqueues: Records = []
-        self.completes: Records = []
-        self.dequeues: Records = []
-        self.live: Records = []
-        self.catchup: Records = []
-        self.mirrored: Records = []
-
-    def enqueued(self, queue: Queue, entry: Entry) -> None:
-        self.enqueues.extend((_now(), entry.seq, entry.data))
-
-    def acquired(self, queue: Queue, entry: Entry) -> None:
-        pass
-
-    def dequeued(self, queue: Queue, entry: Entry) -> None:
-        if not queue.deleted:  # a deleted queue's purge is not a consume
-            self.dequeues.extend((_now(), entry.seq, entry.data))
+# A backup's replication hook: the kind of a message from the primary's delivery tag.
+_REPLICATED = {b"E": Kind.LIVE.index, b"C": Kind.CATCHUP.index}
 
 
 class AuditLog:
@@ -67,7 +45,7 @@ class AuditLog:
 
     def __init__(self, broker: "Broker", config: AuditConfig, ha: "HaBroker | None") -> None:
         self.ha = ha
-        self.queues: dict[Queue, QueueEvents] = {}
+        self.queues: dict[Queue, Recorder] = {}
         self.lines = LineFormatter(broker.name)
         self.writer = Writer(config.dir, broker.name, config.max_bytes)
         self.primary_side = ha is None or ha.primary is not None  # what this broker logs: clients' doings
@@ -80,7 +58,6 @@ class AuditLog:
             ha.context_hooks.append(self.context_changing)
             ha.promotion_hooks.append(self.promoted)
         self.jobs: SimpleQueue[list[bytes | Group] | None] = SimpleQueue()  # to the writer thread, in order
-        self.spares: SimpleQueue[Records] = SimpleQueue()  # emptied lists, back from it
         self.thread = threading.Thread(target=self._run_writer, name="audit-writer", daemon=True)
         self.thread.start()
         self.jobs.put([self._mark()])  # the run starts
@@ -97,33 +74,27 @@ class AuditLog:
         """Queues whose messages are replicated (all but temporary ones on a broker without HA)."""
         replicated = self.ha.policy.replicates_messages(queue) if self.ha is not None else not queue.temporary
         if replicated:
-            events = self.queues[queue] = QueueEvents()
+            recorder = self.queues[queue] = Recorder()
             if self.primary_side:
-                queue.observers.append(events)
+                queue.observers.append(recorder)
 
     def promoted(self) -> None:
         """From now on this broker logs what clients do (what it logged as a backup is written)."""
         self.primary_side = True
-        for queue, events in self.queues.items():
-            queue.observers.append(events)
+        for queue, recorder in self.queues.items():
+            queue.observers.append(recorder)
 
     # -- the hot path: append and return -------------------------------------------------------
     def completed(self, queue: Queue, entry: Entry) -> None:
-        events = self.queues.get(queue)
-        if events is not None:
-            events.completes.extend((_now(), entry.seq, entry.data))
+        recorder = self.queues.get(queue)
+        if recorder is not None:
+            recorder.completed(entry)
 
     def replicated(self, queue: Queue, kind: bytes, seq: int, enqueued_us: int, data: bytes) -> None:
         """The HA replication hook, on a backup."""
-        events = self.queues.get(queue)
-        if events is None:
-            return
-        if kind == b"E":
-            events.live.extend((_now(), seq, data, enqueued_us))
-        elif kind == b"C":
-            events.catchup.extend((_now(), seq, data))
-        else:
-            events.mirrored.extend((_now(), seq, data))
+        recorder = self.queues.get(queue)
+        if recorder is not None:
+            recorder.add(_REPLICATED.get(kind, Kind.MIRRORED.index), seq, data, enqueued_us)
 
     # -- off the hot path ----------------------------------------------------------------------
     def flush(self) -> None:
@@ -143,27 +114,18 @@ class AuditLog:
             self.jobs.put(job)
 
     def take(self) -> list[bytes | Group]:
-        """Every list's records, numbered, under the current context; each list is replaced by an
-        emptied one the writer thread gives back (an old list: the garbage collector skips it)."""
+        """Every recorder's records, numbered, under the current context."""
         ha = self.ha
         epoch = ha.epoch.epoch if ha is not None else 0
         role, lines = self.role, self.lines
         job: list[bytes | Group] = []
-        for queue, events in self.queues.items():
+        for queue, recorder in self.queues.items():
             for kind in PRIMARY_KINDS if self.primary_side else BACKUP_KINDS:
-                records = getattr(events, kind.records)
-                if records:
+                batch = recorder.take(kind.index)
+                if batch is not None:
                     backups = ha.ready_backups(queue) if ha is not None and kind is Kind.COMPLETE else ()
-                    parts = lines.parts(kind, role, epoch, queue.name, queue.uid, backups)
-                    job.append(lines.group(kind, parts, records))
-                    setattr(events, kind.records, self._spare())
+                    job.append(lines.group(lines.parts(kind, role, epoch, queue.name, queue.uid, backups), batch))
         return job
-
-    def _spare(self) -> Records:
-        try:
-            return self.spares.get_nowait()
-        except Empty:
-            return []
 
     def _mark(self) -> bytes:
         """A mark: the log is complete up to now."""
@@ -172,16 +134,12 @@ class AuditLog:
         return self.lines.mark(self.last_mark, self.role, ha.epoch.epoch if ha is not None else 0)
 
     def _run_writer(self) -> None:
-        """The writer thread: formats and writes each job (in C, without the GIL), then empties its lists."""
+        """The writer thread: formats and writes each job (in C, without the GIL)."""
         while (job := self.jobs.get()) is not None:
             try:
                 self.writer.write(job)
             except Exception:  # noqa: BLE001 - the thread must go on; the gap shows in the audit
                 log.exception("audit: writing %d groups failed", len(job))
-            for group in job:
-                if type(group) is tuple:
-                    group[1].clear()
-                    self.spares.put(group[1])
 
     def close(self) -> None:
         """At exit: write everything left, and a mark."""

@@ -2,10 +2,9 @@
 
 A queue's records of one kind, written under one context (role, epoch, the backups ready for the
 queue), share their lines' text but for the time, line number, seq and message id (and, for a live
-replica, the primary's enqueue time). `_lines` (C) writes the lines, reading each message's id
-from its bytes when it has the usual encoding; `read_id` reads any other. In CPython alone a line
-cost about 0.6 µs and an id 0.45 µs, at three lines per message a quarter of the broker's own work
-(bench/RESULTS.md); `_lines` does it on the writer thread with the GIL released.
+replica, the primary's enqueue time). `_lines.write` (C) writes the lines on the writer thread with
+the GIL released, reading each message's id from its bytes when it has the usual encoding;
+`read_id` reads any other.
 """
 from __future__ import annotations
 
@@ -16,32 +15,30 @@ from json.encoder import encode_basestring  # the C encoder: a JSON string in a 
 from typing import Any
 
 from . import schema
+from ._lines import Batch
 from .message_id import message_id
 
 
 class Kind(Enum):
-    """What a record is: (the QueueEvents list it waits in, its items, its event)."""
+    """What a record is: (its number in `_lines.Recorder`, its event)."""
 
-    ENQUEUE = ("enqueues", 3, schema.ENQUEUE)
-    COMPLETE = ("completes", 3, schema.COMPLETE)
-    DEQUEUE = ("dequeues", 3, schema.DEQUEUE)
-    LIVE = ("live", 4, schema.REPLICATE)  # records carry the primary's enqueue time
-    CATCHUP = ("catchup", 3, schema.REPLICATE)
-    MIRRORED = ("mirrored", 3, schema.DEQUEUE)  # a backup applied the primary's dequeue
+    ENQUEUE = (0, schema.ENQUEUE)
+    COMPLETE = (1, schema.COMPLETE)
+    DEQUEUE = (2, schema.DEQUEUE)
+    LIVE = (3, schema.REPLICATE)  # records carry the primary's enqueue time
+    CATCHUP = (4, schema.REPLICATE)
+    MIRRORED = (5, schema.DEQUEUE)  # a backup applied the primary's dequeue
 
-    def __init__(self, records: str, stride: int, event: str) -> None:
-        self.records, self.stride, self.event = records, stride, event
+    def __init__(self, index: int, event: str) -> None:
+        self.index, self.event = index, event
 
 
 PRIMARY_KINDS = (Kind.ENQUEUE, Kind.COMPLETE, Kind.DEQUEUE)  # in the order their lines are written
 BACKUP_KINDS = (Kind.LIVE, Kind.CATCHUP, Kind.MIRRORED)
 
-# Records wait in flat lists, `kind.stride` items each: time.time_ns(), seq, the message's bytes, and
-# for Kind.LIVE the primary's enqueue time in µs. Flat lists of ints and bytes give the garbage
-# collector nothing to track: a list of tuples made it walk every buffered record, again and again.
-Records = list[Any]
-# What `_lines.write` writes: lines already formatted, or (parts, records, number of the line before).
-Group = tuple[tuple[bytes, ...], Records, int]
+# What `_lines.write` writes: lines already formatted, or (parts, a batch of records, the number of
+# the line before).
+Group = tuple[tuple[bytes, ...], Batch, int]
 
 
 class LineFormatter:
@@ -75,11 +72,11 @@ class LineFormatter:
         return (f'{{"t":{t // 1000},"event":"mark","broker":{self.broker_json},'
                 f'"role":"{role}","epoch":{epoch},"run":{self.run},"n":{self.n}}}\n').encode()
 
-    def group(self, kind: Kind, parts: tuple[bytes, ...], records: Records) -> Group:
-        """`records` (flat, kind.stride items each) numbered as the next lines, for `_lines.write`."""
+    def group(self, parts: tuple[bytes, ...], batch: Batch) -> Group:
+        """`batch` numbered as the next lines, for `_lines.write`."""
         n = self.n
-        self.n = n + len(records) // kind.stride
-        return parts, records, n
+        self.n = n + len(batch)
+        return parts, batch, n
 
 
 def read_id(data: bytes) -> bytes:

@@ -99,8 +99,12 @@ def render(groups: list) -> bytes:
 
 def lines_of(f: LineFormatter, kind: Kind, records: list, role: str = "primary",
              backups: tuple[str, ...] = ()) -> bytes:
+    """The lines of records (time_ns, seq, data[, enqueued]) of one kind."""
+    recorder = _lines.Recorder()
+    for t, seq, data, *enqueued in records:
+        recorder.add(kind.index, seq, data, *(enqueued or [0]), t)
     parts = f.parts(kind, role, 3, 'q"%d', 'uid-q"%d', backups)  # names JSON must escape
-    return render([f.group(kind, parts, [item for record in records for item in record])])
+    return render([f.group(parts, recorder.take(kind.index))])
 
 
 def test_lines_follow_the_schema():
