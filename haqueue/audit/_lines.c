@@ -102,7 +102,8 @@ static enum id_kind find_id(const unsigned char *d, Py_ssize_t len, Py_ssize_t *
 }
 
 #define INT_ROOM 21 /* a long long in decimal, with its sign */
-#define KINDS 6     /* lines.Kind: ENQUEUE, COMPLETE, DEQUEUE, LIVE, CATCHUP, MIRRORED */
+/* The kinds of records, exported by these names (lines.Kind numbers its members with them). */
+enum kind { ENQUEUE, COMPLETE, DEQUEUE, LIVE, CATCHUP, MIRRORED, KINDS };
 
 struct record {
     long long t, seq, enqueued; /* time.time_ns(); the primary's enqueue time in us (a live replica) */
@@ -225,7 +226,7 @@ static PyObject *recorder_enqueued(Recorder *self, PyObject *const *args, Py_ssi
 {
     if (!two_args("enqueued", nargs))
         return NULL;
-    return add_entry(self, 0, args[1]);
+    return add_entry(self, ENQUEUE, args[1]);
 }
 
 static PyObject *recorder_acquired(Recorder *self, PyObject *const *args, Py_ssize_t nargs)
@@ -244,12 +245,12 @@ static PyObject *recorder_dequeued(Recorder *self, PyObject *const *args, Py_ssi
         return NULL;
     if (purge) /* a deleted queue's purge is not a consume */
         Py_RETURN_NONE;
-    return add_entry(self, 2, args[1]);
+    return add_entry(self, DEQUEUE, args[1]);
 }
 
 static PyObject *recorder_completed(Recorder *self, PyObject *entry)
 {
-    return add_entry(self, 1, entry);
+    return add_entry(self, COMPLETE, entry);
 }
 
 static PyObject *recorder_add(Recorder *self, PyObject *args)
@@ -289,11 +290,11 @@ static PyObject *recorder_take(Recorder *self, PyObject *arg)
 
 static PyMethodDef recorder_methods[] = {
     {"enqueued", (PyCFunction)(void (*)(void))recorder_enqueued, METH_FASTCALL,
-     "enqueued(queue, entry): the queue observer's enqueue (kind 0)"},
+     "enqueued(queue, entry): the queue observer's enqueue (ENQUEUE)"},
     {"acquired", (PyCFunction)(void (*)(void))recorder_acquired, METH_FASTCALL, "acquired(queue, entry): nothing"},
     {"dequeued", (PyCFunction)(void (*)(void))recorder_dequeued, METH_FASTCALL,
-     "dequeued(queue, entry): the queue observer's dequeue (kind 2), unless the queue is deleted"},
-    {"completed", (PyCFunction)recorder_completed, METH_O, "completed(entry): a confirmed publish (kind 1)"},
+     "dequeued(queue, entry): the queue observer's dequeue (DEQUEUE), unless the queue is deleted"},
+    {"completed", (PyCFunction)recorder_completed, METH_O, "completed(entry): a confirmed publish (COMPLETE)"},
     {"add", (PyCFunction)recorder_add, METH_VARARGS,
      "add(kind, seq, data, enqueued=0, t=0): a record of any kind; t = time.time_ns(), 0 for now"},
     {"take", (PyCFunction)recorder_take, METH_O, "take(kind) -> Batch | None: the kind's records, leaving none"},
@@ -504,7 +505,10 @@ PyMODINIT_FUNC PyInit__lines(void)
     if (m == NULL)
         return NULL;
     if (PyModule_AddObjectRef(m, "Recorder", (PyObject *)&RecorderType) < 0
-        || PyModule_AddObjectRef(m, "Batch", (PyObject *)&BatchType) < 0) {
+        || PyModule_AddObjectRef(m, "Batch", (PyObject *)&BatchType) < 0
+        || PyModule_AddIntMacro(m, ENQUEUE) < 0 || PyModule_AddIntMacro(m, COMPLETE) < 0
+        || PyModule_AddIntMacro(m, DEQUEUE) < 0 || PyModule_AddIntMacro(m, LIVE) < 0
+        || PyModule_AddIntMacro(m, CATCHUP) < 0 || PyModule_AddIntMacro(m, MIRRORED) < 0) {
         Py_DECREF(m);
         return NULL;
     }

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 
 from ..broker.queue import Entry, Queue
 from ..config import AuditConfig
-from . import schema
+from . import _lines, schema
 from ._lines import Recorder
 from .lines import BACKUP_KINDS, PRIMARY_KINDS, Group, Kind, LineFormatter
 from .writer import Writer
@@ -36,8 +36,8 @@ log = logging.getLogger("haqueue.audit")
 
 MARK_INTERVAL_NS = 1_000_000_000  # see schema.MARK
 _now = time.time_ns
-# A backup's replication hook: the kind of a message from the primary's delivery tag.
-_REPLICATED = {b"E": Kind.LIVE.index, b"C": Kind.CATCHUP.index}
+# A backup's replication hook: the kind of record for the primary's delivery tag (else a dequeue).
+_REPLICATED = {b"E": _lines.LIVE, b"C": _lines.CATCHUP}
 
 
 class AuditLog:
@@ -94,7 +94,7 @@ class AuditLog:
         """The HA replication hook, on a backup."""
         recorder = self.queues.get(queue)
         if recorder is not None:
-            recorder.add(_REPLICATED.get(kind, Kind.MIRRORED.index), seq, data, enqueued_us)
+            recorder.add(_REPLICATED.get(kind, _lines.MIRRORED), seq, data, enqueued_us)
 
     # -- off the hot path ----------------------------------------------------------------------
     def flush(self) -> None:

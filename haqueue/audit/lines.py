@@ -14,7 +14,7 @@ from enum import Enum
 from json.encoder import encode_basestring  # the C encoder: a JSON string in a fraction of json.dumps' time
 from typing import Any
 
-from . import schema
+from . import _lines, schema
 from ._lines import Batch
 from .message_id import message_id
 
@@ -22,12 +22,12 @@ from .message_id import message_id
 class Kind(Enum):
     """What a record is: (its number in `_lines.Recorder`, its event)."""
 
-    ENQUEUE = (0, schema.ENQUEUE)
-    COMPLETE = (1, schema.COMPLETE)
-    DEQUEUE = (2, schema.DEQUEUE)
-    LIVE = (3, schema.REPLICATE)  # records carry the primary's enqueue time
-    CATCHUP = (4, schema.REPLICATE)
-    MIRRORED = (5, schema.DEQUEUE)  # a backup applied the primary's dequeue
+    ENQUEUE = (_lines.ENQUEUE, schema.ENQUEUE)
+    COMPLETE = (_lines.COMPLETE, schema.COMPLETE)
+    DEQUEUE = (_lines.DEQUEUE, schema.DEQUEUE)
+    LIVE = (_lines.LIVE, schema.REPLICATE)  # records carry the primary's enqueue time
+    CATCHUP = (_lines.CATCHUP, schema.REPLICATE)
+    MIRRORED = (_lines.MIRRORED, schema.DEQUEUE)  # a backup applied the primary's dequeue
 
     def __init__(self, index: int, event: str) -> None:
         self.index, self.event = index, event
