@@ -177,7 +177,7 @@ def admin_request(endpoint: str, password: str, op: str, type_: str, name: str |
 
 # ---------------------------------------------------------------- the haqueue cluster
 
-class HaCluster(R.Broker):
+class HaCluster(R.LoggedProcess, R.Broker):
     """`haqueue cluster up --size N`: supervisor + N brokers; clients use the public address."""
 
     def __init__(self, label: str, size: int = 3):
@@ -221,12 +221,6 @@ class HaCluster(R.Broker):
         self.wait_ready(60)
         log(f"{self.label}: public {HOST}:{self.port}, brokers {self.endpoint(0)}..{self.endpoint(self.size - 1)}, "
             f"roles {self.roles}, pids {self.members()}")
-
-    def log_tail(self, n: int = 30) -> str:
-        try:
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])
-        except OSError:
-            return ""
 
     def members(self) -> dict[str, int]:
         """broker name -> pid of its live process (children of the supervisor)."""

@@ -281,7 +281,19 @@ class Broker:
         return ""
 
 
-class CommandBroker(Broker):
+class LoggedProcess:
+    """A broker run as a process whose output goes to self.log_path."""
+
+    log_path: Path
+
+    def log_tail(self, n: int = 30) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])
+        except OSError:
+            return ""
+
+
+class CommandBroker(LoggedProcess, Broker):
     """A broker run from a command template (haqueue by default)."""
 
     def __init__(self, cmd_template: str, label: str, port: int | None, startup_timeout: float):
@@ -313,12 +325,6 @@ class CommandBroker(Broker):
             time.sleep(0.2)
         raise RuntimeError(f"{self.label} not listening on {self.port} after {self.startup_timeout} s; "
                            f"log tail:\n{self.log_tail()}")
-
-    def log_tail(self, n: int = 30) -> str:
-        try:
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])
-        except OSError:
-            return ""
 
     def describe_failure(self) -> str:
         state = "alive" if self.proc and self.proc.poll() is None else f"exited rc={self.proc and self.proc.returncode}"
