@@ -7,6 +7,7 @@ import random
 import tempfile
 import uuid
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from proton import Message
@@ -18,8 +19,10 @@ from haqueue.audit import _lines
 from haqueue.audit.lines import Kind, LineFormatter, read_id
 from haqueue.audit.message_id import message_id
 from haqueue.audit.writer import Writer
+from haqueue.audit.events import AuditLog
+from haqueue.broker.queue import Queue
 from haqueue.cli import main
-from haqueue.config import ConfigError, load_config
+from haqueue.config import AuditConfig, ConfigError, load_config
 
 
 def encoded(**fields) -> bytes:
@@ -215,3 +218,43 @@ def test_a_standalone_broker_writes_enqueue_complete_dequeue(broker_factory, tmp
     assert {(e["broker"], e["role"], e["epoch"], e["queue"]) for e in messages} == {("solo", "standalone", 0, "orders")}
     assert got[0]["event"] == "mark" and got[-1]["event"] == "mark"  # the run's start and its clean stop
     assert [e["n"] for e in got] == list(range(1, len(got) + 1))
+
+
+def test_buffered_events_are_written_under_the_context_they_happened_in(tmp_path):
+    """HA's context hooks: replicas recorded as a backup stay backup lines of the old epoch though the
+    broker is promoted before the next flush; a confirmation names the backups ready when it happened."""
+    q = Queue("orders", {}, uid="uid-orders", schedule=lambda q: None)
+    ha = SimpleNamespace(policy=SimpleNamespace(replicates_messages=lambda queue: True), epoch=SimpleNamespace(epoch=1),
+                         primary=None, ready=(), replication_hooks=[], context_hooks=[], promotion_hooks=[])
+    ha.ready_backups = lambda queue: ha.ready
+    completion_hooks: list = []
+    broker = SimpleNamespace(name="b1", registry=SimpleNamespace(queues=lambda: [q], queue_hooks=[]),
+                             completion_hooks=completion_hooks, engine=SimpleNamespace(every=lambda *a: None))
+    audit = AuditLog(broker, AuditConfig(dir=str(tmp_path)), ha)  # type: ignore[arg-type]
+
+    def context_changes(change) -> None:  # as HaBroker does it: the hooks first
+        for hook in ha.context_hooks:
+            hook()
+        change()
+
+    def publish(mid: str) -> None:
+        entry = q.enqueue(encoded(id=mid), 0.0)
+        for hook in completion_hooks:
+            hook(q, entry)
+
+    for hook in ha.replication_hooks:
+        hook(q, b"E", 7, 1_000, encoded(id="replica"))
+    context_changes(lambda: setattr(ha.epoch, "epoch", 2))  # promotion: a newer epoch,
+    ha.primary = object()
+    for hook in ha.promotion_hooks:  # then the promotion hooks
+        hook()
+    publish("before-b2")
+    context_changes(lambda: setattr(ha, "ready", ("b2",)))  # backup b2 caught up with the queue
+    publish("after-b2")
+    audit.close()
+    events = {(e["event"], e.get("message_id")): e for e in read_lines(tmp_path) if e["event"] != "mark"}
+    assert sorted(events) == [("complete", "after-b2"), ("complete", "before-b2"), ("enqueue", "after-b2"),
+                              ("enqueue", "before-b2"), ("replicate", "replica")]
+    assert (events["replicate", "replica"]["role"], events["replicate", "replica"]["epoch"]) == ("backup", 1)
+    assert {(e["role"], e["epoch"]) for e in events.values() if e["event"] != "replicate"} == {("primary", 2)}
+    assert events["complete", "before-b2"]["backups"] == [] and events["complete", "after-b2"]["backups"] == ["b2"]
