@@ -59,6 +59,9 @@ def _broker(args: argparse.Namespace) -> int:
     from haqueue.broker.server import Broker, run  # lazily: admin commands need none of the broker
 
     def plugins(broker: Broker) -> None:
+        if config.store.enabled:
+            from haqueue.store import Store
+            Store(broker, config.store)
         ha = None
         if config.ha is not None:
             from haqueue.ha import HaBroker
@@ -137,6 +140,10 @@ def _add_admin(commands: Subparsers) -> None:
     _add_exchange(actions)
     _add_binding(actions)
     _add_ha(actions)
+    store = actions.add_parser("store", help="the broker's durable store")
+    store_actions = store.add_subparsers(dest="store_command", metavar="COMMAND", required=True)
+    _add_action(store_actions, "status", _store_status,
+                "print the journal's segments, bytes, live messages, position and last fsync latency as JSON")
 
 
 def _admin(args: argparse.Namespace) -> int:
@@ -155,6 +162,10 @@ def _admin(args: argparse.Namespace) -> int:
 
 def _status(client: AdminClient, args: argparse.Namespace) -> None:
     _print_json(_call(client, "READ", "broker"))
+
+
+def _store_status(client: AdminClient, args: argparse.Namespace) -> None:
+    _print_json(_call(client, "READ", "store"))
 
 
 def _add_queue(actions: Subparsers) -> None:
@@ -234,6 +245,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_admin(commands)
     _add_cluster(commands)
     _add_audit(commands)
+    _add_store(commands)
     return parser
 
 
@@ -295,6 +307,25 @@ def _cluster_up(args: argparse.Namespace) -> int:
     from haqueue.coord.supervisor import cluster_up
     extra = {"audit": {"dir": os.path.abspath(args.audit_dir)}} if args.audit_dir else None
     return cluster_up(args.size, args.dir, parse_address(args.public), args.base_port, extra)
+
+
+# ---- haqueue store -----------------------------------------------------------------------
+
+def _add_store(commands: Subparsers) -> None:
+    p = commands.add_parser("store", help="the durable store, offline")
+    sub = p.add_subparsers(dest="store_command", metavar="COMMAND", required=True)
+    check = sub.add_parser("check", help="verify a broker's data dir without changing it",
+                           description="Read every journal segment of a broker's data dir (the broker stopped) "
+                                       "and print what it holds as JSON. Exit 0 if it reads back (a torn tail, "
+                                       "which the broker truncates at start, is reported), 1 on corruption, 2 "
+                                       "if there is no journal.")
+    check.add_argument("data_dir", metavar="DIR", help="the broker's data_dir (its journal is DIR/journal)")
+    check.set_defaults(func=_store_check)
+
+
+def _store_check(args: argparse.Namespace) -> int:
+    from haqueue.store.check import check
+    return check(args.data_dir)
 
 
 # ---- haqueue audit -----------------------------------------------------------------------

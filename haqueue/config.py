@@ -90,6 +90,9 @@ class HaConfig:
     public: tuple[str, int] | None = None  # the clients' address, bound only while primary
     replicate: str = "all"  # default x-replicate: none | configuration | all
     backup_timeout: float = 5.0  # seconds a backup may take to confirm before it is dropped
+    # After a total outage, how long coordinators wait for every broker before promoting the freshest of
+    # those that answered (a staler store than one still on its way loses what only that one has).
+    recovery_wait: float = 10.0
     coordinator: str = "external"  # who promotes: external (admin, supervisor, Pacemaker) | zookeeper
     zookeeper: ZooKeeperConfig | None = None
 
@@ -101,6 +104,15 @@ class AuditConfig:
     dir: str
     max_bytes: int = 64 * 1024 * 1024  # a file is closed and the next one started past this size
     flush_interval: float = 0.2  # seconds between writes; a crash loses at most this much
+
+
+@dataclass
+class StoreConfig:
+    """The `store:` section: the journal of durable wiring and messages in data_dir (design/store.md)."""
+
+    enabled: bool = True
+    segment_bytes: int = 64 * 1024 * 1024  # a segment is closed and the next started past this size
+    compact_ratio: float = 2.0  # the journal is compacted when larger than this times the live data
 
 
 @dataclass
@@ -118,6 +130,7 @@ class BrokerConfig:
     limits: LimitsConfig = field(default_factory=LimitsConfig)
     ha: HaConfig | None = None
     audit: AuditConfig | None = None
+    store: StoreConfig = field(default_factory=StoreConfig)
 
 
 def parse_address(text: str) -> tuple[str, int]:
@@ -325,6 +338,12 @@ def _positive_seconds(value: Any, path: str) -> float:
     return seconds
 
 
+def _ratio(value: Any, path: str) -> float:
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value >= 1.2
+    _expect(ok, path, "a number >= 1.2", value)
+    return float(value)
+
+
 _ZOOKEEPER: dict[str, Check] = {
     "hosts": _zk_hosts,
     "path": _zk_path,
@@ -339,6 +358,7 @@ _HA: dict[str, Check] = {
     "public": _address,
     "replicate": _choice("none", "configuration", "all"),
     "backup_timeout": _seconds,
+    "recovery_wait": _seconds,
     "coordinator": _choice("external", "zookeeper"),
     "zookeeper": _record(ZooKeeperConfig, _ZOOKEEPER, ("hosts",)),
 }
@@ -371,6 +391,7 @@ _TOP: dict[str, Check] = {
     "ha": _ha,
     "audit": _record(AuditConfig, {"dir": _name, "max_bytes": _int(4096), "flush_interval": _positive_seconds},
                      ("dir",)),
+    "store": _record(StoreConfig, {"enabled": _bool, "segment_bytes": _int(4096), "compact_ratio": _ratio}),
 }
 
 

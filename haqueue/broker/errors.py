@@ -29,3 +29,7 @@ class BrokerError(Exception):
     @property
     def status(self) -> int:
         return STATUS.get(self.condition, 500)
+
+
+class RecoveryError(Exception):
+    """The broker's durable state cannot be read back; it must not start (exit code 2)."""

@@ -30,7 +30,7 @@ class Publisher(LinkHandler):
             self.link.settle(delivery, REJECTED, DECODE, "the transfer is not an AMQP message (no section descriptor)")
             return
         node = self.node
-        if type(node) is Queue and not node.deleted and not node.guards and not node.full():
+        if type(node) is Queue and not node.deleted and not node.guarded(data) and not node.full():
             # The hot path: one queue, nothing holding completion.
             ttl = ttl_ms(data)
             entry = node.enqueue(data, time.monotonic() + ttl / 1000.0 if ttl else 0.0)
@@ -53,7 +53,7 @@ class Publisher(LinkHandler):
             return
         ttl = ttl_ms(data)
         expiry = time.monotonic() + ttl / 1000.0 if ttl else 0.0
-        if settled or not any(q.guards for q in queues):
+        if settled or not any(q.guarded(data) for q in queues):
             enqueued = [(queue, queue.enqueue(data, expiry)) for queue in queues]
             self.link.settle(delivery, 0 if settled else ACCEPTED)
             if not settled:

@@ -154,6 +154,15 @@ def is_message(data: bytes) -> bool:
     return data[:2] == b"\x00\x53" and len(data) > 2 and HEADER <= data[2] <= 0x78
 
 
+def is_durable(data: bytes) -> bool:
+    """The header's durable flag (its first field), read without decoding the rest: on the hot path."""
+    if not data.startswith(_HEADER_PREFIX):
+        return False
+    code = data[3]
+    first = 6 if code == 0xC0 else 12 if code == 0xD0 else 0  # list8 / list32; list0 has no fields
+    return first > 0 and len(data) > first and (data[first] == 0x41 or data[first:first + 2] == b"\x56\x01")
+
+
 def ttl_ms(data: bytes) -> int | None:
     """The header's ttl in milliseconds; the fast check keeps header-less messages at one comparison."""
     if not data.startswith(_HEADER_PREFIX):

@@ -11,7 +11,7 @@ import time
 from typing import Any, Callable, Protocol
 
 from .completion import Completion, Guard
-from .message import with_delivery_count, delivery_count
+from .message import delivery_count, is_durable, with_delivery_count
 
 AVAILABLE, ACQUIRED, DEQUEUED = 0, 1, 2
 
@@ -42,6 +42,8 @@ class QueueObserver(Protocol):
     def enqueued(self, queue: "Queue", entry: Entry) -> None: ...
     def acquired(self, queue: "Queue", entry: Entry) -> None: ...
     def dequeued(self, queue: "Queue", entry: Entry) -> None: ...
+    def merged(self, queue: "Queue", entries: list[Entry]) -> None: ...  # a replica's catch-up, put in place
+    def redelivered(self, queue: "Queue", entry: Entry) -> None: ...  # its delivery-count was raised
 
 
 class Queue:
@@ -72,12 +74,17 @@ class Queue:
         self._rotation = 0
         self.observers: list[QueueObserver] = []
         self.guards: list[Guard] = []
+        self.durable_guards: list[Guard] = []  # consulted only for durable messages (the store)
         self.deleted = False
         self.temporary = False  # made for one link (dynamic or an exchange subscription); goes with it
 
     # -- enqueue -------------------------------------------------------------------------
     def full(self) -> bool:
         return self.max_depth > 0 and self.depth >= self.max_depth
+
+    def guarded(self, data: bytes) -> bool:
+        """Would a guard hold this message's completion?"""
+        return bool(self.guards) or bool(self.durable_guards) and is_durable(data)
 
     def enqueue(self, data: bytes, expiry: float, completion: Completion | None = None, seq: int = 0) -> Entry:
         """Append a message; `seq` is given only by a replica, which keeps its primary's numbering."""
@@ -91,9 +98,12 @@ class Queue:
         self.depth += 1
         if expiry:
             self.expiring += 1
-        if self.guards and completion is not None:
+        if completion is not None:
             for guard in self.guards:
                 guard.hold(self, entry, completion)
+            if self.durable_guards and is_durable(data):
+                for guard in self.durable_guards:
+                    guard.hold(self, entry, completion)
         for observer in self.observers:
             observer.enqueued(self, entry)
         if self.consumers or self.browsers:
@@ -118,6 +128,8 @@ class Queue:
             return
         if failed:
             entry.data = with_delivery_count(entry.data, delivery_count(entry.data) + 1)
+            for observer in self.observers:
+                observer.redelivered(self, entry)
         entry.state = AVAILABLE
         heapq.heappush(self._returned, (entry.seq, entry))
         self._schedule(self)
@@ -245,6 +257,8 @@ class Queue:
         self.expiring += sum(1 for e in added if e.expiry)
         if self._log:
             self.next_seq = max(self.next_seq, self._log[-1].seq + 1)
+        for observer in self.observers:
+            observer.merged(self, added)
 
     def entries(self) -> list[Entry]:
         """Live entries in seq order (cold path: management, HA snapshots)."""

@@ -3,8 +3,9 @@
 Plug-ins (HA, the audit log) use the named hooks and nothing else:
 `registry.observers` / `registry.validators` / `registry.queue_hooks` (wiring and per-queue
 observers and guards), `admission` (who may connect), `endpoints` (link handlers for `$`
-addresses), `management.register` (operations), `status_hooks` (fields of the broker status) and
-`completion_hooks` (a publisher's message confirmed).
+addresses), `management.register` (operations), `status_hooks` (fields of the broker status),
+`completion_hooks` (a publisher's message confirmed) and `recovery` (a durable store: loads the
+wiring and messages it kept before anything else happens).
 """
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ from typing import Any, Callable, Protocol, Sequence
 from .. import __version__
 from ..config import BrokerConfig, ListenerConfig
 from .engine import Connection, Engine, Link, LinkHandler, Listener
-from .errors import BrokerError, INVALID_FIELD, NOT_IMPLEMENTED, RESOURCE_LOCKED
+from .errors import BrokerError, INVALID_FIELD, NOT_IMPLEMENTED, RESOURCE_LOCKED, RecoveryError
 from .exchange import Exchange
 from .links import Consumer, Publisher
 from .management import ADDRESS as MANAGEMENT, Management
@@ -30,6 +31,16 @@ from .registry import Registry
 log = logging.getLogger("haqueue.broker")
 
 Admission = Callable[[Connection], None]  # raises BrokerError to refuse
+
+
+class Recovery(Protocol):
+    """A durable store, as the broker sees it."""
+
+    def recover(self) -> None:
+        """Load what was kept into the registry; raise RecoveryError if it cannot be read."""
+
+    def position(self) -> tuple[int, int]:
+        """How far this broker's store has got: (segment, offset), growing with every record."""
 
 
 class Dispatchable(Protocol):
@@ -52,6 +63,7 @@ class Broker:
         # Called with (queue, entry) when a publisher's message is confirmed (the audit log).
         self.completion_hooks: list[Callable[[Queue, Entry], None]] = []
         self.connections: set[Connection] = set()
+        self.recovery: Recovery | None = None  # set by a store plug-in
         self._tls: ssl.SSLContext | None = None
 
     # -- set-up ------------------------------------------------------------------------------
@@ -199,6 +211,8 @@ class Broker:
 
     def start(self) -> None:
         os.makedirs(self.config.data_dir, exist_ok=True)
+        if self.recovery is not None:
+            self.recovery.recover()
         self.declare_configured()
         for options in self.config.listen:
             self.listen(options)
@@ -215,12 +229,16 @@ class Broker:
 
 def run(config: BrokerConfig, plugins: Sequence[Callable[[Broker], Any]] = ()) -> int:
     """Run a broker in the foreground until SIGTERM or SIGINT; the exit code.
-    Each plug-in (HA, the audit log) is called with the started broker to attach its hooks."""
+    Each plug-in (the store, HA, the audit log) is called with the broker to attach its hooks before it
+    starts: a store recovers, then the configured wiring is declared and the listeners open."""
     broker = Broker(config)
     try:
-        broker.start()
         for plugin in plugins:
             plugin(broker)
+        broker.start()
+    except RecoveryError as e:
+        log.error("cannot start: %s", e)
+        return 2
     except (OSError, BrokerError) as e:
         log.error("cannot start: %s", e)
         return 1

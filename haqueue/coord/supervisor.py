@@ -1,9 +1,12 @@
 """The local supervisor (`haqueue cluster up`): N brokers on one machine as a hot-standby cluster.
 
-It promotes the first broker, then watches: when the primary's process dies or stops answering,
-it kills what is left of it (fencing, as Pacemaker's stop would), promotes the most up-to-date
-ready backup, and restarts the dead broker as a backup. The public address is a listener only
-the primary binds, so it moves with the role exactly as a virtual IP does.
+It promotes the first broker of a new cluster, or the broker with the freshest store of one that
+was stopped or killed whole (design/store.md), then watches: when the primary's process dies or
+stops answering, it kills what is left of it (fencing, as Pacemaker's stop would), promotes the
+most up-to-date ready backup, and restarts the dead broker as a backup. With no ready backup left
+(every broker went down), it restarts them all and promotes the freshest store again. The public
+address is a listener only the primary binds, so it moves with the role exactly as a virtual IP
+does.
 """
 from __future__ import annotations
 
@@ -25,6 +28,7 @@ log = logging.getLogger("haqueue.cluster")
 
 CHECK_INTERVAL = 0.2  # seconds between looks at the primary
 PING_TIMEOUT = 1.0  # a primary that does not answer in this long, twice, is declared hung
+PROMOTE_TIMEOUT = 30.0  # seconds to keep asking before saying a promotion is stuck
 
 
 @dataclass
@@ -115,7 +119,37 @@ class Supervisor:
     def up(self) -> None:
         for member in self.members:
             self.start(member)
-        self.promote(self.members[0])
+        self.promote_freshest()
+
+    def promote_freshest(self) -> None:
+        """Promote the first broker of a brand-new cluster, else the one whose store is freshest ("latest
+        update wins"); a broker refuses while it has not met every peer, so ask again until it agrees."""
+        deadline = time.monotonic() + PROMOTE_TIMEOUT
+        while not self._stopping:
+            candidate = self.freshest()
+            try:
+                self.promote(candidate)
+                return
+            except AdminError as e:
+                if time.monotonic() > deadline:
+                    log.error("%s; still trying", e)
+                    deadline = time.monotonic() + PROMOTE_TIMEOUT
+            time.sleep(CHECK_INTERVAL)  # bounded retry while the brokers meet each other
+
+    def freshest(self) -> Member:
+        statuses: dict[str, dict[str, Any]] = {}
+        for member in self.members:
+            try:
+                statuses[member.name] = self.request(member, "READ", "ha", timeout=PING_TIMEOUT)
+            except AdminError:
+                continue
+        if all(int(s.get("epoch", 0)) == 0 for s in statuses.values()):
+            return self.members[0]
+        best = max((m for m in self.members if m.name in statuses),
+                   key=lambda m: tuple(statuses[m.name].get("freshness", ())))
+        log.info("%s has the freshest store (%s)", best.name,
+                 ", ".join(f"{name} {s.get('freshness')}" for name, s in statuses.items()))
+        return best
 
     def promote(self, member: Member) -> None:
         self.request(member, "PROMOTE", "ha", {"force": False})
@@ -161,21 +195,24 @@ class Supervisor:
         assert failed is not None
         log.warning("primary %s failed; promoting a ready backup", failed.name)
         self.kill(failed)
-        deadline = time.monotonic() + 30.0
-        while not self._stopping:
-            candidate = self.best_backup()
-            if candidate is not None:
-                try:
-                    self.promote(candidate)
-                    break
-                except AdminError as e:
-                    log.warning("promotion of %s refused: %s", candidate.name, e)
-            if time.monotonic() > deadline:
-                log.error("no ready backup to promote after 30 s; still waiting")
-                deadline = time.monotonic() + 30.0
-            time.sleep(CHECK_INTERVAL)  # bounded retry while backups catch up
-        log.info("restarting %s as a backup", failed.name)
-        self.start(failed)
+        candidate = self.best_backup()
+        if candidate is not None:
+            try:
+                self.promote(candidate)
+                log.info("restarting %s as a backup", failed.name)
+                self.start(failed)
+                return
+            except AdminError as e:
+                log.warning("promotion of %s refused: %s", candidate.name, e)
+        # No ready backup: none can become ready without a primary. Bring every broker back with its
+        # store and promote the freshest, as after a total outage.
+        log.warning("no ready backup; restarting the brokers that are down and promoting the freshest store")
+        self.primary = None
+        for member in self.members:
+            if member.process is None or member.process.poll() is not None:
+                self.kill(member)
+                self.start(member)
+        self.promote_freshest()
 
     def watch(self) -> None:
         while not self._stopping:

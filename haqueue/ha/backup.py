@@ -15,7 +15,7 @@ from ..broker.message import delivery_count, with_delivery_count
 from ..broker.queue import Queue
 from . import protocol
 from .queue_replicator import QueueReplicator
-from .role import CATCHUP, JOINING, READY
+from .role import CATCHUP, JOINING, OUTSIDE, READY, WAS_READY
 from .wiring_replicator import WiringReplicator
 
 if TYPE_CHECKING:
@@ -47,6 +47,8 @@ class Backup:
         self._tried: set[tuple[str, int]] = set()  # peers reached or refused at least once
         self.peers_with_history: set[str] = set()  # peers that have had a primary: the cluster is not new
         self.max_peer_epoch = 0  # the highest epoch a peer has told us of
+        self.peer_freshness: dict[str, tuple[int, ...]] = {}  # what each peer said of its store when last met
+        self.peer_states: dict[str, str] = {}  # and of its state
         ha.broker.engine.call_later(0, self._connect)
 
     @property
@@ -82,6 +84,8 @@ class Backup:
         self.max_peer_epoch = max(self.max_peer_epoch, epoch)
         if props.get(protocol.HAD_PRIMARY) or epoch > 0:
             self.peers_with_history.add(conn.peer)
+        self.peer_freshness[conn.peer] = tuple(props.get(protocol.FRESHNESS) or (epoch,))
+        self.peer_states[conn.peer] = str(props.get(protocol.STATE) or JOINING)
         self.wiring = WiringReplicator(self)
         self.wiring.link = conn.open_link(False, protocol.WIRING, protocol.WIRING, self.wiring, credit=1000,
                                           properties={protocol.BROKER: self.ha.broker.name,
@@ -131,6 +135,7 @@ class Backup:
     def wiring_synced(self) -> None:
         if self.state == JOINING:
             self.state = CATCHUP
+            self.ha.epoch.stand(OUTSIDE)  # what it kept may lack what was confirmed while it was away
         self.check_ready()
 
     def replicate(self, queue: Queue, fresh: bool = False) -> None:
@@ -152,6 +157,7 @@ class Backup:
         state = READY if ready else CATCHUP
         if state != self.state:
             self.state = state
+            self.ha.epoch.stand(WAS_READY if state == READY else OUTSIDE)
             log.info("backup %s is %s", self.ha.broker.name, state)
 
     def stop(self) -> None:

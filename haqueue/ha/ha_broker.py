@@ -21,7 +21,7 @@ from . import protocol
 from .backup import Backup
 from .policy import Policy
 from .primary import Primary
-from .role import BACKUP, JOINING, PRIMARY, READY, EpochStore
+from .role import BACKUP, JOINING, PRIMARY, READY, WAS_PRIMARY, EpochStore
 
 log = logging.getLogger("haqueue.ha")
 
@@ -72,7 +72,8 @@ class HaBroker:
     def admit(self, conn: Connection) -> None:
         if self.is_peer(conn):  # tell a peer where this broker stands: it decides if the cluster is new
             conn.set_properties({protocol.EPOCH: self.epoch.epoch, protocol.HAD_PRIMARY: self.epoch.had_primary,
-                                 protocol.ROLE: self.role})
+                                 protocol.ROLE: self.role, protocol.STATE: self.state,
+                                 protocol.FRESHNESS: list(self.freshness())})
             return
         if self.primary is None:
             log.info("refused client %s (%s): this broker is a backup", conn.peer, conn.remote_container)
@@ -94,7 +95,7 @@ class HaBroker:
         if self.primary is not None:
             return self.status()
         if self.backup.state != READY and not force:
-            reason = self._not_brand_new()
+            reason = self.promotion_refusal()
             if reason:
                 raise BrokerError(NOT_ALLOWED, f"{self.broker.name} cannot be promoted: still catching up "
                                                f"(state {self.backup.state}; {reason}); promote a ready backup, "
@@ -107,6 +108,7 @@ class HaBroker:
         floor = self.epoch.epoch << EPOCH_SEQ_SHIFT
         for queue in self.broker.registry.queues():
             queue.next_seq = max(queue.next_seq, floor)
+        self.epoch.stand(WAS_PRIMARY)
         self.primary = Primary(self, expected)
         log.info("%s promoted to primary, epoch %d", self.broker.name, self.epoch.epoch)
         for hook in self.promotion_hooks:
@@ -128,14 +130,31 @@ class HaBroker:
         """The backups whose replication of `queue` has caught up (none on a backup)."""
         return self.primary.ready_backups(queue) if self.primary is not None else ()
 
-    def _not_brand_new(self) -> str | None:
-        """Why this is not a brand-new cluster, where a joining broker may be promoted; None if it is."""
-        if self.epoch.had_primary or self.backup.state != JOINING:
-            return "it has followed a primary before"
-        if self.backup.peers_with_history:
-            return f"{', '.join(sorted(self.backup.peers_with_history))} already had a primary"
-        if not self.backup.tried_every_peer:
+    def freshness(self) -> tuple[int, int, int]:
+        """How complete this broker's store is, to compare with its peers' after a total outage:
+        (epoch, standing in it, stream), where stream sums the replicated queues' next seqs
+        (design/store.md)."""
+        stream = sum(q.next_seq - 1 for q in self.broker.registry.queues() if self.policy.replicates_messages(q))
+        return self.epoch.epoch, self.epoch.standing, stream
+
+    def promotion_refusal(self) -> str | None:
+        """Why this backup, not ready, may not be promoted; None if it may: in a brand-new cluster, or in
+        one restarting after a total outage (no primary anywhere) when no reachable peer's store is fresher."""
+        backup = self.backup
+        if backup.state != JOINING:
+            return "it has followed a primary since it started"
+        if not backup.tried_every_peer:
             return "it has not reached every peer yet"
+        if not self.epoch.had_primary and not backup.peers_with_history:
+            return None  # a brand-new cluster
+        serving = sorted(f"{peer} ({state})" for peer, state in backup.peer_states.items() if state != JOINING)
+        if serving:  # not a total outage: a ready peer is the one to promote
+            return f"{', '.join(serving)} followed a primary since it started"
+        own = self.freshness()
+        fresher = sorted(peer for peer, theirs in backup.peer_freshness.items() if theirs > own)
+        if fresher:
+            return f"{', '.join(fresher)} has a fresher store (freshness {list(backup.peer_freshness[fresher[0]])} " \
+                   f"> {list(own)})"
         return None
 
     def _bind_public(self) -> None:
@@ -174,7 +193,8 @@ class HaBroker:
 
     def status(self) -> dict[str, Any]:
         status: dict[str, Any] = {"name": self.broker.name, "role": self.role, "state": self.state,
-                                  "epoch": self.epoch.epoch, "coordinator": self.config.coordinator,
+                                  "epoch": self.epoch.epoch, "freshness": list(self.freshness()),
+                                  "coordinator": self.config.coordinator,
                                   "brokers": [f"{h}:{p}" for h, p in self.config.brokers],
                                   "public": f"{self.config.public[0]}:{self.config.public[1]}"
                                   if self.config.public else None}

@@ -23,6 +23,8 @@ HAVE = "x-ha-have"  # seq ranges the backup holds, flattened: [first, last, firs
 # Connection properties a broker gives a peer in its open frame.
 HAD_PRIMARY = "x-ha-had-primary"  # has it ever followed or been a primary
 ROLE = "x-ha-role"
+STATE = "x-ha-state"
+FRESHNESS = "x-ha-freshness"  # how complete its store is: [epoch, standing, stream] (design/store.md)
 
 # Transfer kinds on a queue link (the tag's first byte).
 ENQUEUE = b"E"  # a live enqueue: the backup's settlement is its confirmation

@@ -1,0 +1,149 @@
+"""The journal's record format (design/store.md): encoding on the broker's thread, reading at recovery.
+
+    magic b"HQ" | length u32 (of type + payload) | crc32 u32 (of type + payload) | type u8 | payload
+
+Message records carry the message's bytes as received, unparsed; wiring records carry JSON.
+"""
+from __future__ import annotations
+
+import json
+import struct
+import zlib
+from dataclasses import dataclass
+from typing import Any
+
+MAGIC = b"HQ"
+_HEAD = struct.Struct(">2sII")  # magic, length, crc
+HEAD_SIZE = _HEAD.size
+_ENQUEUE = struct.Struct(">BIQd")  # type, qid, seq, expiry (wall clock, 0: never)
+_DEQUEUE = struct.Struct(">BIQ")
+_QID = struct.Struct(">I")
+MAX_RECORD = 1 << 31  # a length above this is garbage, not a record
+
+# Record types.
+SEGMENT = ord("S")  # payload: JSON {"version", "segment"}; first in every segment
+QUEUE, QUEUE_DELETED = ord("Q"), ord("q")  # payload: qid u32, then JSON {name, uid, args} for Q
+EXCHANGE, EXCHANGE_DELETED = ord("X"), ord("x")  # JSON {name, type, uid, args} / {name, uid}
+BINDING, UNBOUND = ord("B"), ord("b")  # JSON {exchange, queue, key, uid, args} / {exchange, queue, key}
+ENQUEUE, DEQUEUE = ord("E"), ord("D")
+
+VERSION = 1
+
+
+def _frame(body: bytes) -> bytes:
+    return _HEAD.pack(MAGIC, len(body), zlib.crc32(body)) + body
+
+
+def enqueue(qid: int, seq: int, expiry: float, data: bytes) -> bytes:
+    head = _ENQUEUE.pack(ENQUEUE, qid, seq, expiry)
+    crc = zlib.crc32(data, zlib.crc32(head))
+    return b"".join((_HEAD.pack(MAGIC, len(head) + len(data), crc), head, data))
+
+
+def dequeue(qid: int, seq: int) -> bytes:
+    return _frame(_DEQUEUE.pack(DEQUEUE, qid, seq))
+
+
+def wiring(kind: int, fields: dict[str, Any], qid: int | None = None) -> bytes:
+    prefix = _QID.pack(qid) if qid is not None else b""
+    return _frame(bytes((kind,)) + prefix + json.dumps(fields, separators=(",", ":"), default=str).encode())
+
+
+def queue_deleted(qid: int) -> bytes:
+    return _frame(bytes((QUEUE_DELETED,)) + _QID.pack(qid))
+
+
+def segment_header(number: int) -> bytes:
+    return wiring(SEGMENT, {"version": VERSION, "segment": number})
+
+
+@dataclass(slots=True)
+class Record:
+    type: int
+    offset: int  # where it starts in its segment
+    end: int  # where the next record starts
+    qid: int = 0
+    seq: int = 0
+    expiry: float = 0.0
+    data: bytes = b""  # the message (E)
+    fields: Any = None  # the JSON payload (wiring)
+
+
+class Corrupt(Exception):
+    """A record that fails its check with valid records after it: never skipped silently."""
+
+    def __init__(self, path: str, offset: int, reason: str) -> None:
+        super().__init__(f"{path}: corrupt record at offset {offset}: {reason}")
+        self.path, self.offset, self.reason = path, offset, reason
+
+
+def _decode(body: memoryview, offset: int, end: int) -> Record:
+    kind = body[0]
+    if kind == ENQUEUE:
+        _, qid, seq, expiry = _ENQUEUE.unpack_from(body)
+        return Record(kind, offset, end, qid, seq, expiry, data=bytes(body[_ENQUEUE.size:]))
+    if kind == DEQUEUE:
+        _, qid, seq = _DEQUEUE.unpack_from(body)
+        return Record(kind, offset, end, qid, seq)
+    if kind in (QUEUE, QUEUE_DELETED):
+        qid = _QID.unpack_from(body, 1)[0]
+        fields = json.loads(bytes(body[5:])) if kind == QUEUE else None
+        return Record(kind, offset, end, qid, fields=fields)
+    if kind in (SEGMENT, EXCHANGE, EXCHANGE_DELETED, BINDING, UNBOUND):
+        return Record(kind, offset, end, fields=json.loads(bytes(body[1:])))
+    raise ValueError(f"unknown record type {kind}")
+
+
+def _check(view: memoryview, pos: int) -> tuple[Record | None, str]:
+    """The record at pos, or None and why it is not one."""
+    if len(view) - pos < HEAD_SIZE:
+        return None, "cut short in its header"
+    magic, length, crc = _HEAD.unpack_from(view, pos)
+    if magic != MAGIC:
+        return None, "no record marker"
+    if length == 0 or length > MAX_RECORD:
+        return None, f"impossible length {length}"
+    end = pos + HEAD_SIZE + length
+    if end > len(view):
+        return None, f"length {length} runs past the end of the file"
+    body = view[pos + HEAD_SIZE:end]
+    if zlib.crc32(body) != crc:
+        return None, "checksum mismatch"
+    try:
+        return _decode(body, pos, end), ""
+    except (ValueError, struct.error, UnicodeDecodeError) as e:  # json.JSONDecodeError is a ValueError
+        return None, f"undecodable payload ({e})"
+
+
+def _valid_after(view: memoryview, data: bytes, pos: int) -> int | None:
+    """The offset of the first valid record after pos, if any (its marker found, then checked)."""
+    start = pos + 1
+    while True:
+        found = data.find(MAGIC, start)
+        if found < 0:
+            return None
+        if _check(view, found)[0] is not None:
+            return found
+        start = found + 1
+
+
+def read_segment(path: str, data: bytes, last: bool) -> tuple[list[Record], int | None, str]:
+    """The records of one segment's bytes, and (offset, reason) of a torn tail to truncate, if any.
+
+    A bad record with a valid one after it, or in a segment that is not the last, raises Corrupt: a
+    torn write can only be at the end of the newest segment."""
+    view = memoryview(data)
+    records: list[Record] = []
+    pos = 0
+    while pos < len(data):
+        record, reason = _check(view, pos)
+        if record is None:
+            later = _valid_after(view, data, pos)
+            if not last or later is not None:
+                where = f"; a valid record follows at offset {later}" if later is not None else \
+                    " in a segment that is not the newest"
+                raise Corrupt(path, pos, reason + where)
+            return records, pos, reason
+        records.append(record)
+        pos = record.end
+    return records, None, ""

@@ -1,0 +1,114 @@
+"""Reading a journal back (design/store.md, Recovery): at start-up, and offline for `haqueue store check`.
+
+Segments are read oldest first; wiring records are applied in order and message records by
+"latest update wins" on (queue, seq). The result is an `Image` the store then loads into the
+registry.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from . import records
+from .records import Corrupt, Record
+from .writer import segment_path
+
+log = logging.getLogger("haqueue.store")
+
+_SEGMENT_NAME = re.compile(r"^(\d{8})\.seg$")
+
+
+@dataclass
+class QueueImage:
+    qid: int
+    name: str
+    uid: str
+    args: dict[str, Any]
+    messages: dict[int, tuple[Record, int]] = field(default_factory=dict)  # seq -> (its E record, segment)
+    max_seq: int = 0
+
+
+@dataclass
+class Image:
+    queues: dict[int, QueueImage] = field(default_factory=dict)  # by qid
+    exchanges: dict[str, dict[str, Any]] = field(default_factory=dict)
+    bindings: dict[tuple[str, str, str], dict[str, Any]] = field(default_factory=dict)
+    segments: dict[int, int] = field(default_factory=dict)  # number -> size in bytes
+    records: int = 0
+    max_qid: int = 0
+    torn: list[str] = field(default_factory=list)  # what was (or, offline, would be) truncated
+
+    @property
+    def messages(self) -> int:
+        return sum(len(q.messages) for q in self.queues.values())
+
+
+def segment_numbers(directory: str) -> list[int]:
+    if not os.path.isdir(directory):
+        return []
+    return sorted(int(m.group(1)) for m in map(_SEGMENT_NAME.match, os.listdir(directory)) if m)
+
+
+def read_journal(directory: str, repair: bool) -> Image:
+    """The journal's content. `repair`: truncate a torn tail (at start-up); offline checks only report it.
+    Raises Corrupt on a bad record that is not a torn tail."""
+    image = Image()
+    numbers = segment_numbers(directory)
+    for i, number in enumerate(numbers):
+        path = segment_path(directory, number)
+        with open(path, "rb") as f:
+            data = f.read()
+        found, torn_at, reason = records.read_segment(path, data, last=i == len(numbers) - 1)
+        if torn_at is not None:
+            what = f"{path}: torn record at offset {torn_at} ({reason}): {len(data) - torn_at} bytes cut off"
+            image.torn.append(what)
+            if repair:
+                log.warning("%s; truncating there (a crash during a write; nothing confirmed was in it)", what)
+                os.truncate(path, torn_at)
+        image.segments[number] = torn_at if torn_at is not None else len(data)
+        if found and found[0].type != records.SEGMENT:
+            raise Corrupt(path, 0, "the segment does not start with its header")
+        if found and found[0].fields.get("version") != records.VERSION:
+            raise Corrupt(path, 0, f"journal version {found[0].fields.get('version')} is not "
+                                   f"{records.VERSION}, the one this broker reads")
+        for record in found:
+            _apply(image, record, number)
+        image.records += len(found)
+    return image
+
+
+def _apply(image: Image, r: Record, segment: int) -> None:
+    t = r.type
+    if t == records.ENQUEUE or t == records.DEQUEUE:
+        queue = image.queues.get(r.qid)
+        if queue is None:  # a queue deleted since
+            return
+        if t == records.ENQUEUE:
+            queue.messages[r.seq] = (r, segment)
+        else:
+            queue.messages.pop(r.seq, None)
+        if r.seq > queue.max_seq:
+            queue.max_seq = r.seq
+    elif t == records.QUEUE:
+        f = r.fields
+        existing = image.queues.get(r.qid)
+        if existing is None or existing.uid != f["uid"]:  # a segment's snapshot re-declares what exists
+            image.queues[r.qid] = QueueImage(r.qid, f["name"], f["uid"], f["args"])
+        image.max_qid = max(image.max_qid, r.qid)
+    elif t == records.QUEUE_DELETED:
+        image.queues.pop(r.qid, None)
+        image.max_qid = max(image.max_qid, r.qid)
+    elif t == records.EXCHANGE:
+        image.exchanges[r.fields["name"]] = r.fields
+    elif t == records.EXCHANGE_DELETED:
+        if image.exchanges.get(r.fields["name"], {}).get("uid") == r.fields["uid"]:
+            del image.exchanges[r.fields["name"]]
+    elif t == records.BINDING:
+        f = r.fields
+        image.bindings[(f["exchange"], f["queue"], f["key"])] = f
+    elif t == records.UNBOUND:
+        f = r.fields
+        image.bindings.pop((f["exchange"], f["queue"], f["key"]), None)

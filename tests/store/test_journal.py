@@ -1,0 +1,109 @@
+"""The journal's files without a broker: records, torn tails and corruption, the writer's group commit,
+and recovery's "latest update wins"."""
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from haqueue.store import records
+from haqueue.store.recovery import read_journal
+from haqueue.store.records import Corrupt
+from haqueue.store.writer import Job, Writer, segment_path
+
+
+def _segment(number: int, *body: bytes) -> list[bytes]:
+    return [records.segment_header(number), *body]
+
+
+def _write(directory, number: int, chunks: list[bytes]) -> str:
+    path = segment_path(str(directory), number)
+    with open(path, "wb") as f:
+        f.write(b"".join(chunks))
+    return path
+
+
+def _queue(qid: int, name: str = "q") -> bytes:
+    return records.wiring(records.QUEUE, {"name": name, "uid": f"uid-{name}", "args": {"max_depth": 5}}, qid=qid)
+
+
+def test_records_read_back_as_written(tmp_path):
+    path = _write(tmp_path, 1, _segment(1, _queue(7), records.enqueue(7, 42, 1234.5, b"\x00Sw\xa1\x02hi"),
+                                        records.dequeue(7, 41)))
+    found, torn, _ = records.read_segment(path, open(path, "rb").read(), last=True)
+    assert torn is None
+    assert [chr(r.type) for r in found] == ["S", "Q", "E", "D"]
+    assert found[1].qid == 7 and found[1].fields == {"name": "q", "uid": "uid-q", "args": {"max_depth": 5}}
+    assert (found[2].qid, found[2].seq, found[2].expiry, found[2].data) == (7, 42, 1234.5, b"\x00Sw\xa1\x02hi")
+    assert (found[3].qid, found[3].seq) == (7, 41)
+
+
+def test_latest_update_wins_and_deleted_queues_lose_their_messages(tmp_path):
+    _write(tmp_path, 1, _segment(1, _queue(1, "a"), _queue(2, "b"),
+                                 records.enqueue(1, 1, 0, b"one"), records.enqueue(1, 2, 0, b"two"),
+                                 records.enqueue(2, 1, 0, b"b-one"), records.enqueue(1, 1, 0, b"one again"),
+                                 records.dequeue(1, 2)))
+    _write(tmp_path, 2, _segment(2, _queue(1, "a"), records.queue_deleted(2), records.enqueue(1, 3, 0, b"three")))
+    image = read_journal(str(tmp_path), repair=False)
+    assert {q.name for q in image.queues.values()} == {"a"}
+    a = image.queues[1]
+    assert {seq: rec.data for seq, (rec, _) in a.messages.items()} == {1: b"one again", 3: b"three"}
+    assert {seq: segment for seq, (_, segment) in a.messages.items()} == {1: 1, 3: 2}
+    assert a.max_seq == 3 and image.max_qid == 2
+
+
+@pytest.mark.parametrize("tail", [b"HQ\x00\x00\x01", records.enqueue(1, 9, 0, b"cut")[:-2], b"\x00" * 300])
+def test_a_torn_tail_is_cut_off_at_start_and_reported_offline(tmp_path, tail):
+    good = _segment(1, _queue(1), records.enqueue(1, 1, 0, b"kept"))
+    path = _write(tmp_path, 1, good + [tail])
+    offline = read_journal(str(tmp_path), repair=False)
+    assert offline.messages == 1 and len(offline.torn) == 1 and f"offset {len(b''.join(good))}" in offline.torn[0]
+    assert len(open(path, "rb").read()) == len(b"".join(good)) + len(tail)  # offline changes nothing
+    repaired = read_journal(str(tmp_path), repair=True)
+    assert repaired.messages == 1
+    assert open(path, "rb").read() == b"".join(good)
+
+
+def test_a_bad_record_followed_by_good_ones_is_corruption_naming_file_and_offset(tmp_path):
+    chunks = _segment(1, _queue(1), records.enqueue(1, 1, 0, b"first"), records.enqueue(1, 2, 0, b"second"))
+    data = bytearray(b"".join(chunks))
+    offset = len(chunks[0]) + len(chunks[1])
+    data[offset + records.HEAD_SIZE + 20] ^= 0xFF  # a bit flip inside the first message
+    path = segment_path(str(tmp_path), 1)
+    open(path, "wb").write(bytes(data))
+    with pytest.raises(Corrupt) as raised:
+        read_journal(str(tmp_path), repair=True)
+    assert raised.value.path == path and raised.value.offset == offset
+    assert "checksum mismatch" in str(raised.value) and "a valid record follows" in str(raised.value)
+    assert open(path, "rb").read() == bytes(data)  # never "repaired" away
+
+
+def test_a_bad_tail_in_an_older_segment_is_corruption(tmp_path):
+    _write(tmp_path, 1, _segment(1, _queue(1), records.enqueue(1, 1, 0, b"x"))[:-1] + [b"HQ\x00"])
+    _write(tmp_path, 2, _segment(2, _queue(1)))
+    with pytest.raises(Corrupt, match="not the newest"):
+        read_journal(str(tmp_path), repair=True)
+
+
+def test_writer_syncs_jobs_in_order_and_reports_each_once(tmp_path):
+    synced: list[Job] = []
+    done = threading.Event()
+    jobs = [Job(_segment(1), 0, roll=1)] + [Job([records.enqueue(1, i, 0, b"m%d" % i)], 0, done=[i])
+                                            for i in range(1, 200)]
+    for job in jobs:
+        job.size = sum(map(len, job.records))
+
+    def on_synced(batch: list[Job]) -> None:
+        synced.extend(batch)
+        if len(synced) == len(jobs):
+            done.set()
+
+    writer = Writer(str(tmp_path), on_synced)
+    for job in jobs:
+        writer.submit(job)
+    assert done.wait(10)
+    writer.close()
+    assert synced == jobs
+    assert 1 <= writer.syncs <= len(jobs)  # group commit: usually far fewer syncs than jobs
+    data = open(segment_path(str(tmp_path), 1), "rb").read()
+    assert data == b"".join(r for job in jobs for r in job.records)

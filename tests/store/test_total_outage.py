@@ -1,0 +1,108 @@
+"""A whole cluster killed at once comes back on the freshest store ("latest update wins"), whatever the
+order its brokers return in; `haqueue cluster up` on a killed cluster's directory serves again by itself."""
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+
+import pytest
+from proton import Message
+
+from ha_harness import receive, send_all
+from harness import REPO_ROOT, free_port, wait_for
+
+from clients import Client
+
+
+def test_the_stalest_broker_back_first_is_not_promoted_and_the_freshest_store_wins(ha_cluster):
+    c = ha_cluster()
+    p = c.start_cluster()
+    send_all(c.public, "q", range(100))
+    c.wait_ready(c[2], queues=["q"])
+    c.kill(c[2])  # b2 stops here: 100 messages
+    send_all(c.public, "q", range(100, 150))
+    c.wait_ready(c[1], queues=["q"])
+    c.kill(c[1])  # b1: 150
+    send_all(c.public, "q", range(150, 160))  # only the primary's journal has these
+    c.kill(p)
+    for i in (2, 1, 0):  # the worst order: the stalest first
+        c.start(i)
+        wait_for(lambda: c.try_status(c[i]), 15, message=f"b{i} answering")
+    statuses = {b.name: c.status(b) for b in c}
+    assert statuses["b0"]["freshness"] > statuses["b1"]["freshness"] > statuses["b2"]["freshness"]
+
+    def refused(b) -> str:
+        r = c.cli(b, "ha", "promote")
+        assert r.returncode == 1, (r.returncode, r.stdout, r.stderr)
+        return r.stderr
+
+    for stale in (c[2], c[1]):  # once every peer is met, each refuses: a fresher store is reachable
+        wait_for(lambda: "has a fresher store" in refused(stale), 15, message=f"{stale.name} refusing")
+    wait_for(lambda: c.cli(c[0], "ha", "promote").returncode == 0, 15, message="b0 promoted")
+    for b in (c[1], c[2]):
+        c.wait_ready(b, queues=["q"])
+    for b in c:
+        assert c.bodies(b, "q") == list(range(160)), b.name
+    assert [m.body for m in receive(c.public, "q", 160)] == list(range(160))
+
+
+def _cluster_up(directory, public: int, base: int) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "haqueue", "cluster", "up", "--dir", str(directory),
+                             "--public", f"127.0.0.1:{public}", "--base-port", str(base)],
+                            cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+
+
+def _free_ports(n: int) -> int:
+    """The first of n consecutive ports free a moment ago (cluster up puts broker i on base + i)."""
+    def run() -> int | None:
+        first = free_port()
+        sockets = []
+        try:
+            for port in range(first, first + n):
+                s = socket.socket()
+                sockets.append(s)
+                s.bind(("127.0.0.1", port))
+            return first
+        except OSError:
+            return None
+        finally:
+            for s in sockets:
+                s.close()
+    return wait_for(run, 5, interval=0, message=f"{n} consecutive free ports")
+
+
+def _serving(public: int, process: subprocess.Popen) -> None:
+    lines: list[str] = []
+    for line in process.stdout:  # bounded: the supervisor prints "public ..." once it has a primary
+        lines.append(line)
+        if line.startswith("public "):
+            return
+        if process.poll() is not None:
+            break
+    raise AssertionError("cluster up did not come up:\n" + "".join(lines))
+
+
+@pytest.mark.timeout(120)
+def test_cluster_up_on_a_killed_cluster_comes_back_by_itself(tmp_path):
+    """The issue's story: 1,000 confirmed durable messages, kill -9 of everything, `cluster up` again."""
+    public, base = free_port(), _free_ports(3)
+    first = _cluster_up(tmp_path, public, base)
+    try:
+        _serving(public, first)
+        send_all(f"127.0.0.1:{public}", "q", [Message(body=i, durable=True) for i in range(1000)])
+    finally:
+        os.killpg(first.pid, signal.SIGKILL)  # the supervisor and all three brokers at once
+        first.wait(10)
+    second = _cluster_up(tmp_path, public, base)
+    try:
+        _serving(public, second)
+        with Client(f"127.0.0.1:{public}") as client:
+            assert client.queue_depth("q") == 1000
+        assert [m.body for m in receive(f"127.0.0.1:{public}", "q", 1000)] == list(range(1000))
+    finally:
+        os.killpg(second.pid, signal.SIGTERM)
+        second.wait(30)
