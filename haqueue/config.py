@@ -89,6 +89,7 @@ class HaConfig:
     password: str
     public: tuple[str, int] | None = None  # the clients' address, bound only while primary
     replicate: str = "all"  # default x-replicate: none | configuration | all
+    sync: str = "all"  # when a publish is confirmed: all | all_disk | quorum_mem | quorum_disk (design/store.md)
     backup_timeout: float = 5.0  # seconds a backup may take to confirm before it is dropped
     # After a total outage, how long coordinators wait for every broker before promoting the freshest of
     # those that answered (a staler store than one still on its way loses what only that one has).
@@ -357,6 +358,7 @@ _HA: dict[str, Check] = {
     "password": _name,
     "public": _address,
     "replicate": _choice("none", "configuration", "all"),
+    "sync": _choice("all", "all_disk", "quorum_mem", "quorum_disk"),
     "backup_timeout": _seconds,
     "recovery_wait": _seconds,
     "coordinator": _choice("external", "zookeeper"),

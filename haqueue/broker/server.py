@@ -4,8 +4,8 @@ Plug-ins (HA, the audit log) use the named hooks and nothing else:
 `registry.observers` / `registry.validators` / `registry.queue_hooks` (wiring and per-queue
 observers and guards), `admission` (who may connect), `endpoints` (link handlers for `$`
 addresses), `management.register` (operations), `status_hooks` (fields of the broker status),
-`completion_hooks` (a publisher's message confirmed) and `recovery` (a durable store: loads the
-wiring and messages it kept before anything else happens).
+`completion_hooks` (a publisher's message confirmed) and `durability` (a durable store: loads the
+wiring and messages it kept before anything else happens, and says when what it was given is on disk).
 """
 from __future__ import annotations
 
@@ -33,14 +33,14 @@ log = logging.getLogger("haqueue.broker")
 Admission = Callable[[Connection], None]  # raises BrokerError to refuse
 
 
-class Recovery(Protocol):
-    """A durable store, as the broker sees it."""
+class Durability(Protocol):
+    """A durable store, as the broker and its plug-ins see it (besides its guard on durable messages)."""
 
     def recover(self) -> None:
         """Load what was kept into the registry; raise RecoveryError if it cannot be read."""
 
-    def position(self) -> tuple[int, int]:
-        """How far this broker's store has got: (segment, offset), growing with every record."""
+    def after_sync(self, callback: Callable[[], None]) -> None:
+        """Call back (on the broker's thread) once everything journalled so far is on disk."""
 
 
 class Dispatchable(Protocol):
@@ -63,7 +63,7 @@ class Broker:
         # Called with (queue, entry) when a publisher's message is confirmed (the audit log).
         self.completion_hooks: list[Callable[[Queue, Entry], None]] = []
         self.connections: set[Connection] = set()
-        self.recovery: Recovery | None = None  # set by a store plug-in
+        self.durability: Durability | None = None  # set by a store plug-in
         self._tls: ssl.SSLContext | None = None
 
     # -- set-up ------------------------------------------------------------------------------
@@ -211,8 +211,8 @@ class Broker:
 
     def start(self) -> None:
         os.makedirs(self.config.data_dir, exist_ok=True)
-        if self.recovery is not None:
-            self.recovery.recover()
+        if self.durability is not None:
+            self.durability.recover()
         self.declare_configured()
         for options in self.config.listen:
             self.listen(options)

@@ -37,6 +37,7 @@ class Backup:
         self.replicators: dict[str, QueueReplicator] = {}
         self.acquired: dict[str, set[int]] = {}  # queue -> seqs a consumer held on the primary
         self.applied = 0  # replication transfers applied: ranks backups by how up to date they are
+        self.from_disk = False  # the primary's sync mode asks for confirmations from the journal's disk
         self.wiring: WiringReplicator | None = None
         self.stopped = False
         own = (ha.config_address.host, ha.config_address.port) if ha.config_address else None

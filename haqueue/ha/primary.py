@@ -16,6 +16,7 @@ from ..broker.exchange import Binding, Exchange
 from ..broker.queue import Queue
 from . import protocol
 from .queue_guard import QueueGuard
+from .quorum import Quorums, from_disk, is_quorum
 from .replicating_subscription import ReplicatingSubscription
 from .role import ACTIVE, CATCHUP, READY, RECOVERING
 
@@ -68,6 +69,11 @@ class RemoteBackup:
     @property
     def lag(self) -> int:
         return sum(sub.lag for sub in self.subscriptions.values())
+
+    @property
+    def unconfirmed(self) -> int:
+        """Live enqueues sent and not yet confirmed (held in its memory, or on its disk, as the mode says)."""
+        return sum(len(sub.deliveries) for sub in self.subscriptions.values())
 
     def changed(self) -> None:
         """Re-judge readiness: wiring received and every message-replicated queue caught up."""
@@ -131,6 +137,7 @@ class Primary:
         self.state = RECOVERING if expected else ACTIVE
         # Backups that were ready under the old primary: publishes wait for them to be ready again.
         self.expected: dict[str, QueueGuard] = {name: QueueGuard(name) for name in expected}
+        self.quorums = Quorums(len(ha.config.brokers)) if is_quorum(ha.config.sync) else None
         for queue in self.broker.registry.queues():
             self._guard_new_queue(queue)
         self.broker.registry.observers.append(self)
@@ -148,6 +155,7 @@ class Primary:
     def snapshot(self) -> dict[str, Any]:
         registry, policy = self.broker.registry, self.ha.policy
         return {"event": "snapshot", "epoch": self.ha.epoch.epoch, "primary": self.broker.name,
+                "sync": self.ha.config.sync,
                 "queues": [describe(q, self._level(q)) for q in registry.queues() if policy.replicates_wiring(q)],
                 "exchanges": [describe(x, self._level(x)) for x in registry.exchanges()
                               if policy.replicates_wiring(x)],
@@ -172,6 +180,9 @@ class Primary:
 
     def _guard_new_queue(self, queue: Queue) -> None:
         if self.ha.policy.replicates_messages(queue):
+            if self.quorums is not None:  # votes from any majority, not each backup's own guard
+                self.quorums.guard(queue)
+                return
             for guard in self.expected.values():
                 guard.guard(queue)
             for backup in self.backups.values():
@@ -270,5 +281,12 @@ class Primary:
         return sub
 
     def status(self) -> dict[str, Any]:
-        return {"backups": [{"name": b.name, "state": b.state, "lag": b.lag} for b in self.backups.values()],
-                "expected": sorted(self.expected)}
+        status: dict[str, Any] = {
+            "sync": self.ha.config.sync,
+            "backups": [{"name": b.name, "state": b.state, "lag": b.lag, "unconfirmed": b.unconfirmed,
+                         "confirms_from": "disk" if from_disk(self.ha.config.sync) else "memory"}
+                        for b in self.backups.values()],
+            "expected": sorted(self.expected)}
+        if self.quorums is not None:
+            status["quorum"] = self.quorums.status()
+        return status

@@ -11,6 +11,7 @@ import time
 from collections import deque
 from typing import TYPE_CHECKING, Any
 
+from ..broker.completion import Completion
 from ..broker.engine import ACCEPTED, Connection, Link, LinkHandler
 from ..broker.message import ttl_ms
 from ..broker.queue import DEQUEUED, Entry, Queue
@@ -48,6 +49,12 @@ class QueueReplicator(LinkHandler):
         self.received[kind] = self.received.get(kind, 0) + 1
         self.backup.applied += 1
         if kind == protocol.ENQUEUE:
+            if self.backup.from_disk and not settled:  # confirmed once the journal has it (if durable)
+                completion = Completion(lambda: self._settle(delivery))
+                self.held[seq] = self.queue.enqueue(data, self._expiry(data), completion, seq=seq)
+                self._applied(kind, seq, enqueued_us, data)
+                completion.release()
+                return
             self.held[seq] = self.queue.enqueue(data, self._expiry(data), seq=seq)
         elif kind == protocol.CATCHUP:
             self.catchup[seq] = Entry(seq, data, self._expiry(data))
@@ -63,10 +70,21 @@ class QueueReplicator(LinkHandler):
             self.merge()
             self.caught_up = True
             self.backup.check_ready()
+            durability = self.backup.ha.broker.durability
+            if self.backup.from_disk and durability is not None:  # the catch-up, merged, is on disk
+                durability.after_sync(lambda: self._settle(delivery))
+                return
+        self._applied(kind, seq, enqueued_us, data)
+        self.link.settle(delivery, 0 if settled else ACCEPTED)
+
+    def _applied(self, kind: bytes, seq: int, enqueued_us: int, data: bytes) -> None:
         if self.hooks and (kind == protocol.ENQUEUE or kind == protocol.CATCHUP):
             for hook in self.hooks:
                 hook(self.queue, kind, seq, enqueued_us, data)
-        self.link.settle(delivery, 0 if settled else ACCEPTED)
+
+    def _settle(self, delivery: Any) -> None:
+        if not self.link.closed:
+            self.link.settle(delivery, ACCEPTED)
 
     @staticmethod
     def _expiry(data: bytes) -> float:

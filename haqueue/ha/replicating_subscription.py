@@ -71,7 +71,9 @@ class ReplicatingSubscription(LinkHandler):
         gone = _missing(have, [e.seq for e in live])
         if gone:  # the backup holds messages the primary no longer has
             self.link.send(protocol.encode_ranges(gone), settled=True, tag=protocol.message_tag(protocol.DEQUEUE, 0, 0))
-        queue.guards.append(self)
+        self.quorums = backup.primary.quorums  # under a quorum mode this backup votes instead of holding
+        if self.quorums is None:
+            queue.guards.append(self)
         queue.observers.append(self)
         self.backup.primary.broker.schedule(self)
 
@@ -180,9 +182,14 @@ class ReplicatingSubscription(LinkHandler):
             completion = self.held.pop(seq, None)
             if completion is not None:
                 completion.release()
+            elif self.quorums is not None:
+                self.quorums.vote(self.queue, seq, self.backup.name)
         elif self.marker_sent and not self.caught_up and delivery == self.marker:
             self.backup.primary.ha.context_changing()
             self.caught_up = True
+            if self.quorums is not None:
+                missing = set(self.deliveries.values()) | {e.seq for e in self.pending}
+                self.quorums.caught_up(self.queue, self.backup.name, missing)
             self.backup.changed()
 
     def overdue(self, timeout: float) -> bool:

@@ -13,6 +13,7 @@ from ..broker.exchange import Exchange
 from ..broker.queue import Queue
 from . import protocol
 from .policy import ALL
+from .quorum import from_disk
 
 if TYPE_CHECKING:
     from .backup import Backup
@@ -46,6 +47,7 @@ class WiringReplicator(LinkHandler):
         if not self.backup.accept_primary(str(event.get("primary")), int(event.get("epoch") or 0)):
             return
         self.backup.members = dict(event.get("members") or {})
+        self.backup.from_disk = from_disk(str(event.get("sync") or ALL))
         wanted_nodes = {d["name"]: d for d in event["queues"] + event["exchanges"]}
         for node in list(self.registry.nodes.values()):
             wanted = wanted_nodes.get(node.name)

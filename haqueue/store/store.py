@@ -10,7 +10,7 @@ import atexit
 import logging
 import os
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 from ..broker.completion import Completion
 from ..broker.errors import RecoveryError
@@ -95,7 +95,7 @@ class Store:
         self.started = time.time()
         self.clock = time.time() - time.monotonic()  # wall clock = monotonic + clock (expiry is monotonic)
         self.writer: Writer | None = None
-        broker.recovery = self
+        broker.durability = self
         broker.status_hooks.append(self._broker_status)
         broker.management.register("store", "READ", lambda name, body: (200, self.status()))
 
@@ -190,10 +190,18 @@ class Store:
             self.scheduled = True
             self.broker.schedule(self)
 
+    def after_sync(self, callback: Callable[[], None]) -> None:
+        """`callback` once this pass's records, and all before them, are on disk (a sync of its own if
+        there are none)."""
+        self.waiting.append(Completion(callback))
+        if not self.scheduled:
+            self.scheduled = True
+            self.broker.schedule(self)
+
     def dispatch(self) -> None:
         """The end of a loop pass: hand this pass's records to the writer as one job."""
         self.scheduled = False
-        if self.pending:
+        if self.pending or self.waiting:
             self._flush()
 
     def _flush(self, unlink: list[int] | None = None) -> None:
