@@ -45,6 +45,9 @@ class Publisher(LinkHandler):
             for queue in queues:
                 if queue.full():
                     raise BrokerError(RESOURCE_LIMIT, f"queue '{queue.name}' is full (max_depth {queue.max_depth})")
+                refusal = queue.refusal(data)
+                if refusal:
+                    raise BrokerError(RESOURCE_LIMIT, refusal)
         except BrokerError as e:
             self.link.settle(delivery, REJECTED, e.condition, e.description)
             return

@@ -10,7 +10,7 @@ import heapq
 import time
 from typing import Any, Callable, Protocol
 
-from .completion import Completion, Guard
+from .completion import Completion, DurableGuard, Guard
 from .message import delivery_count, is_durable, with_delivery_count
 
 AVAILABLE, ACQUIRED, DEQUEUED = 0, 1, 2
@@ -74,7 +74,7 @@ class Queue:
         self._rotation = 0
         self.observers: list[QueueObserver] = []
         self.guards: list[Guard] = []
-        self.durable_guards: list[Guard] = []  # consulted only for durable messages (the store)
+        self.durable_guards: list[DurableGuard] = []  # consulted only for durable messages (the store)
         self.deleted = False
         self.temporary = False  # made for one link (dynamic or an exchange subscription); goes with it
 
@@ -85,6 +85,14 @@ class Queue:
     def guarded(self, data: bytes) -> bool:
         """Would a guard hold this message's completion?"""
         return bool(self.guards) or bool(self.durable_guards) and is_durable(data)
+
+    def refusal(self, data: bytes) -> str | None:
+        """Why this message cannot be taken now (a store that cannot write refuses durable ones), or None."""
+        if self.durable_guards and is_durable(data):
+            for guard in self.durable_guards:
+                if guard.refusal:
+                    return f"queue '{self.name}': {guard.refusal}"
+        return None
 
     def enqueue(self, data: bytes, expiry: float, completion: Completion | None = None, seq: int = 0) -> Entry:
         """Append a message; `seq` is given only by a replica, which keeps its primary's numbering."""

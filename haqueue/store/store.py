@@ -49,6 +49,11 @@ class QueueJournal:
         completion.hold()
         self.store.waiting.append(completion)
 
+    @property
+    def refusal(self) -> str | None:
+        failing = self.store.writer.failing if self.store.writer else None
+        return f"durable messages are refused: the journal cannot write ({failing})" if failing else None
+
     # -- observer ---------------------------------------------------------------------------
     def enqueued(self, queue: Queue, entry: Entry) -> None:
         if is_durable(entry.data):
@@ -89,6 +94,7 @@ class Store:
         self.scheduled = False
         self.deleted = False  # Dispatchable: the broker skips deleted items
         self.segment = 0  # the segment being written
+        self.snapshot_on_disk = 0  # the newest segment whose header and wiring snapshot are synced
         self.sizes: dict[int, int] = {}  # bytes per segment, as handed to the writer
         self.live: dict[int, int] = {}  # live message records per segment
         self.live_bytes = 0
@@ -227,37 +233,50 @@ class Store:
     def _synced(self, jobs: list[Job]) -> None:
         """On the writer thread: these jobs are on disk; settle their publishes on the broker's thread."""
         done = [c for job in jobs for c in job.done]
-        if done:
-            self.broker.engine.call_soon_threadsafe(lambda: self._release(done))
+        rolled = max((job.roll for job in jobs), default=0)
+        if done or rolled:
+            self.broker.engine.call_soon_threadsafe(lambda: self._release(done, rolled))
 
-    @staticmethod
-    def _release(done: list[Completion]) -> None:
+    def _release(self, done: list[Completion], rolled: int) -> None:
+        self.snapshot_on_disk = max(self.snapshot_on_disk, rolled)
         for completion in done:
             completion.release()
 
     # -- compaction -----------------------------------------------------------------------------
     def compact(self) -> None:
         """Delete the oldest segments once nothing live is left in them; when the journal is larger than
-        compact_ratio times the live data, write their live messages forward first (design/store.md)."""
-        old = sorted(n for n in self.sizes if n != self.segment)
+        compact_ratio times the live data, write their live messages forward first (design/store.md).
+        Only from the oldest on: a dequeue record may refer to an enqueue in any older segment."""
+        # A segment may go once a newer one's wiring snapshot is on disk: it holds all that it declared.
+        old = sorted(n for n in self.sizes if n < self.snapshot_on_disk)
         total = sum(self.sizes.values())
         limit = self.config.compact_ratio * self.live_bytes + self.config.segment_bytes
-        gone: list[int] = []
+        dead: list[int] = []
+        rewrite: list[int] = []
         for number in old:
-            if self.live.get(number, 0) and total <= limit:
+            if self.live.get(number, 0) == 0 and not rewrite:
+                dead.append(number)
+            elif total > limit:
+                rewrite.append(number)
+            else:
                 break
-            gone.append(number)
             total -= self.sizes[number]
-        if not gone:
-            return
-        forward = self._live_in(set(gone))
-        for journal, entry in forward:
-            self.write_enqueue(journal, entry)
-        for number in gone:
+        if dead:
+            self._drop(dead)
+            assert self.writer is not None
+            self.writer.delete(dead)
+        if rewrite:
+            forward = self._live_in(set(rewrite))
+            for journal, entry in forward:
+                self.write_enqueue(journal, entry)
+            self._drop(rewrite)
+            self._flush(unlink=rewrite)
+            log.debug("compacted segments %s (%d messages written forward)", rewrite, len(forward))
+
+    def _drop(self, numbers: list[int]) -> None:
+        for number in numbers:
             del self.sizes[number]
             self.live.pop(number, None)
-        self._flush(unlink=gone)
-        log.debug("compacted segments %s (%d messages written forward)", gone, len(forward))
 
     def _live_in(self, segments: set[int]) -> list[tuple[QueueJournal, Entry]]:
         return [(journal, entry) for journal in self.journals.values()

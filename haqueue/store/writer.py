@@ -49,6 +49,7 @@ class Writer:
         self.directory = directory
         self._synced = synced  # called on the writer thread with the jobs just made durable
         self._jobs: deque[Job] = deque()
+        self._deletions: list[int] = []
         self._cond = threading.Condition()
         self._closing = False
         self._fd = -1
@@ -66,6 +67,13 @@ class Writer:
             self._jobs.append(job)
             self._cond.notify()
 
+    def delete(self, numbers: list[int]) -> None:
+        """Delete segments with nothing live in them as soon as possible, ahead of waiting writes: that
+        is what frees a full disk."""
+        with self._cond:
+            self._deletions.extend(numbers)
+            self._cond.notify()
+
     def close(self) -> None:
         """Write what was handed over, then stop."""
         with self._cond:
@@ -80,14 +88,15 @@ class Writer:
     def _run(self) -> None:
         while True:
             with self._cond:
-                while not self._jobs and not self._closing:
+                while not self._jobs and not self._deletions and not self._closing:
                     self._cond.wait()
-                if not self._jobs:
+                if not self._jobs and not self._deletions:
                     return
                 batch = list(self._jobs)
                 self._jobs.clear()
+            self._delete_requested()
             pending = batch
-            while True:
+            while pending:
                 try:
                     self._write(pending)
                     break
@@ -97,10 +106,20 @@ class Writer:
                     if self._closing:
                         return
                     time.sleep(RETRY_INTERVAL)  # the disk is full or failing: try again, keep the order
+                    self._delete_requested()
             if self.failing is not None:
                 log.warning("journal writes succeed again")
                 self.failing = None
-            self._synced(batch)
+            if batch:
+                self._synced(batch)
+
+    def _delete_requested(self) -> None:
+        with self._cond:
+            numbers, self._deletions = self._deletions, []
+        for number in numbers:
+            os.unlink(segment_path(self.directory, number))
+        if numbers:
+            fsync_directory(self.directory)
 
     def _refused(self, e: OSError) -> None:
         reason = "the disk is full" if e.errno == errno.ENOSPC else f"write failed: {e.strerror}"
