@@ -114,6 +114,7 @@ class StoreConfig:
     enabled: bool = True
     segment_bytes: int = 64 * 1024 * 1024  # a segment is closed and the next started past this size
     compact_ratio: float = 2.0  # the journal is compacted when larger than this times the live data
+    page_above: int = 0  # bytes of durable bodies in memory above which queues page; 0: an eighth of the RAM
 
 
 @dataclass
@@ -393,7 +394,8 @@ _TOP: dict[str, Check] = {
     "ha": _ha,
     "audit": _record(AuditConfig, {"dir": _name, "max_bytes": _int(4096), "flush_interval": _positive_seconds},
                      ("dir",)),
-    "store": _record(StoreConfig, {"enabled": _bool, "segment_bytes": _int(4096), "compact_ratio": _ratio}),
+    "store": _record(StoreConfig, {"enabled": _bool, "segment_bytes": _int(4096), "compact_ratio": _ratio,
+                                    "page_above": _int(0)}),
 }
 
 

@@ -44,11 +44,19 @@ class BrokerStartError(RuntimeError):
         self.port_taken = port_taken
 
 
+_given: set[int] = set()  # ports handed out by this process: brokers not started yet have not bound theirs
+
+
 def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port that was free a moment ago on `host` (bind port 0, read it, close)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
+    """A TCP port that was free a moment ago on `host` (bind port 0, read it, close), and not one handed out
+    before: a cluster picks every broker's port before any binds, and the kernel may offer one twice."""
+    while True:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.bind((host, 0))
+            port = s.getsockname()[1]
+        if port not in _given:
+            _given.add(port)
+            return port
 
 
 def wait_for(condition: Callable[[], Any], timeout: float, interval: float = POLL_INTERVAL,

@@ -38,6 +38,23 @@ class Subscriber(Protocol):
     def queue_deleted(self) -> None: ...
 
 
+class Pager(Protocol):
+    """Keeps a queue's newest messages out of memory (a store's paging, design/store.md). What it holds is
+    always newer than every entry in memory, and counts in the queue's depth."""
+
+    count: int
+
+    def page(self, entries: list[Entry]) -> None: ...  # take these, the newest, out of memory (oldest first)
+    def can_page(self, entry: Entry) -> bool: ...  # can it be read back later (is it journalled)?
+    def take(self, n: int) -> list[Entry]: ...  # up to n of the oldest paged messages, back in memory
+    def peek(self) -> list[Entry]: ...  # every paged message as an entry, left paged (cold path)
+    def clear(self) -> None: ...  # the queue is gone
+
+
+DEPAGE_BELOW = 1000  # entries in memory under which a paging queue reads the next paged ones back
+DEPAGE_BATCH = 1000
+
+
 class QueueObserver(Protocol):
     def enqueued(self, queue: "Queue", entry: Entry) -> None: ...
     def acquired(self, queue: "Queue", entry: Entry) -> None: ...
@@ -77,6 +94,8 @@ class Queue:
         self.durable_guards: list[DurableGuard] = []  # consulted only for durable messages (the store)
         self.deleted = False
         self.temporary = False  # made for one link (dynamic or an exchange subscription); goes with it
+        self.pager: Pager | None = None  # set by a store for a durable queue
+        self.pinned = False  # its entries are held by a plug-in (a replica's queue): never paged
 
     # -- enqueue -------------------------------------------------------------------------
     def full(self) -> bool:
@@ -102,7 +121,9 @@ class Queue:
             self.next_seq = max(self.next_seq, seq)
         entry = Entry(self.next_seq, data, expiry)
         self.next_seq += 1
-        self._log.append(entry)
+        paging = self.pager is not None and self.pager.count > 0
+        if not paging:
+            self._log.append(entry)
         self.depth += 1
         if expiry:
             self.expiring += 1
@@ -114,6 +135,8 @@ class Queue:
                     guard.hold(self, entry, completion)
         for observer in self.observers:
             observer.enqueued(self, entry)
+        if paging:  # behind what is paged already, so the order holds
+            self.pager.page([entry])  # type: ignore[union-attr]
         if self.consumers or self.browsers:
             self._schedule(self)
         return entry
@@ -169,6 +192,9 @@ class Queue:
 
     def dispatch(self) -> None:
         """Hand available entries to consumers with credit (round robin), then feed browsers."""
+        pager = self.pager
+        if pager is not None and pager.count and self.depth - pager.count < DEPAGE_BELOW:
+            self._depage(DEPAGE_BATCH)
         now = time.monotonic() if self.expiring else 0.0
         consumers = self.consumers
         if consumers:
@@ -250,6 +276,36 @@ class Queue:
         if subscriber in group:
             group.remove(subscriber)
 
+    # -- paging ----------------------------------------------------------------------------
+    def page_out(self, wanted: int) -> int:
+        """Hand up to `wanted` of the newest entries to the pager; how many went. Only entries no consumer
+        or browser has reached, and only into an empty pager, so that it always holds the newest."""
+        pager = self.pager
+        if pager is None or pager.count or self.pinned:
+            return 0
+        log = self._log
+        floor = max([self._head, self._cursor - self._base] + [b.cursor - self._base for b in self.browsers])
+        taken: list[Entry] = []
+        while len(taken) < wanted and len(log) > floor and log[-1].state == AVAILABLE and pager.can_page(log[-1]):
+            taken.append(log.pop())
+        if taken:
+            taken.reverse()
+            pager.page(taken)
+        return len(taken)
+
+    def _depage(self, n: int) -> None:
+        entries = self.pager.take(n)  # type: ignore[union-attr]
+        self._log.extend(entries)
+
+    def pin(self) -> None:
+        """Keep every entry in memory from now on (a plug-in holds them)."""
+        self.pinned = True
+        while self.pager is not None and self.pager.count:
+            before = self.pager.count
+            self._depage(self.pager.count)
+            if self.pager.count == before:
+                raise RuntimeError(f"queue '{self.name}': paged messages cannot be read back yet")
+
     def merge(self, entries: list[Entry]) -> None:
         """Put entries made elsewhere (a replica's catch-up) at their seq positions, in one pass.
 
@@ -269,8 +325,11 @@ class Queue:
             observer.merged(self, added)
 
     def entries(self) -> list[Entry]:
-        """Live entries in seq order (cold path: management, HA snapshots)."""
-        return [e for e in self._log if e.state != DEQUEUED]
+        """Live entries in seq order, paged ones read back as copies (cold path: management, HA catch-up)."""
+        live = [e for e in self._log if e.state != DEQUEUED]
+        if self.pager is not None and self.pager.count:
+            live += self.pager.peek()
+        return live
 
     def purge(self) -> None:
         for entry in self.entries():
@@ -282,6 +341,9 @@ class Queue:
         for subscriber in self.consumers + self.browsers:
             subscriber.queue_deleted()
         self.consumers, self.browsers = [], []
+        if self.pager is not None:
+            self.depth -= self.pager.count
+            self.pager.clear()
         self.purge()
 
     def info(self) -> dict[str, Any]:

@@ -166,6 +166,7 @@ class Backup:
         self.stopped = True
         for replicator in self.replicators.values():
             replicator.merge()
+            replicator.queue.pinned = False  # a primary's queues may page
         if self.conn is not None:
             self.conn.close()
         self._redeliver()

@@ -27,6 +27,7 @@ class QueueReplicator(LinkHandler):
     def __init__(self, backup: "Backup", queue: Queue, conn: Connection) -> None:
         self.backup = backup
         self.queue = queue
+        queue.pin()  # `held` refers to its entries: they must stay in memory
         self.held: dict[int, Entry] = {e.seq: e for e in queue.entries()}  # in the queue
         self.catchup: dict[int, Entry] = {}  # received in catch-up, not merged yet
         # delivered to a consumer on the primary and not settled there; outlives this link

@@ -40,6 +40,20 @@ def enqueue(qid: int, seq: int, expiry: float, data: bytes) -> bytes:
     return b"".join((_HEAD.pack(MAGIC, len(head) + len(data), crc), head, data))
 
 
+ENQUEUE_OVERHEAD = HEAD_SIZE + _ENQUEUE.size
+
+
+def enqueue_size(data_length: int) -> int:
+    """The size of an E record carrying a message of this length."""
+    return ENQUEUE_OVERHEAD + data_length
+
+
+def message_at(record: bytes) -> bytes | None:
+    """The message an E record carries, or None if it does not check out (paging reads it back)."""
+    found, _ = _check(memoryview(record), 0)
+    return found.data if found is not None and found.type == ENQUEUE else None
+
+
 def dequeue(qid: int, seq: int) -> bytes:
     return _frame(_DEQUEUE.pack(DEQUEUE, qid, seq))
 
@@ -53,8 +67,8 @@ def queue_deleted(qid: int) -> bytes:
     return _frame(bytes((QUEUE_DELETED,)) + _QID.pack(qid))
 
 
-def segment_header(number: int) -> bytes:
-    return wiring(SEGMENT, {"version": VERSION, "segment": number})
+def segment_header(number: int, created: float) -> bytes:
+    return wiring(SEGMENT, {"version": VERSION, "segment": number, "created": created})
 
 
 @dataclass(slots=True)
@@ -127,23 +141,46 @@ def _valid_after(view: memoryview, data: bytes, pos: int) -> int | None:
         start = found + 1
 
 
-def read_segment(path: str, data: bytes, last: bool) -> tuple[list[Record], int | None, str]:
+# A message record as read back: (ENQUEUE or DEQUEUE, qid, seq, expiry, message bytes, offset). Plain
+# tuples, not Records: recovery reads a million of them, and each object made costs.
+MessageRecord = tuple[int, int, int, float, bytes, int]
+
+
+def read_segment(path: str, data: bytes, last: bool) -> tuple[list[Record | MessageRecord], int | None, str]:
     """The records of one segment's bytes, and (offset, reason) of a torn tail to truncate, if any.
 
     A bad record with a valid one after it, or in a segment that is not the last, raises Corrupt: a
     torn write can only be at the end of the newest segment."""
     view = memoryview(data)
-    records: list[Record] = []
-    pos = 0
-    while pos < len(data):
-        record, reason = _check(view, pos)
-        if record is None:
-            later = _valid_after(view, data, pos)
-            if not last or later is not None:
-                where = f"; a valid record follows at offset {later}" if later is not None else \
-                    " in a segment that is not the newest"
-                raise Corrupt(path, pos, reason + where)
-            return records, pos, reason
-        records.append(record)
-        pos = record.end
-    return records, None, ""
+    found: list[Record | MessageRecord] = []
+    pos, n = 0, len(data)
+    unpack_head, crc32 = _HEAD.unpack_from, zlib.crc32
+    unpack_enqueue, unpack_dequeue, skip = _ENQUEUE.unpack_from, _DEQUEUE.unpack_from, _ENQUEUE.size
+    while pos < n:
+        start = pos + HEAD_SIZE
+        if start <= n:
+            magic, length, crc = unpack_head(data, pos)
+            end = start + length
+            sound = magic == MAGIC and 0 < length <= MAX_RECORD and end <= n and crc32(view[start:end]) == crc
+        else:
+            sound = False
+        kind = data[start] if sound else 0
+        if kind == ENQUEUE:
+            _, qid, seq, expiry = unpack_enqueue(data, start)
+            found.append((ENQUEUE, qid, seq, expiry, data[start + skip:end], pos))
+        elif kind == DEQUEUE:
+            _, qid, seq = unpack_dequeue(data, start)
+            found.append((DEQUEUE, qid, seq, 0.0, b"", pos))
+        else:  # wiring (rare), or a bad record: the careful path says which
+            record, reason = _check(view, pos)
+            if record is None:
+                later = _valid_after(view, data, pos)
+                if not last or later is not None:
+                    where = f"; a valid record follows at offset {later}" if later is not None else \
+                        " in a segment that is not the newest"
+                    raise Corrupt(path, pos, reason + where)
+                return found, pos, reason
+            found.append(record)
+            end = record.end
+        pos = end
+    return found, None, ""

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from . import records
-from .records import Corrupt, Record
+from .records import Corrupt, MessageRecord, Record
 from .writer import segment_path
 
 log = logging.getLogger("haqueue.store")
@@ -27,7 +27,8 @@ class QueueImage:
     name: str
     uid: str
     args: dict[str, Any]
-    messages: dict[int, tuple[Record, int]] = field(default_factory=dict)  # seq -> (its E record, segment)
+    # seq -> (message bytes, expiry, segment, offset) of its latest E record
+    messages: dict[int, tuple[bytes, float, int, int]] = field(default_factory=dict)
     max_seq: int = 0
 
 
@@ -37,6 +38,7 @@ class Image:
     exchanges: dict[str, dict[str, Any]] = field(default_factory=dict)
     bindings: dict[tuple[str, str, str], dict[str, Any]] = field(default_factory=dict)
     segments: dict[int, int] = field(default_factory=dict)  # number -> size in bytes
+    created: dict[int, float] = field(default_factory=dict)  # number -> when it was started (wall clock)
     records: int = 0
     max_qid: int = 0
     torn: list[str] = field(default_factory=list)  # what was (or, offline, would be) truncated
@@ -69,30 +71,40 @@ def read_journal(directory: str, repair: bool) -> Image:
                 log.warning("%s; truncating there (a crash during a write; nothing confirmed was in it)", what)
                 os.truncate(path, torn_at)
         image.segments[number] = torn_at if torn_at is not None else len(data)
-        if found and found[0].type != records.SEGMENT:
+        header = found[0] if found else None
+        if header is not None and (not isinstance(header, Record) or header.type != records.SEGMENT):
             raise Corrupt(path, 0, "the segment does not start with its header")
-        if found and found[0].fields.get("version") != records.VERSION:
-            raise Corrupt(path, 0, f"journal version {found[0].fields.get('version')} is not "
+        if header is not None and header.fields.get("version") != records.VERSION:
+            raise Corrupt(path, 0, f"journal version {header.fields.get('version')} is not "
                                    f"{records.VERSION}, the one this broker reads")
-        for record in found:
-            _apply(image, record, number)
+        if header is not None:
+            image.created[number] = float(header.fields.get("created", 0.0))
+        _apply(image, found, number)
         image.records += len(found)
     return image
 
 
-def _apply(image: Image, r: Record, segment: int) -> None:
-    t = r.type
-    if t == records.ENQUEUE or t == records.DEQUEUE:
-        queue = image.queues.get(r.qid)
-        if queue is None:  # a queue deleted since
-            return
-        if t == records.ENQUEUE:
-            queue.messages[r.seq] = (r, segment)
+def _apply(image: Image, found: list[Record | MessageRecord], segment: int) -> None:
+    queues = image.queues
+    for r in found:
+        if type(r) is tuple:
+            kind, qid, seq, expiry, data, offset = r
+            queue = queues.get(qid)
+            if queue is None:  # a queue deleted since
+                continue
+            if kind == records.ENQUEUE:
+                queue.messages[seq] = (data, expiry, segment, offset)
+            else:
+                queue.messages.pop(seq, None)
+            if seq > queue.max_seq:
+                queue.max_seq = seq
         else:
-            queue.messages.pop(r.seq, None)
-        if r.seq > queue.max_seq:
-            queue.max_seq = r.seq
-    elif t == records.QUEUE:
+            _apply_wiring(image, r)  # type: ignore[arg-type]
+
+
+def _apply_wiring(image: Image, r: Record) -> None:
+    t = r.type
+    if t == records.QUEUE:
         f = r.fields
         existing = image.queues.get(r.qid)
         if existing is None or existing.uid != f["uid"]:  # a segment's snapshot re-declares what exists

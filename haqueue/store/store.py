@@ -7,9 +7,11 @@ thread (writer.py) writes and syncs them.
 from __future__ import annotations
 
 import atexit
+import gc
 import logging
 import os
 import time
+from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any, Callable
 
 from ..broker.completion import Completion
@@ -18,6 +20,7 @@ from ..broker.message import is_durable
 from ..broker.queue import DEQUEUED, Entry, Queue
 from ..config import StoreConfig
 from . import records
+from .pager import SHIFT, QueuePager
 from .recovery import Image, read_journal
 from .records import Corrupt
 from .wiring import WiringJournal
@@ -29,6 +32,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("haqueue.store")
 
 COMPACT_INTERVAL = 1.0  # seconds between looks at the oldest segment
+PAGE_INTERVAL = 0.1  # seconds between looks at the memory held by durable bodies
 
 
 def durable_queue(queue: Queue) -> bool:
@@ -36,13 +40,16 @@ def durable_queue(queue: Queue) -> bool:
 
 
 class QueueJournal:
-    """One durable queue's journal: its guard and observer. `where` maps each journalled live entry to
-    the segment holding its latest record (what compaction needs)."""
+    """One durable queue's journal: its guard and observer, and its pager. `where` maps each journalled
+    entry in memory to its latest record's location (segment << 40 | offset: compaction and paging)."""
 
-    def __init__(self, store: "Store", qid: int) -> None:
+    def __init__(self, store: "Store", queue: Queue, qid: int) -> None:
         self.store = store
+        self.queue = queue
         self.qid = qid
         self.where: dict[Entry, int] = {}
+        self.memory_bytes = 0  # bodies of journalled entries held in memory
+        self.pager = QueuePager(store, self)
 
     # -- guard: only asked for durable messages (queue.durable_guards) ------------------------
     def hold(self, queue: Queue, entry: Entry, completion: Completion) -> None:
@@ -63,9 +70,9 @@ class QueueJournal:
         pass
 
     def dequeued(self, queue: Queue, entry: Entry) -> None:
-        segment = self.where.pop(entry, None)
-        if segment is not None:
-            self.store.write_dequeue(self, entry, segment, queue.deleted)
+        location = self.where.pop(entry, None)
+        if location is not None:
+            self.store.write_dequeue(self, entry, location, queue.deleted)
 
     def merged(self, queue: Queue, entries: list[Entry]) -> None:
         for entry in entries:
@@ -96,9 +103,12 @@ class Store:
         self.segment = 0  # the segment being written
         self.snapshot_on_disk = 0  # the newest segment whose header and wiring snapshot are synced
         self.sizes: dict[int, int] = {}  # bytes per segment, as handed to the writer
+        self.created: dict[int, float] = {}  # when each segment was started (wall clock)
         self.live: dict[int, int] = {}  # live message records per segment
-        self.live_bytes = 0
-        self.started = time.time()
+        self.live_bytes = 0  # bodies of every live journalled message, in memory or paged
+        self.synced = 0  # the location up to which the journal is on disk
+        # Durable bodies in memory above which the biggest queues page (default: an eighth of the RAM).
+        self.page_above = config.page_above or os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") // 8
         self.clock = time.time() - time.monotonic()  # wall clock = monotonic + clock (expiry is monotonic)
         self.writer: Writer | None = None
         broker.durability = self
@@ -109,6 +119,16 @@ class Store:
     def recover(self) -> None:
         os.makedirs(self.directory, exist_ok=True)
         started = time.monotonic()
+        # A million entries made at once would set off the cyclic collector over and over (half the
+        # time of a recovery); they make no cycles, so it waits, and they are frozen out of its sight.
+        gc.disable()
+        try:
+            self._recover(started)
+        finally:
+            gc.freeze()
+            gc.enable()
+
+    def _recover(self, started: float) -> None:
         try:
             image = read_journal(self.directory, repair=True)
         except Corrupt as e:
@@ -124,9 +144,11 @@ class Store:
         registry.queue_hooks.append(self._watch)
         registry.observers.append(self.wiring)
         self.sizes = dict(image.segments)
+        self.created = dict(image.created)
         self.writer = Writer(self.directory, self._synced)
         self._roll(max(image.segments, default=0) + 1)
         self.broker.engine.every(COMPACT_INTERVAL, self.compact)
+        self.broker.engine.every(PAGE_INTERVAL, self.page)
         atexit.register(self.close)
         log.info("store %s: recovered %d queues, %d exchanges, %d bindings, %d messages from %d records in "
                  "%d segments in %.2f s", self.directory, len(image.queues), len(image.exchanges),
@@ -143,17 +165,19 @@ class Store:
         to_monotonic = time.monotonic() - now
         for q in image.queues.values():
             queue, _ = registry.declare_queue(q.name, dict(q.args), uid=q.uid)
-            journal = self.journals[queue] = QueueJournal(self, q.qid)
+            journal = self.journals[queue] = QueueJournal(self, queue, q.qid)
             entries: list[Entry] = []
+            where, live = journal.where, self.live
             for seq in sorted(q.messages):
-                record, segment = q.messages[seq]
-                if record.expiry and record.expiry <= now:
+                data, expiry, segment, offset = q.messages[seq]
+                if expiry and expiry <= now:
                     continue  # its ttl ran out while the broker was down
-                entry = Entry(seq, record.data, record.expiry + to_monotonic if record.expiry else 0.0)
+                entry = Entry(seq, data, expiry + to_monotonic if expiry else 0.0)
                 entries.append(entry)
-                journal.where[entry] = segment
-                self.live[segment] = self.live.get(segment, 0) + 1
-                self.live_bytes += len(record.data)
+                where[entry] = segment << SHIFT | offset
+                live[segment] = live.get(segment, 0) + 1
+                journal.memory_bytes += len(data)
+            self.live_bytes += journal.memory_bytes
             queue.merge(entries)
             queue.next_seq = max(queue.next_seq, q.max_seq + 1)
         for (exchange, queue_name, key), b in image.bindings.items():
@@ -165,10 +189,11 @@ class Store:
             return
         journal = self.journals.get(queue)
         if journal is None:
-            journal = self.journals[queue] = QueueJournal(self, self.next_qid)
+            journal = self.journals[queue] = QueueJournal(self, queue, self.next_qid)
             self.next_qid += 1
         queue.durable_guards.append(journal)
         queue.observers.append(journal)
+        queue.pager = journal.pager
 
     # -- messages (the hot path: encode, append, return) ------------------------------------------
     def write_enqueue(self, journal: QueueJournal, entry: Entry) -> None:
@@ -176,16 +201,22 @@ class Store:
         previous = journal.where.get(entry)
         if previous is None:
             self.live_bytes += len(entry.data)
+            journal.memory_bytes += len(entry.data)
         else:
-            self.live[previous] -= 1
-        journal.where[entry] = segment
+            self.live[previous >> SHIFT] -= 1
+        journal.where[entry] = self._next_location()
         self.live[segment] += 1
         self.append(records.enqueue(journal.qid, entry.seq, entry.expiry + self.clock if entry.expiry else 0.0,
                                      entry.data))
 
-    def write_dequeue(self, journal: QueueJournal, entry: Entry, segment: int, queue_deleted: bool) -> None:
-        self.live[segment] -= 1
+    def _next_location(self) -> int:
+        """Where the next record appended goes."""
+        return self.segment << SHIFT | (self.sizes[self.segment] + self.pending_size)
+
+    def write_dequeue(self, journal: QueueJournal, entry: Entry, location: int, queue_deleted: bool) -> None:
+        self.live[location >> SHIFT] -= 1
         self.live_bytes -= len(entry.data)
+        journal.memory_bytes -= len(entry.data)
         if not queue_deleted:  # a deleted queue's record says it all
             self.append(records.dequeue(journal.qid, entry.seq))
 
@@ -219,6 +250,7 @@ class Store:
 
     def _submit(self, job: Job) -> None:
         self.sizes[self.segment] += job.size
+        job.end = self.segment << SHIFT | self.sizes[self.segment]
         assert self.writer is not None
         self.writer.submit(job)
 
@@ -227,20 +259,26 @@ class Store:
         self.segment = number
         self.sizes[number] = 0
         self.live[number] = 0
-        snapshot = [records.segment_header(number), *self.wiring.snapshot()]
+        self.created[number] = time.time()
+        snapshot = [records.segment_header(number, self.created[number]), *self.wiring.snapshot()]
         self._submit(Job(snapshot, sum(map(len, snapshot)), roll=number))
 
     def _synced(self, jobs: list[Job]) -> None:
         """On the writer thread: these jobs are on disk; settle their publishes on the broker's thread."""
         done = [c for job in jobs for c in job.done]
         rolled = max((job.roll for job in jobs), default=0)
-        if done or rolled:
-            self.broker.engine.call_soon_threadsafe(lambda: self._release(done, rolled))
+        end = max(job.end for job in jobs)
+        self.broker.engine.call_soon_threadsafe(lambda: self._release(done, rolled, end))
 
-    def _release(self, done: list[Completion], rolled: int) -> None:
+    def _release(self, done: list[Completion], rolled: int, end: int) -> None:
         self.snapshot_on_disk = max(self.snapshot_on_disk, rolled)
+        self.synced = max(self.synced, end)
         for completion in done:
             completion.release()
+        for journal in self.journals.values():  # a queue that waited to read back what is now on disk
+            if journal.pager.waiting_for_sync:
+                journal.pager.waiting_for_sync = False
+                self.broker.schedule(journal.queue)
 
     # -- compaction -----------------------------------------------------------------------------
     def compact(self) -> None:
@@ -269,29 +307,65 @@ class Store:
             forward = self._live_in(set(rewrite))
             for journal, entry in forward:
                 self.write_enqueue(journal, entry)
+            paged = self._rewrite_paged(set(rewrite))
             self._drop(rewrite)
             self._flush(unlink=rewrite)
-            log.debug("compacted segments %s (%d messages written forward)", rewrite, len(forward))
+            log.debug("compacted segments %s (%d messages written forward, %d of them paged)", rewrite,
+                      len(forward) + paged, paged)
 
     def _drop(self, numbers: list[int]) -> None:
         for number in numbers:
             del self.sizes[number]
             self.live.pop(number, None)
+            self.created.pop(number, None)
 
     def _live_in(self, segments: set[int]) -> list[tuple[QueueJournal, Entry]]:
         return [(journal, entry) for journal in self.journals.values()
-                for entry, segment in journal.where.items() if segment in segments]
+                for entry, location in journal.where.items() if location >> SHIFT in segments]
+
+    def _rewrite_paged(self, segments: set[int]) -> int:
+        """Paged messages whose records are in these segments: read back, written forward, re-pointed."""
+        count = 0
+        for journal in self.journals.values():
+            pager = journal.pager
+            for i in pager.located_in(segments):
+                data = pager.body(i)
+                self.live[pager.locations[i] >> SHIFT] -= 1
+                self.live[self.segment] += 1
+                pager.locations[i] = self._next_location()
+                expiry = pager.expiries[i]
+                self.append(records.enqueue(journal.qid, pager.seqs[i], expiry, data))
+                count += 1
+        return count
+
+    # -- paging ---------------------------------------------------------------------------------
+    def page(self) -> None:
+        """While durable bodies in memory exceed page_above, the queues holding the most page their
+        newest messages out (design/store.md, Paging)."""
+        held = sum(j.memory_bytes for j in self.journals.values())
+        if held <= self.page_above:
+            return
+        for journal in sorted(self.journals.values(), key=lambda j: j.memory_bytes, reverse=True):
+            before = journal.memory_bytes
+            if journal.queue.page_out(journal.queue.depth):
+                held -= before - journal.memory_bytes
+                log.info("queue %s pages: %d messages out of memory (durable bodies in memory were above "
+                         "%d bytes)", journal.queue.name, journal.pager.count, self.page_above)
+            if held <= self.page_above * 3 // 4:
+                break
 
     # -- status and shutdown ------------------------------------------------------------------
-    def position(self) -> tuple[int, int]:
-        return self.segment, self.sizes.get(self.segment, 0)
-
     def status(self) -> dict[str, Any]:
         writer = self.writer
         oldest = min(self.sizes, default=self.segment)
+        started = self.created.get(oldest)
         return {"directory": self.directory, "segments": len(self.sizes), "bytes": sum(self.sizes.values()),
                 "live_messages": sum(self.live.values()), "live_bytes": self.live_bytes,
-                "oldest_segment": oldest, "position": list(self.position()),
+                "memory_bytes": sum(j.memory_bytes for j in self.journals.values()), "page_above": self.page_above,
+                "paged_messages": sum(j.pager.count for j in self.journals.values()),
+                "oldest_segment": oldest,
+                "oldest_record": datetime.fromtimestamp(started, timezone.utc).isoformat(timespec="seconds")
+                if started else None, "position": [self.segment, self.sizes.get(self.segment, 0)],
                 "syncs": writer.syncs if writer else 0,
                 "last_sync_ms": round(writer.last_sync_seconds * 1000, 3) if writer else None,
                 "failing": writer.failing if writer else None}

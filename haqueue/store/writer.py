@@ -42,6 +42,7 @@ class Job:
     roll: int = 0  # start segment `roll` before writing the records
     done: list[Any] = field(default_factory=list)  # given back once synced (completions)
     unlink: list[int] = field(default_factory=list)  # segments to delete once the records are synced
+    end: int = 0  # the journal's location after this job (segment << 40 | size), set when submitted
 
 
 class Writer:

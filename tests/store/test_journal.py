@@ -13,7 +13,7 @@ from haqueue.store.writer import Job, Writer, segment_path
 
 
 def _segment(number: int, *body: bytes) -> list[bytes]:
-    return [records.segment_header(number), *body]
+    return [records.segment_header(number, 1.0e9), *body]
 
 
 def _write(directory, number: int, chunks: list[bytes]) -> str:
@@ -32,10 +32,11 @@ def test_records_read_back_as_written(tmp_path):
                                         records.dequeue(7, 41)))
     found, torn, _ = records.read_segment(path, open(path, "rb").read(), last=True)
     assert torn is None
-    assert [chr(r.type) for r in found] == ["S", "Q", "E", "D"]
+    assert [chr(r.type) for r in found[:2]] == ["S", "Q"]
     assert found[1].qid == 7 and found[1].fields == {"name": "q", "uid": "uid-q", "args": {"max_depth": 5}}
-    assert (found[2].qid, found[2].seq, found[2].expiry, found[2].data) == (7, 42, 1234.5, b"\x00Sw\xa1\x02hi")
-    assert (found[3].qid, found[3].seq) == (7, 41)
+    header_and_queue = found[0].end + (found[1].end - found[1].offset)
+    assert found[2] == (records.ENQUEUE, 7, 42, 1234.5, b"\x00Sw\xa1\x02hi", header_and_queue)
+    assert found[3][:3] == (records.DEQUEUE, 7, 41)
 
 
 def test_latest_update_wins_and_deleted_queues_lose_their_messages(tmp_path):
@@ -47,8 +48,8 @@ def test_latest_update_wins_and_deleted_queues_lose_their_messages(tmp_path):
     image = read_journal(str(tmp_path), repair=False)
     assert {q.name for q in image.queues.values()} == {"a"}
     a = image.queues[1]
-    assert {seq: rec.data for seq, (rec, _) in a.messages.items()} == {1: b"one again", 3: b"three"}
-    assert {seq: segment for seq, (_, segment) in a.messages.items()} == {1: 1, 3: 2}
+    assert {seq: m[0] for seq, m in a.messages.items()} == {1: b"one again", 3: b"three"}
+    assert {seq: m[2] for seq, m in a.messages.items()} == {1: 1, 3: 2}
     assert a.max_seq == 3 and image.max_qid == 2
 
 

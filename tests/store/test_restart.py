@@ -3,6 +3,7 @@ journals, compaction, and the store's status."""
 from __future__ import annotations
 
 import json
+from datetime import datetime, timedelta, timezone
 import os
 import subprocess
 import sys
@@ -159,6 +160,8 @@ def test_store_status_and_offline_check(broker_factory):
     shown = json.loads(status.stdout)
     assert shown["live_messages"] == 4 and shown["segments"] >= 1 and shown["syncs"] >= 1
     assert shown["last_sync_ms"] is not None and shown["failing"] is None
+    age = datetime.now(timezone.utc) - datetime.fromisoformat(shown["oldest_record"])
+    assert timedelta(0) <= age < timedelta(minutes=5)
     b.stop()
     check = _haqueue("store", "check", b.config["data_dir"])
     assert check.returncode == 0, check.stderr

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from harness import free_port
 from haqueue.cli import main
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -84,12 +85,6 @@ def test_config_and_listen_together(tmp_path: Path) -> None:
     result = haqueue("broker", "--config", str(tmp_path / "x.yaml"), "--listen", "127.0.0.1:5672")
     assert result.returncode == 2
     assert "--config cannot be combined with --listen" in result.stderr
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_admin_connection_refused() -> None:

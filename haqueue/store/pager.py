@@ -1,0 +1,156 @@
+"""QueuePager: a durable queue's newest messages, out of memory (design/store.md, Paging).
+
+Per paged message it keeps 28 bytes in flat arrays: its seq, where its journal record is
+(segment << 40 | offset), the record's length and the expiry, not an Entry and its body. A
+message that has no record (a transient message on a paging queue) stays in memory, in order.
+Bodies are read back from the journal in batches when the queue runs short in memory.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import time
+from array import array
+from typing import TYPE_CHECKING
+
+from ..broker.queue import Entry
+from . import records
+from .writer import segment_path
+
+if TYPE_CHECKING:
+    from .store import QueueJournal, Store
+
+log = logging.getLogger("haqueue.store")
+
+SHIFT = 40  # a record's location: segment << SHIFT | offset in the segment
+IN_MEMORY = -1  # the location of a paged message that has no record
+
+
+class QueuePager:
+    def __init__(self, store: "Store", journal: "QueueJournal") -> None:
+        self.store = store
+        self.journal = journal
+        self.seqs = array("q")
+        self.locations = array("q")
+        self.lengths = array("l")
+        self.expiries = array("d")  # wall clock, 0: never
+        self.head = 0  # index of the oldest message still paged
+        self.kept: dict[int, Entry] = {}  # index -> a paged message that has no record
+        self.waiting_for_sync = False  # take() stopped at a record not yet on disk
+
+    @property
+    def count(self) -> int:
+        return len(self.seqs) - self.head
+
+    def can_page(self, entry: Entry) -> bool:
+        return entry in self.journal.where
+
+    def page(self, entries: list[Entry]) -> None:
+        where = self.journal.where
+        store = self.store
+        for entry in entries:
+            location = where.pop(entry, None)
+            if location is None:
+                self.kept[len(self.seqs)] = entry
+                location = IN_MEMORY
+            else:
+                self.journal.memory_bytes -= len(entry.data)
+            self.seqs.append(entry.seq)
+            self.locations.append(location)
+            self.lengths.append(records.enqueue_size(len(entry.data)))
+            self.expiries.append(entry.expiry + store.clock if entry.expiry else 0.0)
+
+    def take(self, n: int) -> list[Entry]:
+        """Up to n of the oldest paged messages as entries, stopping at one whose record is not yet synced."""
+        taken: list[Entry] = []
+        reader = _Reader(self.store.directory)
+        synced = self.store.synced
+        to_monotonic = time.monotonic() - time.time()
+        where = self.journal.where
+        try:
+            while len(taken) < n and self.head < len(self.seqs):
+                i = self.head
+                location, length = self.locations[i], self.lengths[i]
+                if location == IN_MEMORY:
+                    taken.append(self.kept.pop(i))
+                elif location + length > synced:
+                    self.waiting_for_sync = True
+                    break
+                else:
+                    expiry = self.expiries[i]
+                    entry = Entry(self.seqs[i], reader.body(location, length), expiry + to_monotonic if expiry else 0.0)
+                    where[entry] = location
+                    self.journal.memory_bytes += len(entry.data)
+                    taken.append(entry)
+                self.head += 1
+        finally:
+            reader.close()
+        self._shrink()
+        return taken
+
+    def peek(self) -> list[Entry]:
+        reader = _Reader(self.store.directory)
+        to_monotonic = time.monotonic() - time.time()
+        try:
+            return [self.kept[i] if self.locations[i] == IN_MEMORY else
+                    Entry(self.seqs[i], reader.body(self.locations[i], self.lengths[i]),
+                          self.expiries[i] + to_monotonic if self.expiries[i] else 0.0)
+                    for i in range(self.head, len(self.seqs))]
+        finally:
+            reader.close()
+
+    def located_in(self, segments: set[int]) -> list[int]:
+        """Indexes of paged messages whose records are in these segments (compaction)."""
+        return [i for i in range(self.head, len(self.seqs))
+                if self.locations[i] != IN_MEMORY and self.locations[i] >> SHIFT in segments]
+
+    def body(self, i: int) -> bytes:
+        reader = _Reader(self.store.directory)
+        try:
+            return reader.body(self.locations[i], self.lengths[i])
+        finally:
+            reader.close()
+
+    def clear(self) -> None:
+        live = self.store.live
+        for i in range(self.head, len(self.seqs)):
+            if self.locations[i] != IN_MEMORY:
+                live[self.locations[i] >> SHIFT] -= 1
+                self.store.live_bytes -= self.lengths[i] - records.ENQUEUE_OVERHEAD
+        self.seqs, self.locations, self.lengths, self.expiries = array("q"), array("q"), array("l"), array("d")
+        self.head = 0
+        self.kept.clear()
+
+    def _shrink(self) -> None:
+        """Drop the taken front once it is half the arrays (amortised O(1) per message)."""
+        head = self.head
+        if head and head * 2 >= len(self.seqs):
+            for a in (self.seqs, self.locations, self.lengths, self.expiries):
+                del a[:head]
+            self.kept = {i - head: e for i, e in self.kept.items()}
+            self.head = 0
+
+
+class _Reader:
+    """Reads message bodies back from journal segments, one open file per segment."""
+
+    def __init__(self, directory: str) -> None:
+        self.directory = directory
+        self.files: dict[int, int] = {}
+
+    def body(self, location: int, length: int) -> bytes:
+        segment, offset = location >> SHIFT, location & ((1 << SHIFT) - 1)
+        fd = self.files.get(segment)
+        if fd is None:
+            fd = self.files[segment] = os.open(segment_path(self.directory, segment), os.O_RDONLY)
+        data = os.pread(fd, length, offset)
+        record = records.message_at(data)
+        if record is None:
+            raise OSError(f"{segment_path(self.directory, segment)}: the record at offset {offset} does not read "
+                          f"back (checksum or length)")
+        return record
+
+    def close(self) -> None:
+        for fd in self.files.values():
+            os.close(fd)
+        self.files.clear()

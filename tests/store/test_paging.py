@@ -1,0 +1,58 @@
+"""Paging: a queue larger than the memory allowed for durable bodies keeps them in the journal, not in RAM,
+and hands every message out in order."""
+from __future__ import annotations
+
+import pytest
+from proton import Message
+
+from clients import Client
+from ha_harness import receive, send_all
+from harness import wait_for
+
+BODY = "x" * 1000
+COUNT = 30_000  # 30 MB of bodies
+PAGE_ABOVE = 3_000_000
+
+
+def rss(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as f:
+        return next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmRSS:"))
+
+
+def _flood(b) -> int:
+    """RSS growth while COUNT durable 1 KB messages go onto a queue nobody consumes."""
+    send_all(b.address, "warm", [Message(body=BODY, durable=True) for _ in range(2000)])
+    receive(b.address, "warm", 2000)
+    before = rss(b.pid)
+    send_all(b.address, "big", [Message(body={"i": i, "pad": BODY}, durable=True) for i in range(COUNT)],
+             timeout=120)
+    return rss(b.pid) - before
+
+
+@pytest.mark.slow
+def test_a_queue_larger_than_memory_pages_and_stays_in_order(broker_factory):
+    b = broker_factory(store={"page_above": PAGE_ABOVE, "segment_bytes": 4 * 1024 * 1024})
+    growth = _flood(b)
+    with Client(b) as c:
+        status = wait_for(lambda: (s := c.mgmt("READ", "store").body)["memory_bytes"] <= PAGE_ABOVE and s, 10,
+                          message="paging")
+        assert status["paged_messages"] > COUNT * 0.8, status
+        assert c.queue_depth("big") == COUNT
+    print(f"RSS growth for {COUNT} durable 1 KB messages, paging above {PAGE_ABOVE}: {growth / 1e6:.1f} MB")
+    assert growth < 12_000_000  # the bodies alone are 30 MB
+    assert "queue big pages" in b.log()
+    got = [m.body["i"] for m in receive(b.address, "big", COUNT // 2, timeout=30)]
+    assert got == list(range(COUNT // 2))
+    b.kill()  # half consumed, half still paged: all of it comes back from the journal
+    b.start()
+    got = [m.body["i"] for m in receive(b.address, "big", COUNT - COUNT // 2, timeout=30)]
+    assert got == list(range(COUNT // 2, COUNT))
+    with Client(b) as c:
+        assert c.queue_depth("big") == 0
+
+
+@pytest.mark.slow
+def test_without_paging_the_same_flood_holds_the_bodies(broker_factory):
+    """The control: the bound above means something."""
+    b = broker_factory()
+    assert _flood(b) > 30_000_000
