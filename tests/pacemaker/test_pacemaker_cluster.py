@@ -226,3 +226,41 @@ def _zombie(pid: int) -> bool:
             return f.read().rsplit(")", 1)[1].split()[0] in ("Z", "X")
     except OSError:
         return True
+
+
+def test_every_broker_killed_at_once_comes_back_on_the_freshest_store(cluster):
+    """A total outage: every broker process SIGKILLed at once (the nodes stay up). Pacemaker restarts
+    them; only the freshest store (the old primary's: its standing in the epoch is the highest) gets a
+    promotion score, so it is promoted, no other broker is ever primary, and no confirmed durable
+    message is lost."""
+    old = cluster.primary_node()
+    send("outage", range(200))
+    load = Load(VIP_ADDRESS, "outage-load").start()
+    primaries: set[str] = set()
+    try:
+        load.wait_confirmed(30, 20)
+        pids = [cluster.broker_pid(n) for n in cluster.nodes]
+        killed = time.monotonic()
+        for pid in pids:
+            os.kill(pid, signal.SIGKILL)
+
+        def back() -> bool:
+            for node in cluster.nodes:
+                status = cluster.broker_status(node, timeout=1.0)
+                if status and status["role"] == "primary":
+                    primaries.add(node.name)
+            return cluster.healthy(allow_failures=True)[0]
+        wait_for(back, 90, interval=POLL_INTERVAL, message="the cluster healthy again after the total outage")
+        recovered = time.monotonic() - killed
+        load.wait_confirmed(30, 30)
+    finally:
+        load.stop()
+    report = assert_no_loss(load)
+    assert primaries == {old.name} and cluster.primary_node() is old
+    for node in cluster.nodes:
+        wait_for(lambda: cluster.queue_depth(node, "outage") == 200, 20, interval=POLL_INTERVAL,
+                 message=f"200 messages on {node.name}")
+    assert sorted(receive_all("outage", 200)) == list(range(200))
+    record("pacemaker-total-outage", primary=old.name, healthy_seconds=round(recovered, 2),
+           client_recovery_seconds=round(load.recovery_after(killed), 2), confirmed=report["confirmed"],
+           duplicates=report["duplicates"])
