@@ -2,7 +2,7 @@
 cannot prove it still holds the election stops serving. The protocol is in design/zookeeper.md.
 
 Under `ha.zookeeper.path`:
-  members/<name>  ephemeral, one per broker: its role, state, applied, epoch, weight (JSON)
+  members/<name>  ephemeral, one per broker: its role, state, applied, epoch, freshness, weight (JSON)
   epoch           the cluster epoch, raised by compare-and-set on the znode's version
   primary         ephemeral, created in one transaction with the epoch's raise: who won
 
@@ -55,14 +55,31 @@ def _json(data: bytes | None) -> dict[str, Any]:
     return value if isinstance(value, dict) else {}
 
 
-def rank(members: dict[str, dict[str, Any]]) -> list[str]:
+def freshness(member: dict[str, Any]) -> tuple[int, ...]:
+    """How complete a member's store is (design/store.md); a member that does not say: its epoch alone."""
+    return tuple(int(x) for x in member.get("freshness") or (member.get("epoch", 0),))
+
+
+def restarting(members: dict[str, dict[str, Any]], zk_epoch: int) -> bool:
+    """Every member is joining (none primary, ready or catching up) in a cluster that has had a primary:
+    it is coming back after a total outage."""
+    return bool(members) and all(m.get("state") == JOINING for m in members.values()) and \
+        (zk_epoch > 0 or any(m.get("had_primary") for m in members.values()))
+
+
+def rank(members: dict[str, dict[str, Any]], zk_epoch: int) -> list[str]:
     """The candidates best first: ready backups by applied, then weight ("latest update wins"); in a
-    brand-new cluster (no member has had a primary) every joining member."""
+    brand-new cluster (no election yet, no member has had a primary) every joining member; after a total
+    outage the joining members with the freshest store, by weight: none with a fresher one present."""
     ready = [n for n, m in members.items() if m.get("role") == BACKUP and m.get("state") == READY]
-    if not ready and members and all(not m.get("had_primary") and m.get("state") == JOINING
-                                     for m in members.values()):
-        ready = list(members)
-    return sorted(ready, key=lambda n: (-int(members[n].get("applied", 0)), -int(members[n].get("weight", 0)), n))
+    if ready:
+        return sorted(ready, key=lambda n: (-int(members[n].get("applied", 0)), -int(members[n].get("weight", 0)), n))
+    if not members or any(m.get("state") != JOINING for m in members.values()):
+        return []
+    if restarting(members, zk_epoch):
+        best = max(freshness(m) for m in members.values())
+        members = {n: m for n, m in members.items() if freshness(m) == best}
+    return sorted(members, key=lambda n: (-int(members[n].get("weight", 0)), n))
 
 
 class ZooKeeperCoordinator:
@@ -91,8 +108,16 @@ class ZooKeeperCoordinator:
         ha = self.ha
         address = ha.config_address
         return {"name": self.name, "role": ha.role, "state": ha.state, "applied": ha.backup.applied,
-                "epoch": ha.epoch.epoch, "had_primary": ha.epoch.had_primary, "weight": self.config.weight,
+                "epoch": ha.epoch.epoch, "had_primary": ha.epoch.had_primary, "freshness": list(ha.freshness()),
+                "eligible": self.eligible(), "weight": self.config.weight,
                 "address": f"{address.host}:{address.port}" if address else None, "forced": self.forced}
+
+    def eligible(self) -> bool:
+        """May this backup serve if elected: forced, ready, or one the promotion rule accepts (a brand-new
+        cluster, or the freshest store after a total outage). A candidate contends only while it is, so a
+        win is not resigned: a resignation raises the cluster epoch, which erases the others' standing."""
+        ha = self.ha
+        return self.forced or ha.backup.state == READY or ha.promotion_refusal() is None
 
     def _publish_state(self) -> None:
         self.worker.publish(self.member_data())
@@ -113,9 +138,7 @@ class ZooKeeperCoordinator:
 
     def won(self, epoch: int, sent: float, timeout: float) -> None:
         ha = self.ha
-        eligible = self.forced or ha.backup.state == READY or (not ha.epoch.had_primary
-                                                               and ha.backup.state == JOINING)
-        if ha.role == PRIMARY or not eligible or ha.epoch.epoch > epoch:
+        if ha.role == PRIMARY or not self.eligible() or ha.epoch.epoch > epoch:
             log.warning("won the election at epoch %d but cannot serve (%s, %s, epoch %d): resigning",
                         epoch, ha.role, ha.state, ha.epoch.epoch)
             self.worker.resign()
@@ -174,6 +197,8 @@ class _Worker:
         self.name = coordinator.name
         self.hosts = ",".join(f"{h}:{p}" for h, p in config.hosts)
         self.path = config.path.rstrip("/")
+        self.cluster_size = len(coordinator.ha.config.brokers)
+        self.recovery_wait = coordinator.ha.config.recovery_wait
         self.member_path = f"{self.path}/members/{self.name}"
         self.epoch_path, self.primary_path = f"{self.path}/epoch", f"{self.path}/primary"
         self.timeout = config.session_timeout  # replaced by what ZooKeeper grants
@@ -367,16 +392,21 @@ class _Worker:
             coordinator.call(lambda: coordinator.fence("the primary node in ZooKeeper is no longer ours"))
 
     def _elect(self) -> None:
-        """Only a candidate contends; the k-th best waits k steps for the better ones first."""
+        """Only an eligible candidate contends; the k-th best waits k steps for the better ones first.
+        After a total outage, no one contends until every broker is back or `ha.recovery_wait` has passed:
+        the freshest store may be on its way."""
         now = time.monotonic()
         if self._no_primary_since is None:
             self._no_primary_since = now
         members = dict(self.members)
         members[self.name] = self._desired  # our own state as the loop last saw it
-        candidates = rank(members)
+        if restarting(members, self.zk_epoch) and len(members) < self.cluster_size \
+                and now - self._no_primary_since < self.recovery_wait:
+            return
+        candidates = rank(members, self.zk_epoch)
         if self._desired.get("forced") and self.name not in candidates:
             candidates.append(self.name)
-        if self.name not in candidates:
+        if self.name not in candidates or not self._desired.get("eligible"):
             return
         place = candidates.index(self.name)
         if now - self._no_primary_since < place * CONTEND_STEP:

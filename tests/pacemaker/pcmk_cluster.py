@@ -61,6 +61,7 @@ HA_USER = "ha"
 BINARY = REPO / ".venv" / "bin" / "haqueue"
 PING_TIMEOUT = 2
 BACKUP_TIMEOUT = 3.0
+RECOVERY_WAIT = 20.0  # the total-outage test keeps a broker away for several seconds, well within it
 POLL_INTERVAL = 0.2  # of `wait_for` on the cluster: each poll runs crm_mon, pcs or nsenter
 
 # Host directories that the nodes bind-mount over: created if missing, removed again if we made them.
@@ -269,7 +270,8 @@ class PacemakerCluster:
             "listen": [f"0.0.0.0:{CLIENT_PORT}", f"{node.ip}:{PEER_PORT}"],
             "data_dir": "/var/lib/haqueue",
             "ha": {"brokers": [n.peer_address for n in self.nodes], "username": HA_USER,
-                   "password": self.password, "backup_timeout": BACKUP_TIMEOUT},
+                   "password": self.password, "backup_timeout": BACKUP_TIMEOUT,
+                   "recovery_wait": RECOVERY_WAIT},
         }
         conf = node.dir("etc-haqueue") / "haqueue.yaml"
         conf.write_text(yaml.safe_dump(config, sort_keys=False))

@@ -6,6 +6,9 @@
 - Promotion scores: the agent's crm_attribute calls go to a fake one (HA_SBIN_DIR) that records
   them, so the tests read which score each state gave: brand-new joining 1, primary 10000, ready
   backup >= 1000, joining with a live peer none (deleted).
+- After a total outage (three agent-run brokers with stores, killed, restarted stalest first):
+  only the freshest store that answers scores, none while a peer is missing and the broker is
+  younger than ha.recovery_wait; promote refuses a staler broker; nothing confirmed is lost.
 - A SIGSTOPped broker fails the monitor within ping_timeout, and stop leaves no process behind.
 """
 from __future__ import annotations
@@ -20,7 +23,9 @@ from pathlib import Path
 
 import pytest
 import yaml
+from proton import Message
 
+from ha_harness import browse, receive, send_all
 from harness import BrokerProcess, free_port, wait_for
 
 REPO = Path(__file__).resolve().parents[2]
@@ -138,9 +143,10 @@ def agents(tmp_path):
             print(f"==== {log}\n" + "\n".join(log.read_text().splitlines()[-30:]))
 
 
-def ha_config(name: str, own: str, brokers: list[str], password: str) -> dict:
+def ha_config(name: str, own: str, brokers: list[str], password: str, recovery_wait: float = 10) -> dict:
     return {"name": name, "listen": [own], "data_dir": ".",
-            "ha": {"brokers": brokers, "username": "ha", "password": password, "backup_timeout": 2}}
+            "ha": {"brokers": brokers, "username": "ha", "password": password, "backup_timeout": 2,
+                   "recovery_wait": recovery_wait}}
 
 
 def test_ocf_tester_passes(agents, tmp_path):
@@ -197,8 +203,9 @@ def test_promotion_scores_follow_the_broker_state(agents, tmp_path):
     password = secrets.token_hex(8)
     port_a, port_b = free_port(), free_port()
     brokers = [f"127.0.0.1:{port_a}", f"127.0.0.1:{port_b}"]
-    a = agents(ha_config("a", brokers[0], brokers, password))
-    b = BrokerProcess(tmp_path / "b", ha_config("b", brokers[1], brokers, password), name="b")
+    # no wait for the absent b: test_total_outage_scores_only_the_freshest_store covers recovery_wait
+    a = agents(ha_config("a", brokers[0], brokers, password, recovery_wait=0))
+    b = BrokerProcess(tmp_path / "b", ha_config("b", brokers[1], brokers, password, recovery_wait=0), name="b")
     try:
         assert a.rc("monitor") == OCF_NOT_RUNNING
         assert a.rc("start") == OCF_SUCCESS
@@ -231,6 +238,64 @@ def test_promotion_scores_follow_the_broker_state(agents, tmp_path):
         assert a.rc("monitor") == OCF_NOT_RUNNING
     finally:
         b.stop()
+
+
+def _score(agent: Agent) -> str:
+    """The score a monitor of this joining backup sets ('v N', or 'D' for none)."""
+    assert agent.rc("monitor") == OCF_SUCCESS
+    return agent.scores()[-1]
+
+
+def _kill(agent: Agent) -> None:
+    pid = agent.pid()
+    agent.kill()
+    wait_for(lambda: not _alive(pid), 10, message=f"broker {pid} gone")
+
+
+def _caught_up(address: str, password: str, queue: str) -> bool:
+    s = _ha_at(address, password)
+    return s.get("state") == "ready" and bool(s.get("queues", {}).get(queue, {}).get("caught_up"))
+
+
+def test_total_outage_scores_only_the_freshest_store(agents):
+    """a primary, b and c ready; c killed at 100 messages, b and a (at once) at 150; restarted c, b, then
+    a seconds later. Until a is back and while younger than recovery_wait, b has no score; then b, the
+    freshest that answers, scores; once a answers only a does, and c's promotion is refused."""
+    password, wait = secrets.token_hex(8), 4.0
+    brokers = [f"127.0.0.1:{free_port()}" for _ in range(3)]
+    a, b, c = (agents(ha_config(n, addr, brokers, password, recovery_wait=wait), name=n)
+               for n, addr in zip("abc", brokers))
+    for agent in (a, b, c):
+        assert agent.rc("start") == OCF_SUCCESS
+    assert a.rc("promote") == OCF_SUCCESS
+    send_all(brokers[0], "q", [Message(body=i, durable=True) for i in range(100)])
+    wait_for(lambda: _caught_up(brokers[2], password, "q"), 20, message="c caught up")
+    _kill(c)
+    send_all(brokers[0], "q", [Message(body=i, durable=True) for i in range(100, 150)])
+    wait_for(lambda: _caught_up(brokers[1], password, "q"), 20, message="b caught up")
+    _kill(b)
+    _kill(a)
+    for agent in (a, b, c):
+        assert agent.rc("monitor") == OCF_NOT_RUNNING
+    assert c.rc("start") == OCF_SUCCESS and b.rc("start") == OCF_SUCCESS
+    started = time.monotonic()
+    assert _ha_at(brokers[1], password)["freshness"] > _ha_at(brokers[2], password)["freshness"]
+    assert _score(b) == "D"  # a does not answer and b is younger than recovery_wait
+    assert _score(c) == "D"  # b is fresher
+    wait_for(lambda: _score(b) == "v 1", wait + 10, interval=0.5, message="b scoring after recovery_wait")
+    waited = time.monotonic() - started
+    assert _score(c) == "D"
+    assert a.rc("start") == OCF_SUCCESS
+    assert _ha_at(brokers[0], password)["freshness"] > _ha_at(brokers[1], password)["freshness"]
+    assert [_score(x) for x in (a, b, c)] == ["v 1", "D", "D"]
+    proc = c.run("promote")
+    assert proc.returncode == OCF_ERR_GENERIC and "fresher store" in proc.stderr, proc.stderr
+    assert a.rc("promote") == OCF_SUCCESS
+    print(f"b scored {waited:.1f}s after its restart (recovery_wait {wait}s)")
+    for address in brokers[1:]:
+        wait_for(lambda: _caught_up(address, password, "q"), 20, message=f"{address} caught up")
+        assert [m.body for m in browse(address, "q", 150, user="ha", password=password)] == list(range(150))
+    assert [m.body for m in receive(brokers[0], "q", 150)] == list(range(150))
 
 
 def test_hung_broker_fails_monitor_and_stop_leaves_nothing(agents):

@@ -22,6 +22,7 @@ from pcmk_cluster import CLONE, PING_TIMEOUT, POLL_INTERVAL, VIP_ADDRESS, run
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(420)]
 
 FAILOVER_TARGET = 10.0  # seconds, with a 2 s monitor interval on the primary
+OBSERVE = 4.0  # seconds a test watches for something that must not happen
 
 
 def record(kind: str, **values) -> None:
@@ -226,3 +227,63 @@ def _zombie(pid: int) -> bool:
             return f.read().rsplit(")", 1)[1].split()[0] in ("Z", "X")
     except OSError:
         return True
+
+
+def test_every_broker_killed_at_once_comes_back_on_the_freshest_store(cluster):
+    """A total outage: every broker process SIGKILLed at once (the nodes stay up), and the old primary's
+    node kept from restarting its broker for a while (a ban, cleared once the others are back). Its
+    store is the freshest (the highest standing in the epoch), so the two restarted brokers get no
+    promotion score and stay backups until it is back; then it alone scores and is promoted. No other
+    broker is ever primary and no confirmed durable message is lost."""
+    old = cluster.primary_node()
+    others = [n for n in cluster.nodes if n is not old]
+    send("outage", range(200))
+    load = Load(VIP_ADDRESS, "outage-load").start()
+    primaries: set[str] = set()
+
+    def watch() -> None:
+        for node in cluster.nodes:
+            status = cluster.broker_status(node, timeout=1.0)
+            if status and status["role"] == "primary":
+                primaries.add(node.name)
+
+    def watching(condition):
+        """`condition`, noting who is primary at each poll."""
+        def check() -> bool:
+            watch()
+            return condition()
+        return check
+    try:
+        load.wait_confirmed(30, 20)
+        pids = [cluster.broker_pid(n) for n in cluster.nodes]
+        killed = time.monotonic()
+        for pid in pids:
+            os.kill(pid, signal.SIGKILL)
+        cluster.pcs("resource", "ban", CLONE, old.name)
+        wait_for(watching(lambda: all((cluster.broker_status(n, timeout=1.0) or {}).get("state") == "joining"
+                                      for n in others)), 30, interval=POLL_INTERVAL,
+                 message="the other two brokers restarted, joining")
+        observed = time.monotonic()
+        while time.monotonic() - observed < OBSERVE:  # what must not happen, for a while
+            watch()
+            assert [cluster.promotion_score(n) for n in others] == [None, None]
+        assert primaries == set()
+        cluster.pcs("resource", "clear", CLONE)
+        cleared = time.monotonic()
+        wait_for(watching(lambda: cluster.healthy(allow_failures=True)[0]), 90, interval=POLL_INTERVAL,
+                 message="the cluster healthy again after the total outage")
+        recovered = time.monotonic()
+        load.wait_confirmed(30, 30)
+    finally:
+        cluster.pcs("resource", "clear", CLONE, check=False)
+        load.stop()
+    report = assert_no_loss(load)
+    assert primaries == {old.name} and cluster.primary_node() is old
+    for node in cluster.nodes:
+        wait_for(lambda: cluster.queue_depth(node, "outage") == 200, 20, interval=POLL_INTERVAL,
+                 message=f"200 messages on {node.name}")
+    assert sorted(receive_all("outage", 200)) == list(range(200))
+    record("pacemaker-total-outage", primary=old.name, others_joining_seconds=round(observed - killed, 2),
+           healthy_seconds_after_ban_cleared=round(recovered - cleared, 2),
+           client_recovery_seconds=round(load.recovery_after(killed), 2), confirmed=report["confirmed"],
+           duplicates=report["duplicates"])
