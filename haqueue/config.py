@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import socket
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -15,6 +16,13 @@ import yaml
 DEFAULT_LISTEN = "127.0.0.1:5672"
 EXCHANGE_TYPES = ("direct", "topic", "fanout")
 SASL_MODES = ("optional", "required")
+OVERFLOW_POLICIES = ("block", "reject-publish", "drop-head")  # what a queue does with a publish over a limit
+MEMORY_SHARE = 0.4  # the default memory_limit: this share of the machine's RAM
+
+
+def default_memory_limit() -> int:
+    """MEMORY_SHARE of the machine's physical memory, in bytes."""
+    return int(os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") * MEMORY_SHARE)
 
 
 class ConfigError(Exception):
@@ -42,7 +50,10 @@ class LimitsConfig:
     max_connections: int = 1000
     max_links_per_connection: int = 1000
     max_sessions_per_connection: int = 64
-    max_depth: int = 0  # 0: unbounded
+    max_depth: int = 0  # 0: unbounded; default for queues
+    max_bytes: int = 0  # 0: unbounded; default for queues
+    overflow: str = "block"  # default for queues: block | reject-publish | drop-head
+    memory_limit: int = field(default_factory=default_memory_limit)  # bytes in all queues; 0: none
     max_frame_size: int = 65536
     max_message_size: int = 0  # 0: unbounded
     idle_timeout: float = 60.0  # seconds; 0 disables heartbeats
@@ -308,6 +319,9 @@ _LIMITS: dict[str, Check] = {
     "max_links_per_connection": _int(1),
     "max_sessions_per_connection": _int(1),
     "max_depth": _int(0),
+    "max_bytes": _int(0),
+    "overflow": _choice(*OVERFLOW_POLICIES),
+    "memory_limit": _int(0),
     "max_frame_size": _int(512),
     "max_message_size": _int(0),
     "idle_timeout": _seconds,

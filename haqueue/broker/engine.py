@@ -99,7 +99,7 @@ class Link:
 
     __slots__ = ("ptr", "conn", "name", "is_sender", "address", "dynamic", "browse", "handler",
                  "_tag", "_received", "_partial", "settle_first", "_properties_ptr",
-                 "closed", "coordinator")
+                 "closed", "coordinator", "held")
 
     def __init__(self, ptr: Any, conn: "Connection", outgoing_address: str | None = None) -> None:
         self.ptr = ptr
@@ -108,9 +108,10 @@ class Link:
         self.is_sender = bool(lib.pn_link_is_sender(ptr))
         self.handler: LinkHandler | None = None
         self._tag = 0
-        self._received = 0
+        self._received = 0  # receiving: messages taken since the credit was last topped up: credit owed
         self._partial: dict[Any, bytearray] = {}
         self.closed = False
+        self.held = False  # receiving: credit is not topped up (flow control)
         if outgoing_address is not None:  # a link the broker opens: nothing remote to read yet
             self.address, self.dynamic, self.browse, self.settle_first = outgoing_address, False, False, False
             self.coordinator = False
@@ -192,6 +193,17 @@ class Link:
     def flow(self, credit: int) -> None:
         lib.pn_link_flow(self.ptr, credit)
         self.conn.engine.dirty.add(self.conn)
+
+    def hold_credit(self) -> None:
+        """Stop topping up the peer's credit: once it has sent what it holds, it can send no more."""
+        self.held = True
+
+    def resume_credit(self) -> None:
+        """Top the credit up to the window again, now and from here on."""
+        self.held = False
+        if self._received:
+            self.flow(self._received)
+            self._received = 0
 
     def close(self, condition: str | None = None, description: str = "") -> None:
         if self.closed:
@@ -816,7 +828,7 @@ class Engine:
             data = bytes(link._partial.pop(delivery))
         lib.pn_link_advance(ptr)
         link._received += 1
-        if link._received >= _RECEIVE_WINDOW // 2:
+        if link._received >= _RECEIVE_WINDOW // 2 and not link.held:
             lib.pn_link_flow(ptr, link._received)
             link._received = 0
         link.handler.on_message(delivery, data, bool(lib.pn_delivery_settled(delivery)))  # type: ignore[union-attr]
@@ -938,7 +950,9 @@ class Engine:
         conn.links[ptr] = link
         lib.pn_link_open(ptr)
         if not link.is_sender:
-            lib.pn_link_flow(ptr, _RECEIVE_WINDOW)
+            link._received = _RECEIVE_WINDOW  # the whole window is owed: granted unless the handler holds it
+            if not link.held:
+                link.resume_credit()
         elif lib.pn_link_credit(ptr):
             link.handler.on_credit()
 

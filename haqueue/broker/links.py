@@ -9,6 +9,7 @@ from .completion import Completion
 from .engine import ACCEPTED, MODIFIED, REJECTED, RELEASED, Link, LinkHandler
 from .errors import DECODE, BrokerError, INVALID_FIELD, NOT_FOUND, RESOURCE_DELETED, RESOURCE_LIMIT
 from .exchange import Exchange
+from .flow import BLOCK, DROP_HEAD, REJECT_PUBLISH, Blocker
 from .message import MalformedMessage, Routing, is_message, ttl_ms
 from .queue import Entry, Queue
 
@@ -17,20 +18,37 @@ if TYPE_CHECKING:
 
 
 class Publisher(LinkHandler):
-    """A client's sending link, bound to a queue, an exchange, or nothing (anonymous relay: route by `to`)."""
+    """A client's sending link, bound to a queue, an exchange, or nothing (anonymous relay: route by `to`).
+
+    Flow control (flow.py): a publish over a queue's limits or the broker's memory_limit meets the
+    queue's overflow policy; `block` accepts it and holds the link's credit until every cause lifts."""
 
     def __init__(self, broker: "Broker", link: Link, node: Queue | Exchange | None) -> None:
         self.broker = broker
         self.link = link
         self.node = node
         self.completion_hooks = broker.completion_hooks
+        self.memory = broker.memory
+        self.holds: set[Blocker] = set()  # what this link's credit waits on
+        self._hold_at_attach()
+
+    def _hold_at_attach(self) -> None:
+        """A publisher that attaches to a blocked queue, or during the memory alarm, gets no credit yet;
+        else each new link could add a credit window to a queue that is already over its limit."""
+        node = self.node
+        blocks = not isinstance(node, Queue) or node.overflow == BLOCK
+        if isinstance(node, Queue) and blocks and (node.blocker.held or not node.fits(0)):
+            self._hold(node.blocker)
+        if self.memory.on and blocks:
+            self._hold(self.memory)
 
     def on_message(self, delivery: Any, data: bytes, settled: bool) -> None:
         if not is_message(data):
             self.link.settle(delivery, REJECTED, DECODE, "the transfer is not an AMQP message (no section descriptor)")
             return
         node = self.node
-        if type(node) is Queue and not node.deleted and not node.guarded(data) and not node.full():
+        if type(node) is Queue and not node.deleted and not node.guarded(data) and node.fits(len(data)) \
+                and not self.memory.on:
             # The hot path: one queue, nothing holding completion.
             ttl = ttl_ms(data)
             entry = node.enqueue(data, time.monotonic() + ttl / 1000.0 if ttl else 0.0)
@@ -43,11 +61,10 @@ class Publisher(LinkHandler):
         try:
             queues = [node] if type(node) is Queue and not node.deleted else self._route(node, data)
             for queue in queues:
-                if queue.full():
-                    raise BrokerError(RESOURCE_LIMIT, f"queue '{queue.name}' is full (max_depth {queue.max_depth})")
                 refusal = queue.refusal(data)
                 if refusal:
                     raise BrokerError(RESOURCE_LIMIT, refusal)
+            self._overflow(queues, len(data))
         except BrokerError as e:
             self.link.settle(delivery, REJECTED, e.condition, e.description)
             return
@@ -65,6 +82,41 @@ class Publisher(LinkHandler):
         completion = Completion(lambda: self.link.closed or self._confirm(delivery, enqueued))
         enqueued = [(queue, queue.enqueue(data, expiry, completion)) for queue in queues]
         completion.release()
+
+    def _overflow(self, queues: list[Queue], size: int) -> None:
+        """Apply the overflow policy of each queue this publish would take over a limit: reject the
+        publish (raises before anything is enqueued), drop heads, or hold this link's credit."""
+        alarm = self.memory.on
+        over = [q for q in queues if alarm or not q.fits(size)]
+        for queue in over:
+            if queue.overflow == REJECT_PUBLISH:
+                raise BrokerError(RESOURCE_LIMIT, queue.over_limit(size) if not queue.fits(size) else
+                                  f"queue '{queue.name}' refuses publishes while the broker is over its "
+                                  f"memory_limit ({self.memory.configured} bytes)")
+        for queue in over:
+            if queue.overflow == DROP_HEAD:
+                queue.drop_head(size, alarm)
+                continue
+            if not queue.fits(size):
+                self._hold(queue.blocker)
+            if alarm:
+                self._hold(self.memory)
+
+    def _hold(self, blocker: Blocker) -> None:
+        if not self.holds:
+            self.link.hold_credit()
+        self.holds.add(blocker)
+        blocker.held.add(self)
+
+    def lifted(self, blocker: Blocker) -> None:
+        self.holds.discard(blocker)
+        if not self.holds:
+            self.link.resume_credit()
+
+    def on_detach(self) -> None:
+        for blocker in self.holds:
+            blocker.held.discard(self)
+        self.holds.clear()
 
     def _confirm(self, delivery: Any, enqueued: list[tuple[Queue, Entry]]) -> None:
         """Every guard has released the message: accept it."""

@@ -7,11 +7,15 @@ audit log) are told of every enqueue and dequeue; guards may hold a publisher's 
 from __future__ import annotations
 
 import heapq
+import logging
 import time
 from typing import Any, Callable, Protocol
 
 from .completion import Completion, DurableGuard, Guard
+from .flow import BLOCK, LOW_WATER, Blocker, MemoryAlarm, ceiling
 from .message import delivery_count, is_durable, with_delivery_count
+
+log = logging.getLogger("haqueue.broker")
 
 AVAILABLE, ACQUIRED, DEQUEUED = 0, 1, 2
 
@@ -67,11 +71,17 @@ class Queue:
     kind = "queue"
 
     def __init__(self, name: str, args: dict[str, Any], uid: str,
-                 schedule: Callable[["Queue"], None]) -> None:
+                 schedule: Callable[["Queue"], None], memory: MemoryAlarm | None = None) -> None:
         self.name = name
         self.args = args
         self.uid = uid  # distinguishes a queue from an earlier one of the same name
         self.max_depth: int = int(args.get("max_depth", 0))
+        self.max_bytes: int = int(args.get("max_bytes", 0))
+        self.overflow: str = args.get("overflow", BLOCK)
+        self._depth_ceiling = ceiling(self.max_depth)
+        self._bytes_ceiling = ceiling(self.max_bytes)
+        self.memory = memory or MemoryAlarm(0)  # the broker's; a queue made alone accounts for itself
+        self.blocker = Blocker()  # publishers held until this queue drains (overflow: block)
         self.exclusive: bool = bool(args.get("exclusive", False))
         self.auto_delete: bool = bool(args.get("auto-delete", False))
         self.default_ttl: float = float(args.get("ttl", 0))
@@ -85,6 +95,8 @@ class Queue:
         self._returned: list[tuple[int, Entry]] = []  # released entries, back in seq order
         self.next_seq = 1
         self.depth = 0
+        self.bytes = 0  # message data held: the bytes of the live entries
+        self.dropped = 0  # entries dropped to make room (overflow: drop-head)
         self.expiring = 0  # entries with an expiry, so the TTL sweep can skip queues without
         self.consumers: list[Subscriber] = []
         self.browsers: list[Subscriber] = []
@@ -98,8 +110,42 @@ class Queue:
         self.pinned = False  # its entries are held by a plug-in (a replica's queue): never paged
 
     # -- enqueue -------------------------------------------------------------------------
-    def full(self) -> bool:
-        return self.max_depth > 0 and self.depth >= self.max_depth
+    def fits(self, size: int) -> bool:
+        """Whether a message of `size` bytes can be added within max_depth and max_bytes."""
+        return self.depth < self._depth_ceiling and self.bytes + size <= self._bytes_ceiling
+
+    def over_limit(self, size: int) -> str:
+        """Why a message of `size` bytes does not fit, naming the queue and the limit."""
+        if self.depth >= self._depth_ceiling:
+            return f"queue '{self.name}' is full (max_depth {self.max_depth})"
+        return f"queue '{self.name}' is full (max_bytes {self.max_bytes}: holds {self.bytes}, message of {size})"
+
+    def drop_head(self, size: int, memory_alarm: bool) -> None:
+        """Drop the oldest available entries until a message of `size` bytes fits (under the memory
+        alarm: until as many bytes are freed) or none is left; acquired entries stay."""
+        now = time.monotonic() if self.expiring else 0.0
+        freed = 0
+        while not self.fits(size) or (memory_alarm and freed < size):
+            entry = self._next_available(now)
+            if entry is None:
+                return
+            freed += len(entry.data)
+            self.dequeue(entry)
+            self.dropped += 1
+            log.debug("queue %s: dropped message seq %d to make room (overflow drop-head)", self.name, entry.seq)
+
+    def _grow(self, size: int) -> None:
+        """Account `size` more bytes of message data, here and broker-wide."""
+        self.bytes += size
+        memory = self.memory
+        memory.used += size
+        if memory.used >= memory.limit:
+            memory.over()
+
+    def _lift_drained(self) -> None:
+        """Resume the publishers held on this queue once it is below the low-water mark of its limits."""
+        if self.depth < self._depth_ceiling * LOW_WATER and self.bytes < self._bytes_ceiling * LOW_WATER:
+            self.blocker.lift()
 
     def guarded(self, data: bytes) -> bool:
         """Would a guard hold this message's completion?"""
@@ -125,6 +171,12 @@ class Queue:
         if not paging:
             self._log.append(entry)
         self.depth += 1
+        size = len(data)  # _grow, inline: the hot path
+        self.bytes += size
+        memory = self.memory
+        memory.used += size
+        if memory.used >= memory.limit:
+            memory.over()
         if expiry:
             self.expiring += 1
         if completion is not None:
@@ -147,6 +199,14 @@ class Queue:
             return
         entry.state = DEQUEUED
         self.depth -= 1
+        size = len(entry.data)
+        self.bytes -= size
+        memory = self.memory
+        memory.used -= size
+        if memory.on and memory.used < memory.low:
+            memory.under()
+        if self.blocker.held:
+            self._lift_drained()
         if entry.expiry:
             self.expiring -= 1
         for observer in self.observers:
@@ -158,7 +218,9 @@ class Queue:
         if entry.state != ACQUIRED:
             return
         if failed:
-            entry.data = with_delivery_count(entry.data, delivery_count(entry.data) + 1)
+            data = with_delivery_count(entry.data, delivery_count(entry.data) + 1)
+            self._grow(len(data) - len(entry.data))  # a delivery-count may add a header
+            entry.data = data
             for observer in self.observers:
                 observer.redelivered(self, entry)
         entry.state = AVAILABLE
@@ -318,6 +380,7 @@ class Queue:
         self._cursor = self._base
         self._returned = []
         self.depth += len(added)
+        self._grow(sum(len(e.data) for e in added))
         self.expiring += sum(1 for e in added if e.expiry)
         if self._log:
             self.next_seq = max(self.next_seq, self._log[-1].seq + 1)
@@ -347,5 +410,5 @@ class Queue:
         self.purge()
 
     def info(self) -> dict[str, Any]:
-        return {"name": self.name, "depth": self.depth, "consumers": len(self.consumers) + len(self.browsers),
-                "args": dict(self.args)}
+        return {"name": self.name, "depth": self.depth, "bytes": self.bytes, "dropped": self.dropped,
+                "consumers": len(self.consumers) + len(self.browsers), "args": dict(self.args)}

@@ -8,6 +8,7 @@ from typing import Any, Callable, Protocol
 
 from .errors import BrokerError, NOT_FOUND, INVALID_FIELD, RESOURCE_LOCKED
 from .exchange import EXCHANGE_TYPES, Binding, Exchange
+from .flow import BLOCK, OVERFLOW_POLICIES, MemoryAlarm
 from .queue import Queue
 
 Node = Queue | Exchange
@@ -15,8 +16,8 @@ Node = Queue | Exchange
 # Queue arguments the core understands, with the type each must have. Keys beginning with
 # "x-" belong to plug-ins (HA's x-replicate), which validate them through `validators`.
 QUEUE_ARGS: dict[str, tuple[type, ...]] = {
-    "max_depth": (int,), "exclusive": (bool,), "auto-delete": (bool,), "ttl": (int, float),
-    "dead_letter_address": (str,), "durable": (bool,),
+    "max_depth": (int,), "max_bytes": (int,), "overflow": (str,), "exclusive": (bool,), "auto-delete": (bool,),
+    "ttl": (int, float), "dead_letter_address": (str,), "durable": (bool,),
 }
 EXCHANGE_ARGS: dict[str, tuple[type, ...]] = {"durable": (bool,), "auto-delete": (bool,)}
 
@@ -30,12 +31,25 @@ class RegistryObserver(Protocol):
 Validator = Callable[[str, str, dict[str, Any]], str | None]
 
 
+def _queue_values(args: dict[str, Any]) -> str | None:
+    """What is wrong with the values of the core's flow-control arguments (their types are checked)."""
+    if args.get("overflow", BLOCK) not in OVERFLOW_POLICIES:
+        return f"argument 'overflow' must be one of {', '.join(OVERFLOW_POLICIES)}, got {args['overflow']!r}"
+    for key in ("max_depth", "max_bytes"):
+        if args.get(key, 0) < 0:
+            return f"argument '{key}' must be >= 0 (0: no limit), got {args[key]}"
+    return None
+
+
 class Registry:
-    def __init__(self, auto_create: list[str], default_max_depth: int,
-                 schedule: Callable[[Queue], None]) -> None:
+    def __init__(self, auto_create: list[str], queue_defaults: dict[str, Any],
+                 schedule: Callable[[Queue], None], memory: MemoryAlarm) -> None:
         self.nodes: dict[str, Node] = {}
         self.auto_create = auto_create
-        self.default_max_depth = default_max_depth
+        # Arguments from the config's limits for queues declared without them; written into the
+        # queue's args so that a replica gets the same limits as its primary.
+        self.queue_defaults = queue_defaults
+        self.memory = memory
         self._schedule = schedule
         self.observers: list[RegistryObserver] = []
         self.validators: list[Validator] = []
@@ -92,9 +106,11 @@ class Registry:
         if existing is not None:
             raise BrokerError(RESOURCE_LOCKED, f"'{name}' is an exchange, not a queue")
         self._validate("queue", name, args, QUEUE_ARGS)
-        if "max_depth" not in args and self.default_max_depth:
-            args = {**args, "max_depth": self.default_max_depth}
-        queue = Queue(name, args, uid or uuid.uuid4().hex, self._schedule)
+        reason = _queue_values(args)
+        if reason:
+            raise BrokerError(INVALID_FIELD, f"queue '{name}': {reason}")
+        args = {**self.queue_defaults, **args}
+        queue = Queue(name, args, uid or uuid.uuid4().hex, self._schedule, self.memory)
         queue.temporary = temporary
         self.nodes[name] = queue
         for hook in self.queue_hooks:

@@ -18,10 +18,11 @@ import uuid
 from typing import Any, Callable, Protocol, Sequence
 
 from .. import __version__
-from ..config import BrokerConfig, ListenerConfig
+from ..config import BrokerConfig, LimitsConfig, ListenerConfig
 from .engine import Connection, Engine, Link, LinkHandler, Listener
 from .errors import BrokerError, INVALID_FIELD, NOT_IMPLEMENTED, RESOURCE_LOCKED, RecoveryError
 from .exchange import Exchange
+from .flow import BLOCK, MemoryAlarm
 from .links import Consumer, Publisher
 from .management import ADDRESS as MANAGEMENT, Management
 from .message import Routing
@@ -54,7 +55,8 @@ class Broker:
         self.config = config
         self.name = config.name
         self._dirty: set[Dispatchable] = set()
-        self.registry = Registry(config.auto_create, config.limits.max_depth, self.schedule)
+        self.memory = MemoryAlarm(config.limits.memory_limit)
+        self.registry = Registry(config.auto_create, _queue_defaults(config.limits), self.schedule, self.memory)
         self.engine = Engine(self, config.limits, config.name, self.authenticate, config.anonymous)
         self.management = Management(self)
         self.admission: list[Admission] = []
@@ -204,7 +206,8 @@ class Broker:
     def status(self) -> dict[str, Any]:
         status: dict[str, Any] = {"name": self.name, "role": "standalone", "state": "active",
                                   "queues": len(self.registry.queues()), "connections": len(self.connections),
-                                  "version": __version__}
+                                  "memory_used": self.memory.used, "memory_limit": self.memory.configured,
+                                  "memory_alarm": self.memory.on, "version": __version__}
         for hook in self.status_hooks:
             hook(status)
         return status
@@ -225,6 +228,13 @@ class Broker:
     def run(self) -> None:
         self.engine.run()
         self.engine.shutdown()
+
+
+def _queue_defaults(limits: LimitsConfig) -> dict[str, Any]:
+    """The queue arguments the limits set for queues that do not give them: those that differ from a
+    queue's own defaults (no limit, overflow block)."""
+    defaults = {"max_depth": limits.max_depth, "max_bytes": limits.max_bytes, "overflow": limits.overflow}
+    return {key: value for key, value in defaults.items() if value not in (0, BLOCK)}
 
 
 def run(config: BrokerConfig, plugins: Sequence[Callable[[Broker], Any]] = ()) -> int:

@@ -286,12 +286,13 @@ def test_unexpired_message_is_delivered(broker):
 # ---- limits -------------------------------------------------------------------------------
 
 def test_max_depth_rejects_the_publish_over_it(broker_factory):
-    b = broker_factory(queues=[{"name": "q.small", "args": {"max_depth": 3}}])
+    b = broker_factory(queues=[{"name": "q.small", "args": {"max_depth": 3, "overflow": "reject-publish"}}])
     with Client(b) as c:
         c.send("q.small", ["1", "2", "3"])
         d = c.send_one("q.small", "4")
         assert d.remote_state == Delivery.REJECTED
         assert condition_name(d.remote.condition) == "amqp:resource-limit-exceeded", d.remote.condition
+        assert "q.small" in d.remote.condition.description and "max_depth 3" in d.remote.condition.description
         assert c.queue_depth("q.small") == 3
         # room again once one is consumed
         c.receiver("q.small").receive_n(1)
@@ -302,7 +303,7 @@ def test_max_depth_rejects_the_publish_over_it(broker_factory):
 
 def test_max_depth_via_management(broker):
     with Client(broker) as c:
-        c.mgmt("CREATE", "queue", "q.small2", {"max_depth": 1})
+        c.mgmt("CREATE", "queue", "q.small2", {"max_depth": 1, "overflow": "reject-publish"})
         c.send("q.small2", ["1"])
         d = c.send_one("q.small2", "2")
         assert d.remote_state == Delivery.REJECTED
