@@ -47,12 +47,13 @@ class Pager(Protocol):
     always newer than every entry in memory, and counts in the queue's depth."""
 
     count: int
+    bytes: int  # message data it holds, out of memory or not
 
-    def page(self, entries: list[Entry]) -> None: ...  # take these, the newest, out of memory (oldest first)
+    def page(self, entries: list[Entry]) -> int: ...  # take these, the newest (oldest first); bytes out of memory
     def can_page(self, entry: Entry) -> bool: ...  # can it be read back later (is it journalled)?
-    def take(self, n: int) -> list[Entry]: ...  # up to n of the oldest paged messages, back in memory
+    def take(self, n: int) -> tuple[list[Entry], int]: ...  # up to n of the oldest; bytes back in memory
     def peek(self) -> list[Entry]: ...  # every paged message as an entry, left paged (cold path)
-    def clear(self) -> None: ...  # the queue is gone
+    def clear(self) -> int: ...  # the queue is gone; the bytes it held in memory
 
 
 DEPAGE_BELOW = 1000  # entries in memory under which a paging queue reads the next paged ones back
@@ -142,6 +143,19 @@ class Queue:
         if memory.used >= memory.limit:
             memory.over()
 
+    def _out_of_memory(self, size: int) -> None:
+        """`size` bytes of this queue's messages left memory (paged): still the queue's, not the broker's RAM."""
+        memory = self.memory
+        memory.used -= size
+        if memory.on and memory.used < memory.low:
+            memory.under()
+
+    def _into_memory(self, size: int) -> None:
+        memory = self.memory
+        memory.used += size
+        if memory.used >= memory.limit:
+            memory.over()
+
     def _lift_drained(self) -> None:
         """Resume the publishers held on this queue once it is below the low-water mark of its limits."""
         if self.depth < self._depth_ceiling * LOW_WATER and self.bytes < self._bytes_ceiling * LOW_WATER:
@@ -188,7 +202,7 @@ class Queue:
         for observer in self.observers:
             observer.enqueued(self, entry)
         if paging:  # behind what is paged already, so the order holds
-            self.pager.page([entry])  # type: ignore[union-attr]
+            self._out_of_memory(self.pager.page([entry]))  # type: ignore[union-attr]
         if self.consumers or self.browsers:
             self._schedule(self)
         return entry
@@ -352,12 +366,13 @@ class Queue:
             taken.append(log.pop())
         if taken:
             taken.reverse()
-            pager.page(taken)
+            self._out_of_memory(pager.page(taken))
         return len(taken)
 
     def _depage(self, n: int) -> None:
-        entries = self.pager.take(n)  # type: ignore[union-attr]
+        entries, size = self.pager.take(n)  # type: ignore[union-attr]
         self._log.extend(entries)
+        self._into_memory(size)
 
     def pin(self) -> None:
         """Keep every entry in memory from now on (a plug-in holds them)."""
@@ -404,9 +419,10 @@ class Queue:
         for subscriber in self.consumers + self.browsers:
             subscriber.queue_deleted()
         self.consumers, self.browsers = [], []
-        if self.pager is not None:
+        if self.pager is not None and self.pager.count:
             self.depth -= self.pager.count
-            self.pager.clear()
+            self.bytes -= self.pager.bytes
+            self._out_of_memory(self.pager.clear())
         self.purge()
 
     def info(self) -> dict[str, Any]:

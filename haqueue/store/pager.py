@@ -36,6 +36,7 @@ class QueuePager:
         self.expiries = array("d")  # wall clock, 0: never
         self.head = 0  # index of the oldest message still paged
         self.kept: dict[int, Entry] = {}  # index -> a paged message that has no record
+        self.bytes = 0  # message data paged, kept ones included
         self.waiting_for_sync = False  # take() stopped at a record not yet on disk
 
     @property
@@ -45,24 +46,32 @@ class QueuePager:
     def can_page(self, entry: Entry) -> bool:
         return entry in self.journal.where
 
-    def page(self, entries: list[Entry]) -> None:
+    def page(self, entries: list[Entry]) -> int:
+        """Take these entries (the queue's newest, oldest first); the bytes that left memory."""
         where = self.journal.where
         store = self.store
+        freed = 0
         for entry in entries:
+            size = len(entry.data)
+            self.bytes += size
             location = where.pop(entry, None)
             if location is None:
                 self.kept[len(self.seqs)] = entry
                 location = IN_MEMORY
             else:
-                self.journal.memory_bytes -= len(entry.data)
+                freed += size
             self.seqs.append(entry.seq)
             self.locations.append(location)
             self.lengths.append(records.enqueue_size(len(entry.data)))
             self.expiries.append(entry.expiry + store.clock if entry.expiry else 0.0)
+        self.journal.memory_bytes -= freed
+        return freed
 
-    def take(self, n: int) -> list[Entry]:
-        """Up to n of the oldest paged messages as entries, stopping at one whose record is not yet synced."""
+    def take(self, n: int) -> tuple[list[Entry], int]:
+        """Up to n of the oldest paged messages as entries, stopping at one whose record is not yet synced;
+        and the bytes read back into memory."""
         taken: list[Entry] = []
+        read = 0
         reader = _Reader(self.store.directory)
         synced = self.store.synced
         to_monotonic = time.monotonic() - time.time()
@@ -72,7 +81,7 @@ class QueuePager:
                 i = self.head
                 location, length = self.locations[i], self.lengths[i]
                 if location == IN_MEMORY:
-                    taken.append(self.kept.pop(i))
+                    entry = self.kept.pop(i)
                 elif location + length > synced:
                     self.waiting_for_sync = True
                     break
@@ -80,13 +89,15 @@ class QueuePager:
                     expiry = self.expiries[i]
                     entry = Entry(self.seqs[i], reader.body(location, length), expiry + to_monotonic if expiry else 0.0)
                     where[entry] = location
-                    self.journal.memory_bytes += len(entry.data)
-                    taken.append(entry)
+                    read += len(entry.data)
+                taken.append(entry)
+                self.bytes -= len(entry.data)
                 self.head += 1
         finally:
             reader.close()
+        self.journal.memory_bytes += read
         self._shrink()
-        return taken
+        return taken, read
 
     def peek(self) -> list[Entry]:
         reader = _Reader(self.store.directory)
@@ -111,15 +122,19 @@ class QueuePager:
         finally:
             reader.close()
 
-    def clear(self) -> None:
+    def clear(self) -> int:
+        """Forget every paged message (the queue is deleted); the bytes of those that were in memory."""
         live = self.store.live
         for i in range(self.head, len(self.seqs)):
             if self.locations[i] != IN_MEMORY:
                 live[self.locations[i] >> SHIFT] -= 1
                 self.store.live_bytes -= self.lengths[i] - records.ENQUEUE_OVERHEAD
+        in_memory = sum(len(e.data) for e in self.kept.values())
         self.seqs, self.locations, self.lengths, self.expiries = array("q"), array("q"), array("l"), array("d")
         self.head = 0
         self.kept.clear()
+        self.bytes = 0
+        return in_memory
 
     def _shrink(self) -> None:
         """Drop the taken front once it is half the arrays (amortised O(1) per message)."""
