@@ -3,22 +3,13 @@ journals, compaction, and the store's status."""
 from __future__ import annotations
 
 import json
-from datetime import datetime, timedelta, timezone
 import os
-import subprocess
-import sys
+from datetime import datetime, timedelta, timezone
 
-import pytest
 from proton import Message
 
 from clients import Client, bodies
-from harness import REPO_ROOT, wait_for
-
-# What survives a restart: the durable messages of durable queues, and durable wiring.
-WIRING = {"queues": [{"name": "orders", "args": {"max_depth": 50, "x-app": "shop"}},
-                     {"name": "scratch", "args": {"durable": False}}],
-          "exchanges": [{"name": "events", "type": "topic"}],
-          "bindings": [{"exchange": "events", "queue": "orders", "key": "order.#"}]}
+from harness import run_haqueue, wait_for
 
 
 def _journal(broker) -> str:
@@ -36,11 +27,6 @@ def _failed_start(broker) -> int:
         return broker.wait(timeout=15)
     finally:
         broker.kill()
-
-
-def _haqueue(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "haqueue", *args], capture_output=True, text=True, timeout=60,
-                          cwd=REPO_ROOT)
 
 
 def test_restart_keeps_durable_messages_and_wiring_and_drops_transient_ones(broker_factory):
@@ -125,7 +111,7 @@ def test_corruption_mid_file_stops_the_broker_naming_file_and_offset(broker_fact
     log = b.log()
     assert f"{path}: corrupt record at offset" in log and "checksum mismatch" in log
     assert "restore" in log  # says what to do
-    check = _haqueue("store", "check", b.config["data_dir"])
+    check = run_haqueue(["store", "check", b.config["data_dir"]])
     assert check.returncode == 1 and "corrupt record at offset" in check.stderr
 
 
@@ -155,7 +141,7 @@ def test_store_status_and_offline_check(broker_factory):
     b = broker_factory()
     with Client(b) as c:
         c.send("q", [Message(body=i, durable=True) for i in range(4)])
-    status = _haqueue("admin", "-b", b.address, "store", "status")
+    status = run_haqueue(["admin", "-b", b.address, "store", "status"])
     assert status.returncode == 0, status.stderr
     shown = json.loads(status.stdout)
     assert shown["live_messages"] == 4 and shown["segments"] >= 1 and shown["syncs"] >= 1
@@ -163,7 +149,7 @@ def test_store_status_and_offline_check(broker_factory):
     age = datetime.now(timezone.utc) - datetime.fromisoformat(shown["oldest_record"])
     assert timedelta(0) <= age < timedelta(minutes=5)
     b.stop()
-    check = _haqueue("store", "check", b.config["data_dir"])
+    check = run_haqueue(["store", "check", b.config["data_dir"]])
     assert check.returncode == 0, check.stderr
     assert json.loads(check.stdout)["queues"] == {"q": 4}
 

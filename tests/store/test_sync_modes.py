@@ -8,7 +8,7 @@ from proton import Message
 
 from clients import Client
 from ha_harness import send_all
-from test_restart import _haqueue
+from harness import BrokerProcess, run_haqueue
 
 
 def _publish(client: Client, queue: str, bodies: range) -> list:
@@ -58,7 +58,7 @@ def test_all_disk_confirms_only_what_every_backup_has_on_disk(ha_cluster):
     for b in c:  # kill -9 right after the last confirmation: every journal has every message
         c.kill(b)
     for b in c:
-        check = _haqueue("store", "check", b.config["data_dir"])
+        check = run_haqueue(["store", "check", b.config["data_dir"]])
         assert check.returncode == 0, check.stderr
         assert json.loads(check.stdout)["queues"] == {"q": 300}, b.name
 
@@ -76,7 +76,6 @@ def test_status_shows_the_mode_and_each_backups_confirmations(ha_cluster, mode):
 
 
 def test_a_bad_sync_mode_is_a_config_error(tmp_path):
-    from harness import BrokerProcess
     b = BrokerProcess(tmp_path / "bad", {"ha": {"brokers": ["127.0.0.1:5999"], "username": "ha", "password": "p",
                                                 "sync": "most"}}, name="bad")
     b.start(wait=False)
