@@ -6,6 +6,7 @@ audit log) are told of every enqueue and dequeue; guards may hold a publisher's 
 """
 from __future__ import annotations
 
+import bisect
 import heapq
 import logging
 import time
@@ -28,6 +29,10 @@ class Entry:
         self.data = data
         self.expiry = expiry  # monotonic deadline; 0.0: never expires
         self.state = AVAILABLE
+
+
+def _seq(entry: Entry) -> int:
+    return entry.seq
 
 
 class Subscriber(Protocol):
@@ -53,6 +58,8 @@ class Pager(Protocol):
     def can_page(self, entry: Entry) -> bool: ...  # can it be read back later (is it journalled)?
     def take(self, n: int) -> tuple[list[Entry], int]: ...  # up to n of the oldest; bytes back in memory
     def peek(self) -> list[Entry]: ...  # every paged message as an entry, left paged (cold path)
+    def paged_seqs(self) -> list[int]: ...
+    def drop(self, first: int, last: int) -> list[tuple[int, int, int]]: ...  # (seq, size, size in memory) of each
     def clear(self) -> int: ...  # the queue is gone; the bytes it held in memory
 
 
@@ -108,7 +115,6 @@ class Queue:
         self.deleted = False
         self.temporary = False  # made for one link (dynamic or an exchange subscription); goes with it
         self.pager: Pager | None = None  # set by a store for a durable queue
-        self.pinned = False  # its entries are held by a plug-in (a replica's queue): never paged
 
     # -- enqueue -------------------------------------------------------------------------
     def fits(self, size: int) -> bool:
@@ -357,7 +363,7 @@ class Queue:
         """Hand up to `wanted` of the newest entries to the pager; how many went. Only entries no consumer
         or browser has reached, and only into an empty pager, so that it always holds the newest."""
         pager = self.pager
-        if pager is None or pager.count or self.pinned:
+        if pager is None or pager.count:
             return 0
         log = self._log
         floor = max([self._head, self._cursor - self._base] + [b.cursor - self._base for b in self.browsers])
@@ -374,19 +380,62 @@ class Queue:
         self._log.extend(entries)
         self._into_memory(size)
 
-    def pin(self) -> None:
-        """Keep every entry in memory from now on (a plug-in holds them)."""
-        self.pinned = True
-        while self.pager is not None and self.pager.count:
-            before = self.pager.count
-            self._depage(self.pager.count)
-            if self.pager.count == before:
-                raise RuntimeError(f"queue '{self.name}': paged messages cannot be read back yet")
+    # -- a replica's view: by seq ------------------------------------------------------------
+    def live_seqs(self) -> list[int]:
+        """The seq of every live message, paged ones included, in order (cold path)."""
+        seqs = [e.seq for e in self._log if e.state != DEQUEUED]
+        if self.pager is not None and self.pager.count:
+            seqs += self.pager.paged_seqs()
+        return seqs
+
+    def find(self, seq: int) -> Entry | None:
+        """The live entry in memory with this seq, if any."""
+        log = self._log
+        i = bisect.bisect_left(log, seq, lo=self._head, key=_seq)
+        return log[i] if i < len(log) and log[i].seq == seq and log[i].state != DEQUEUED else None
+
+    def dequeue_range(self, first: int, last: int) -> list[tuple[int, bytes]]:
+        """Dequeue every live message whose seq is in [first, last], in memory or paged (a replica applying
+        its primary's dequeues); the seq and bytes of each (no bytes for a paged one). The log is in seq
+        order, so a range far wider than the queue costs a search, not a scan."""
+        log = self._log
+        i = bisect.bisect_left(log, first, lo=self._head, key=_seq)
+        found = []
+        while i < len(log) and log[i].seq <= last:
+            if log[i].state != DEQUEUED:
+                found.append(log[i])
+            i += 1
+        gone = [(e.seq, e.data) for e in found]
+        for entry in found:
+            self.dequeue(entry)
+        if self.pager is not None and self.pager.count:
+            for seq, size, in_memory in self.pager.drop(first, last):
+                self.depth -= 1
+                self.bytes -= size
+                self._out_of_memory(in_memory)
+                gone.append((seq, b""))
+        return gone
+
+    def redeliver(self, seqs: set[int]) -> None:
+        """Raise the delivery-count of these messages (held by a consumer elsewhere: a replica promoted)."""
+        for seq in seqs:
+            entry = self.find(seq)
+            if entry is not None:
+                entry.data = with_delivery_count(entry.data, delivery_count(entry.data) + 1)
+                for observer in self.observers:
+                    observer.redelivered(self, entry)
 
     def merge(self, entries: list[Entry]) -> None:
         """Put entries made elsewhere (a replica's catch-up) at their seq positions, in one pass.
 
-        Only for a queue nobody consumes from yet: consumer and browser positions start over."""
+        Only for a queue nobody consumes from yet: consumer and browser positions start over. What is
+        paged comes back into memory first if the catch-up is newer than some of it."""
+        pager = self.pager
+        if entries and pager is not None and pager.count and max(e.seq for e in entries) > pager.paged_seqs()[0]:
+            self._depage(pager.count)
+            if pager.count:
+                log.warning("queue %s: %d paged messages not yet on disk stay paged behind a catch-up merge",
+                            self.name, pager.count)
         live = [e for e in self._log[self._head:] if e.state != DEQUEUED]
         added = [e for e in entries if e.state != DEQUEUED]
         self._base += len(self._log)

@@ -11,7 +11,6 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 from ..broker.engine import Connection
-from ..broker.message import delivery_count, with_delivery_count
 from ..broker.queue import Queue
 from . import protocol
 from .queue_replicator import QueueReplicator
@@ -166,7 +165,6 @@ class Backup:
         self.stopped = True
         for replicator in self.replicators.values():
             replicator.merge()
-            replicator.queue.pinned = False  # a primary's queues may page
         if self.conn is not None:
             self.conn.close()
         self._redeliver()
@@ -176,9 +174,7 @@ class Backup:
         for name, seqs in self.acquired.items():
             queue = self.ha.broker.registry.lookup(name)
             if isinstance(queue, Queue) and seqs:
-                for entry in queue.entries():
-                    if entry.seq in seqs:
-                        entry.data = with_delivery_count(entry.data, delivery_count(entry.data) + 1)
+                queue.redeliver(seqs)
         self.acquired.clear()
 
     def status(self) -> dict[str, Any]:

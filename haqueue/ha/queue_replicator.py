@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 from ..broker.completion import Completion
 from ..broker.engine import ACCEPTED, Connection, Link, LinkHandler
 from ..broker.message import ttl_ms
-from ..broker.queue import DEQUEUED, Entry, Queue
+from ..broker.queue import Entry, Queue
 from . import protocol
 
 if TYPE_CHECKING:
@@ -27,8 +27,6 @@ class QueueReplicator(LinkHandler):
     def __init__(self, backup: "Backup", queue: Queue, conn: Connection) -> None:
         self.backup = backup
         self.queue = queue
-        queue.pin()  # `held` refers to its entries: they must stay in memory
-        self.held: dict[int, Entry] = {e.seq: e for e in queue.entries()}  # in the queue
         self.catchup: dict[int, Entry] = {}  # received in catch-up, not merged yet
         # delivered to a consumer on the primary and not settled there; outlives this link
         self.acquired: set[int] = backup.acquired.setdefault(queue.name, set())
@@ -39,7 +37,7 @@ class QueueReplicator(LinkHandler):
         self.catchup_first: list[int] = []
         self.catchup_last: deque[int] = deque(maxlen=5)
         self.hooks = backup.ha.replication_hooks
-        have = protocol.ranges(self.held)
+        have = protocol.ranges(queue.live_seqs())  # paged ones included, without reading them back
         address = f"{protocol.QUEUE}/{queue.name}"
         self.link: Link = conn.open_link(False, address, address, self, credit=_WINDOW, properties={
             protocol.BROKER: backup.ha.broker.name, protocol.EPOCH: backup.ha.epoch.epoch,
@@ -52,11 +50,11 @@ class QueueReplicator(LinkHandler):
         if kind == protocol.ENQUEUE:
             if self.backup.from_disk and not settled:  # confirmed once the journal has it (if durable)
                 completion = Completion(lambda: self._settle(delivery))
-                self.held[seq] = self.queue.enqueue(data, self._expiry(data), completion, seq=seq)
+                self.queue.enqueue(data, self._expiry(data), completion, seq=seq)
                 self._applied(kind, seq, enqueued_us, data)
                 completion.release()
                 return
-            self.held[seq] = self.queue.enqueue(data, self._expiry(data), seq=seq)
+            self.queue.enqueue(data, self._expiry(data), seq=seq)
         elif kind == protocol.CATCHUP:
             self.catchup[seq] = Entry(seq, data, self._expiry(data))
             if len(self.catchup_first) < 5:
@@ -93,28 +91,20 @@ class QueueReplicator(LinkHandler):
         return time.monotonic() + ttl / 1000.0 if ttl else 0.0
 
     def _dequeue(self, runs: list[tuple[int, int]]) -> None:
+        catchup = self.catchup
         for first, last in runs:
-            for store in (self.held, self.catchup):
-                # A range may be far wider than what is held (a returning backup's old seqs).
-                seqs = range(first, last + 1) if last - first < len(store) else \
-                    [s for s in store if first <= s <= last]
-                for seq in seqs:
-                    entry = store.pop(seq, None)
-                    if entry is None:
-                        continue
-                    self.acquired.discard(seq)
-                    for hook in self.hooks:
-                        hook(self.queue, protocol.DEQUEUE, seq, 0, entry.data)
-                    if store is self.held:
-                        self.queue.dequeue(entry)
-                    else:
-                        entry.state = DEQUEUED
+            # A range may be far wider than what is held (a returning backup's old seqs).
+            seqs = range(first, last + 1) if last - first < len(catchup) else [s for s in catchup if first <= s <= last]
+            gone = [(seq, entry.data) for seq in seqs if (entry := catchup.pop(seq, None)) is not None]
+            gone += self.queue.dequeue_range(first, last)
+            for seq, data in gone:
+                self.acquired.discard(seq)
+                for hook in self.hooks:
+                    hook(self.queue, protocol.DEQUEUE, seq, 0, data)
 
     def merge(self) -> None:
         if self.catchup:
-            entries = list(self.catchup.values())
-            self.queue.merge(entries)
-            self.held.update(self.catchup)
+            self.queue.merge(list(self.catchup.values()))
             self.catchup = {}
 
     def status(self) -> dict[str, Any]:

@@ -7,6 +7,7 @@ Bodies are read back from the journal in batches when the queue runs short in me
 """
 from __future__ import annotations
 
+import bisect
 import logging
 import os
 import time
@@ -24,6 +25,7 @@ log = logging.getLogger("haqueue.store")
 
 SHIFT = 40  # a record's location: segment << SHIFT | offset in the segment
 IN_MEMORY = -1  # the location of a paged message that has no record
+DROPPED = -2  # the location of a paged message dequeued by seq (a replica's), skipped when read back
 
 
 class QueuePager:
@@ -37,11 +39,12 @@ class QueuePager:
         self.head = 0  # index of the oldest message still paged
         self.kept: dict[int, Entry] = {}  # index -> a paged message that has no record
         self.bytes = 0  # message data paged, kept ones included
+        self.dropped = 0  # DROPPED ones still in the arrays
         self.waiting_for_sync = False  # take() stopped at a record not yet on disk
 
     @property
     def count(self) -> int:
-        return len(self.seqs) - self.head
+        return len(self.seqs) - self.head - self.dropped
 
     def can_page(self, entry: Entry) -> bool:
         return entry in self.journal.where
@@ -80,6 +83,10 @@ class QueuePager:
             while len(taken) < n and self.head < len(self.seqs):
                 i = self.head
                 location, length = self.locations[i], self.lengths[i]
+                if location == DROPPED:
+                    self.dropped -= 1
+                    self.head += 1
+                    continue
                 if location == IN_MEMORY:
                     entry = self.kept.pop(i)
                 elif location + length > synced:
@@ -106,14 +113,47 @@ class QueuePager:
             return [self.kept[i] if self.locations[i] == IN_MEMORY else
                     Entry(self.seqs[i], reader.body(self.locations[i], self.lengths[i]),
                           self.expiries[i] + to_monotonic if self.expiries[i] else 0.0)
-                    for i in range(self.head, len(self.seqs))]
+                    for i in self._live()]
         finally:
             reader.close()
 
+    def paged_seqs(self) -> list[int]:
+        return [self.seqs[i] for i in self._live()]
+
+    def drop(self, first: int, last: int) -> list[tuple[int, int, int]]:
+        """Dequeue the paged messages whose seq is in [first, last] (a replica applying its primary's
+        dequeues): journalled like any dequeue; (seq, size, size that was in memory) of each."""
+        store, journal = self.store, self.journal
+        dropped = []
+        i = bisect.bisect_left(self.seqs, first, lo=self.head)
+        while i < len(self.seqs) and self.seqs[i] <= last:
+            location = self.locations[i]
+            if location == IN_MEMORY:
+                size = len(self.kept.pop(i).data)
+                dropped.append((self.seqs[i], size, size))
+            elif location != DROPPED:
+                size = self.lengths[i] - records.ENQUEUE_OVERHEAD
+                store.live[location >> SHIFT] -= 1
+                store.live_bytes -= size
+                store.append(records.dequeue(journal.qid, self.seqs[i]))
+                dropped.append((self.seqs[i], size, 0))
+            if location != DROPPED:
+                self.locations[i] = DROPPED
+                self.dropped += 1
+                self.bytes -= size
+            i += 1
+        while self.head < len(self.seqs) and self.locations[self.head] == DROPPED:  # a dropped front goes
+            self.head += 1
+            self.dropped -= 1
+        self._shrink()
+        return dropped
+
+    def _live(self) -> list[int]:
+        return [i for i in range(self.head, len(self.seqs)) if self.locations[i] != DROPPED]
+
     def located_in(self, segments: set[int]) -> list[int]:
         """Indexes of paged messages whose records are in these segments (compaction)."""
-        return [i for i in range(self.head, len(self.seqs))
-                if self.locations[i] != IN_MEMORY and self.locations[i] >> SHIFT in segments]
+        return [i for i in self._live() if self.locations[i] != IN_MEMORY and self.locations[i] >> SHIFT in segments]
 
     def body(self, i: int) -> bytes:
         reader = _Reader(self.store.directory)
@@ -125,7 +165,7 @@ class QueuePager:
     def clear(self) -> int:
         """Forget every paged message (the queue is deleted); the bytes of those that were in memory."""
         live = self.store.live
-        for i in range(self.head, len(self.seqs)):
+        for i in self._live():
             if self.locations[i] != IN_MEMORY:
                 live[self.locations[i] >> SHIFT] -= 1
                 self.store.live_bytes -= self.lengths[i] - records.ENQUEUE_OVERHEAD
@@ -133,7 +173,7 @@ class QueuePager:
         self.seqs, self.locations, self.lengths, self.expiries = array("q"), array("q"), array("l"), array("d")
         self.head = 0
         self.kept.clear()
-        self.bytes = 0
+        self.bytes = self.dropped = 0
         return in_memory
 
     def _shrink(self) -> None:

@@ -60,3 +60,23 @@ def test_without_paging_the_same_flood_holds_the_bodies(broker_factory):
     """The control: the bound above means something."""
     b = broker_factory()
     assert _flood(b) > 30_000_000
+
+
+@pytest.mark.slow
+def test_backups_page_too_and_a_promoted_backup_serves_its_paged_messages_in_order(ha_cluster):
+    c = ha_cluster(size=3, extra={"store": {"page_above": PAGE_ABOVE, "segment_bytes": 4 * 1024 * 1024}})
+    p = c.start_cluster()
+    n = COUNT // 2
+    send_all(c.public, "big", [Message(body={"i": i, "pad": BODY}, durable=True) for i in range(n)], timeout=120)
+    for b in (c[1], c[2]):
+        status = wait_for(lambda: (s := c.request(b, "READ", "store"))["paged_messages"] > n * 0.7 and s, 15,
+                          message=f"{b.name} paging")
+        assert status["memory_bytes"] <= PAGE_ABOVE, status
+    first = [m.body["i"] for m in receive(c.public, "big", n // 3, timeout=30)]  # dequeues reach paged copies
+    assert first == list(range(n // 3))
+    for b in (c[1], c[2]):
+        c.wait_depth(b, "big", n - n // 3)
+    c.kill(p)
+    c.promote(c[1])
+    rest = [m.body["i"] for m in receive(c.public, "big", n - n // 3, timeout=30)]
+    assert rest == list(range(n // 3, n))
