@@ -375,6 +375,12 @@ class Queue:
             self._out_of_memory(pager.page(taken))
         return len(taken)
 
+    def count_paged(self) -> None:
+        """Add what a store's recovery gave the pager directly (never in memory) to depth and bytes."""
+        if self.pager is not None:
+            self.depth += self.pager.count
+            self.bytes += self.pager.bytes
+
     def _depage(self, n: int) -> None:
         entries, size = self.pager.take(n)  # type: ignore[union-attr]
         self._log.extend(entries)

@@ -70,12 +70,20 @@ class QueuePager:
         self.journal.memory_bytes -= freed
         return freed
 
+    def load(self, seq: int, location: int, length: int, expiry: float) -> None:
+        """A message recovery leaves on disk (past the memory budget), newest last."""
+        self.seqs.append(seq)
+        self.locations.append(location)
+        self.lengths.append(length)
+        self.expiries.append(expiry)
+        self.bytes += length - records.ENQUEUE_OVERHEAD
+
     def take(self, n: int) -> tuple[list[Entry], int]:
         """Up to n of the oldest paged messages as entries, stopping at one whose record is not yet synced;
         and the bytes read back into memory."""
         taken: list[Entry] = []
         read = 0
-        reader = _Reader(self.store.directory)
+        reader = Reader(self.store.directory)
         synced = self.store.synced
         to_monotonic = time.monotonic() - time.time()
         where = self.journal.where
@@ -107,7 +115,7 @@ class QueuePager:
         return taken, read
 
     def peek(self) -> list[Entry]:
-        reader = _Reader(self.store.directory)
+        reader = Reader(self.store.directory)
         to_monotonic = time.monotonic() - time.time()
         try:
             return [self.kept[i] if self.locations[i] == IN_MEMORY else
@@ -156,7 +164,7 @@ class QueuePager:
         return [i for i in self._live() if self.locations[i] != IN_MEMORY and self.locations[i] >> SHIFT in segments]
 
     def body(self, i: int) -> bytes:
-        reader = _Reader(self.store.directory)
+        reader = Reader(self.store.directory)
         try:
             return reader.body(self.locations[i], self.lengths[i])
         finally:
@@ -186,7 +194,7 @@ class QueuePager:
             self.head = 0
 
 
-class _Reader:
+class Reader:
     """Reads message bodies back from journal segments, one open file per segment."""
 
     def __init__(self, directory: str) -> None:

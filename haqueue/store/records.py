@@ -141,13 +141,15 @@ def _valid_after(view: memoryview, data: bytes, pos: int) -> int | None:
         start = found + 1
 
 
-# A message record as read back: (ENQUEUE or DEQUEUE, qid, seq, expiry, message bytes, offset). Plain
-# tuples, not Records: recovery reads a million of them, and each object made costs.
-MessageRecord = tuple[int, int, int, float, bytes, int]
+# A message record as read back: (ENQUEUE or DEQUEUE, qid, seq, expiry, message bytes, offset, record
+# length). Plain tuples, not Records: recovery reads a million of them, and each object made costs.
+MessageRecord = tuple[int, int, int, float, bytes, int, int]
 
 
-def read_segment(path: str, data: bytes, last: bool) -> tuple[list[Record | MessageRecord], int | None, str]:
+def read_segment(path: str, data: bytes, last: bool,
+                 bodies: bool = True) -> tuple[list[Record | MessageRecord], int | None, str]:
     """The records of one segment's bytes, and (offset, reason) of a torn tail to truncate, if any.
+    Without `bodies`, message records carry no bytes (a journal larger than memory: read back later).
 
     A bad record with a valid one after it, or in a segment that is not the last, raises Corrupt: a
     torn write can only be at the end of the newest segment."""
@@ -167,10 +169,10 @@ def read_segment(path: str, data: bytes, last: bool) -> tuple[list[Record | Mess
         kind = data[start] if sound else 0
         if kind == ENQUEUE:
             _, qid, seq, expiry = unpack_enqueue(data, start)
-            found.append((ENQUEUE, qid, seq, expiry, data[start + skip:end], pos))
+            found.append((ENQUEUE, qid, seq, expiry, data[start + skip:end] if bodies else b"", pos, end - pos))
         elif kind == DEQUEUE:
             _, qid, seq = unpack_dequeue(data, start)
-            found.append((DEQUEUE, qid, seq, 0.0, b"", pos))
+            found.append((DEQUEUE, qid, seq, 0.0, b"", pos, end - pos))
         else:  # wiring (rare), or a bad record: the careful path says which
             record, reason = _check(view, pos)
             if record is None:

@@ -27,8 +27,8 @@ class QueueImage:
     name: str
     uid: str
     args: dict[str, Any]
-    # seq -> (message bytes, expiry, segment, offset) of its latest E record
-    messages: dict[int, tuple[bytes, float, int, int]] = field(default_factory=dict)
+    # seq -> (message bytes (none if not kept), expiry, segment, offset, record length) of its latest E record
+    messages: dict[int, tuple[bytes, float, int, int, int]] = field(default_factory=dict)
     max_seq: int = 0
 
 
@@ -54,8 +54,13 @@ def segment_numbers(directory: str) -> list[int]:
     return sorted(int(m.group(1)) for m in map(_SEGMENT_NAME.match, os.listdir(directory)) if m)
 
 
-def read_journal(directory: str, repair: bool) -> Image:
+def journal_bytes(directory: str) -> int:
+    return sum(os.path.getsize(segment_path(directory, n)) for n in segment_numbers(directory))
+
+
+def read_journal(directory: str, repair: bool, bodies: bool = True) -> Image:
     """The journal's content. `repair`: truncate a torn tail (at start-up); offline checks only report it.
+    Without `bodies` messages are located, not kept (a journal larger than memory may hold).
     Raises Corrupt on a bad record that is not a torn tail."""
     image = Image()
     numbers = segment_numbers(directory)
@@ -63,7 +68,7 @@ def read_journal(directory: str, repair: bool) -> Image:
         path = segment_path(directory, number)
         with open(path, "rb") as f:
             data = f.read()
-        found, torn_at, reason = records.read_segment(path, data, last=i == len(numbers) - 1)
+        found, torn_at, reason = records.read_segment(path, data, last=i == len(numbers) - 1, bodies=bodies)
         if torn_at is not None:
             what = f"{path}: torn record at offset {torn_at} ({reason}): {len(data) - torn_at} bytes cut off"
             image.torn.append(what)
@@ -88,12 +93,12 @@ def _apply(image: Image, found: list[Record | MessageRecord], segment: int) -> N
     queues = image.queues
     for r in found:
         if type(r) is tuple:
-            kind, qid, seq, expiry, data, offset = r
+            kind, qid, seq, expiry, data, offset, length = r
             queue = queues.get(qid)
             if queue is None:  # a queue deleted since
                 continue
             if kind == records.ENQUEUE:
-                queue.messages[seq] = (data, expiry, segment, offset)
+                queue.messages[seq] = (data, expiry, segment, offset, length)
             else:
                 queue.messages.pop(seq, None)
             if seq > queue.max_seq:

@@ -20,8 +20,8 @@ from ..broker.message import is_durable
 from ..broker.queue import DEQUEUED, Entry, Queue
 from ..config import StoreConfig
 from . import records
-from .pager import SHIFT, QueuePager
-from .recovery import Image, read_journal
+from .pager import SHIFT, QueuePager, Reader
+from .recovery import Image, journal_bytes, read_journal
 from .records import Corrupt
 from .wiring import WiringJournal
 from .writer import Job, Writer
@@ -130,7 +130,8 @@ class Store:
 
     def _recover(self, started: float) -> None:
         try:
-            image = read_journal(self.directory, repair=True)
+            # A journal larger than the memory for durable bodies is located, not read into memory.
+            image = read_journal(self.directory, repair=True, bodies=journal_bytes(self.directory) <= self.page_above)
         except Corrupt as e:
             raise RecoveryError(f"{e}. The journal cannot be trusted past this point: restore {self.directory} "
                                 f"from a backup, or move the segment aside (the broker then starts from what is "
@@ -145,6 +146,9 @@ class Store:
         registry.observers.append(self.wiring)
         self.sizes = dict(image.segments)
         self.created = dict(image.created)
+        if image.segments:  # what was recovered is on disk: paged messages may be read back at once
+            last = max(image.segments)
+            self.synced = last << SHIFT | image.segments[last]
         self.writer = Writer(self.directory, self._synced)
         self._roll(max(image.segments, default=0) + 1)
         self.broker.engine.every(COMPACT_INTERVAL, self.compact)
@@ -163,23 +167,35 @@ class Store:
             registry.declare_exchange(x["name"], x["type"], dict(x["args"]), uid=x["uid"])
         now = time.time()
         to_monotonic = time.monotonic() - now
-        for q in image.queues.values():
-            queue, _ = registry.declare_queue(q.name, dict(q.args), uid=q.uid)
-            journal = self.journals[queue] = QueueJournal(self, queue, q.qid)
-            entries: list[Entry] = []
-            where, live = journal.where, self.live
-            for seq in sorted(q.messages):
-                data, expiry, segment, offset = q.messages[seq]
-                if expiry and expiry <= now:
-                    continue  # its ttl ran out while the broker was down
-                entry = Entry(seq, data, expiry + to_monotonic if expiry else 0.0)
-                entries.append(entry)
-                where[entry] = segment << SHIFT | offset
-                live[segment] = live.get(segment, 0) + 1
-                journal.memory_bytes += len(data)
-            self.live_bytes += journal.memory_bytes
-            queue.merge(entries)
-            queue.next_seq = max(queue.next_seq, q.max_seq + 1)
+        budget = self.page_above * 3 // 4  # what stays in memory; the rest is paged from the start
+        reader = Reader(self.directory)
+        try:
+            for q in image.queues.values():
+                queue, _ = registry.declare_queue(q.name, dict(q.args), uid=q.uid)
+                journal = self.journals[queue] = QueueJournal(self, queue, q.qid)
+                queue.pager = journal.pager
+                entries: list[Entry] = []
+                where, live, pager = journal.where, self.live, journal.pager
+                for seq in sorted(q.messages):
+                    data, expiry, segment, offset, length = q.messages[seq]
+                    if expiry and expiry <= now:
+                        continue  # its ttl ran out while the broker was down
+                    location = segment << SHIFT | offset
+                    live[segment] = live.get(segment, 0) + 1
+                    self.live_bytes += length - records.ENQUEUE_OVERHEAD
+                    if budget <= 0 or pager.count:  # once a queue pages, the rest of it pages: the order holds
+                        pager.load(seq, location, length, expiry)
+                        continue
+                    entry = Entry(seq, data or reader.body(location, length), expiry + to_monotonic if expiry else 0.0)
+                    entries.append(entry)
+                    where[entry] = location
+                    journal.memory_bytes += len(entry.data)
+                    budget -= len(entry.data)
+                queue.merge(entries)
+                queue.count_paged()
+                queue.next_seq = max(queue.next_seq, q.max_seq + 1)
+        finally:
+            reader.close()
         for (exchange, queue_name, key), b in image.bindings.items():
             if exchange in registry.nodes and queue_name in registry.nodes:
                 registry.bind(exchange, queue_name, key, dict(b["args"]), uid=b["uid"])

@@ -35,7 +35,8 @@ def test_records_read_back_as_written(tmp_path):
     assert [chr(r.type) for r in found[:2]] == ["S", "Q"]
     assert found[1].qid == 7 and found[1].fields == {"name": "q", "uid": "uid-q", "args": {"max_depth": 5}}
     header_and_queue = found[0].end + (found[1].end - found[1].offset)
-    assert found[2] == (records.ENQUEUE, 7, 42, 1234.5, b"\x00Sw\xa1\x02hi", header_and_queue)
+    assert found[2] == (records.ENQUEUE, 7, 42, 1234.5, b"\x00Sw\xa1\x02hi", header_and_queue,
+                        records.enqueue_size(7))
     assert found[3][:3] == (records.DEQUEUE, 7, 41)
 
 

@@ -49,6 +49,10 @@ def test_a_queue_larger_than_memory_pages_and_stays_in_order(broker_factory):
     assert got == list(range(COUNT // 2))
     b.kill()  # half consumed, half still paged: all of it comes back from the journal
     b.start()
+    with Client(b) as c:  # a journal larger than page_above is located at recovery, not read into memory
+        status = c.mgmt("READ", "store").body
+        assert status["memory_bytes"] <= PAGE_ABOVE and status["paged_messages"] > COUNT // 3, status
+        assert c.queue_depth("big") == COUNT - COUNT // 2
     got = [m.body["i"] for m in receive(b.address, "big", COUNT - COUNT // 2, timeout=30)]
     assert got == list(range(COUNT // 2, COUNT))
     with Client(b) as c:
