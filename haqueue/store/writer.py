@@ -3,7 +3,8 @@
 The broker's thread hands over one `Job` per loop pass (its records, in order). The writer takes
 every job waiting, appends them with `os.writev` and makes them durable with one `os.fdatasync`
 (both release the GIL), then reports the jobs synced. While one sync runs the next passes queue
-up, so one sync covers every publish that arrived meanwhile.
+up, so one sync covers every publish that arrived meanwhile. Jobs nobody waits for (dequeues) are
+written at once but synced with the next job that has waiters, or within LAZY_SYNC.
 """
 from __future__ import annotations
 
@@ -20,6 +21,9 @@ log = logging.getLogger("haqueue.store")
 
 _IOV_MAX = 1024
 RETRY_INTERVAL = 0.5  # seconds between attempts while the disk refuses writes
+# Seconds records nobody waits for may stay unsynced, to ride with the next sync: a dequeue lost to a
+# machine crash is a redelivery, and at a low rate it would otherwise cost a sync of its own.
+LAZY_SYNC = 0.05
 
 
 def segment_path(directory: str, number: int) -> str:
@@ -55,8 +59,8 @@ class Writer:
         self._closing = False
         self._fd = -1
         self._segment = 0
-        self._size = 0  # bytes of the current segment known to be on disk
-        self._durable = 0  # jobs of the batch being written that are on disk already
+        self._size = 0  # bytes written into the current segment (on disk once synced)
+        self._written = 0  # jobs of the batch being written that are written whole
         self.failing: str | None = None  # why the disk refuses writes, while it does
         self.last_sync_seconds = 0.0
         self.syncs = 0
@@ -87,22 +91,25 @@ class Writer:
 
     # -- the writer thread ------------------------------------------------------------------
     def _run(self) -> None:
+        unsynced: list[Job] = []  # written, not yet synced: nobody waits for them (dequeues, a backup's copies)
         while True:
             with self._cond:
-                while not self._jobs and not self._deletions and not self._closing:
-                    self._cond.wait()
-                if not self._jobs and not self._deletions:
+                if not self._jobs and not self._deletions and not self._closing:
+                    self._cond.wait(LAZY_SYNC if unsynced else None)
+                if not self._jobs and not self._deletions and self._closing and not unsynced:
                     return
                 batch = list(self._jobs)
                 self._jobs.clear()
             self._delete_requested()
+            # Sync now if someone waits (a publish, a roll, a deletion), or when the lazy ones have waited enough.
+            sync = self._closing or not batch or any(job.done or job.roll or job.unlink for job in batch)
             pending = batch
-            while pending:
+            while True:
                 try:
-                    self._write(pending)
+                    self._write(pending, sync)
                     break
                 except OSError as e:
-                    pending = pending[self._durable:]  # those before a segment roll are on disk
+                    pending = pending[self._written:]
                     self._refused(e)
                     if self._closing:
                         return
@@ -111,8 +118,10 @@ class Writer:
             if self.failing is not None:
                 log.warning("journal writes succeed again")
                 self.failing = None
-            if batch:
-                self._synced(batch)
+            unsynced += batch
+            if sync and unsynced:
+                self._synced(unsynced)
+                unsynced = []
 
     def _delete_requested(self) -> None:
         with self._cond:
@@ -131,22 +140,21 @@ class Writer:
             os.ftruncate(self._fd, self._size)
             os.lseek(self._fd, self._size, os.SEEK_SET)
 
-    def _write(self, batch: list[Job]) -> None:
-        self._durable = 0
-        written = 0  # bytes appended to the current segment by this attempt
+    def _write(self, batch: list[Job], sync: bool) -> None:
+        self._written = 0
         for i, job in enumerate(batch):
             if job.roll and job.roll != self._segment:
                 self._close_segment()
-                self._durable = i
                 self._open(job.roll)
-                written = 0
             self._write_all(job.records)
-            written += job.size
+            self._size += job.size
+            self._written = i + 1
+        if not sync:
+            return
         started = time.monotonic()
         os.fdatasync(self._fd)
         self.last_sync_seconds = time.monotonic() - started
         self.syncs += 1
-        self._size += written
         removed = [n for job in batch for n in job.unlink]
         for number in removed:
             os.unlink(segment_path(self.directory, number))
