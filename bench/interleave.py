@@ -161,17 +161,17 @@ def ratios(turns: list[dict], base: list[dict], kind: str, key: str) -> list[flo
     return out
 
 
-def verdict(values: list[float], target: float, at_least: bool) -> str:
+def verdict(values: list[float], target: float, at_least: bool, unit: str = "rounds") -> str:
     """met (every round), met by the median only, or not met."""
     if not values:
         return "—"
     good = (lambda x: x >= target) if at_least else (lambda x: x <= target)
     n_ok = sum(good(v) for v in values)
     if n_ok == len(values):
-        return f"met in all {len(values)} rounds"
+        return f"met in all {len(values)} {unit}"
     if good(statistics.median(values)):
-        return f"met by the median, in {n_ok} of {len(values)} rounds"
-    return f"NOT met ({n_ok} of {len(values)} rounds)"
+        return f"met by the median, in {n_ok} of {len(values)} {unit}"
+    return f"NOT met ({n_ok} of {len(values)} {unit})"
 
 
 def machine_line(args) -> str:
@@ -189,7 +189,7 @@ def markdown(brokers: dict[str, R.Broker], results: dict[str, list[dict]], args,
     now = _dt.datetime.now().astimezone()
     lines = [f"## Interleaved: {' vs '.join(specs)} (bench/interleave.py), {now:%Y-%m-%d %H:%M %Z}", "",
              "```", command, "```", "", machine_line(args),
-             f"{args.rounds} rounds; each round runs every set-up once, in an order rotated each round: a saturation "
+             f"{args.rounds} round(s); each round runs every set-up once, in an order rotated each round: a saturation "
              f"run of {args.messages} messages after a warm-up"
              + (f", then {args.rate:g} msg/s for {args.duration:g} s (latency after the first second)" if args.latency else "")
              + f". All set-ups ran side by side. Load average at the start {load[0]}, at the end {load[1]}.",
@@ -345,7 +345,7 @@ def markdown_recovery(rec: dict, args, command: str) -> str:
     if args.target_recovery and reps:
         lines += ["", f"Target: recovery of {rec['messages']:,} messages ≤ {args.target_recovery:g} s: "
                   f"{med_range(depth_s, 2)} s, "
-                  + verdict([x if x is not None else float('inf') for x in depth_s], args.target_recovery, False) + "."]
+                  + verdict([x if x is not None else float('inf') for x in depth_s], args.target_recovery, False, "restarts") + "."]
     return "\n".join(lines) + "\n\n"
 
 
