@@ -1,20 +1,16 @@
 #!/usr/bin/env python3
-"""Replicated benchmark: haqueue primary + 2 backups vs RabbitMQ 3-node quorum queue; failover; catch-up.
+"""HA benchmark: failover and catch-up of a haqueue cluster.
 
-Not part of the test suite. Reuses bench/run.py (imported, not modified) for the clients, the
-saturation and fixed-rate latency runs, and its RabbitMQ conventions; bench/js/producer.js and
-consumer.js (rhea 3.0.5) are the load clients. One run measures:
+Not part of the test suite. Throughput and latency of a cluster against RabbitMQ's 3-node quorum queue
+are bench/interleave.py's (`--setups cluster,rabbit-quorum`), run round by round; the cluster set-up
+itself (`haqueue cluster up`) is bench/setups.py's, shared by both. Uses bench/run.py for the clients;
+bench/js (rhea 3.0.5) are the load clients. One run measures:
 
-  1. saturation msg/s and broker CPU µs/msg (utime+stime from /proc/PID/stat, per broker process)
-     for an unreplicated haqueue broker, a haqueue cluster (`haqueue cluster up --size 3`: primary +
-     2 backups, a publish is settled once both backups have it) and a 3-node RabbitMQ 3.10 cluster
-     with a quorum queue (x-quorum-initial-group-size=3);
-  2. p50/p99 end-to-end latency at a fixed --rate msg/s for --duration s, the same three;
-  3. failover of the haqueue cluster: a reconnecting rhea producer publishes --failover-rate msg/s to
+  1. failover of the haqueue cluster: a reconnecting rhea producer publishes --failover-rate msg/s to
      the public address; the primary is killed with SIGKILL; time from the kill to the first publish
      accepted on the connection to the new primary; --failover-reps times; then every message is
      consumed and the accepted-but-missing ones counted (must be 0);
-  4. catch-up: two HA brokers (configs as the supervisor writes them), one promoted, --backlog
+  2. catch-up: two HA brokers (configs as the supervisor writes them), one promoted, --backlog
      messages put on a queue, live traffic (producer + consumer at --rate msg/s on another queue)
      started, then the second broker started as a backup; its `ha status` is polled until the queue
      is caught up: backlog messages per second.
@@ -45,7 +41,7 @@ from pathlib import Path
 BENCH = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH))
 import run as R  # noqa: E402  bench/run.py, used as a library
-from setups import HaCluster, RabbitCluster, free_ports, terminate_group  # noqa: E402
+from setups import HaCluster, free_ports, terminate_group  # noqa: E402
 
 REPO = BENCH.parent
 sys.path.insert(0, str(REPO))
@@ -60,51 +56,6 @@ log = R.log
 
 
 loadavg = R.loadavg
-
-
-# ---------------------------------------------------------------- throughput + latency rows
-
-def bench_row(broker: R.Broker, args) -> dict:
-    out: dict = {"label": broker.label, "saturation": [], "latency": None}
-    if args.quiet_wait > 0:
-        out["background_cores_at_start"] = R.wait_quiet(args.quiet_wait)
-    out["loadavg_start"] = loadavg()
-    out["calibration_ms"] = R.calibrate()
-    s = R.smoke(broker)
-    if "error" in s:
-        out["error"] = f"smoke test failed: {s['error']}; {broker.describe_failure()}"
-        log(out["error"])
-        return out
-    for i in range(args.repeat):
-        if not broker.alive():
-            break
-        log(f"{broker.label}: saturation {args.size} B, run {i + 1}/{args.repeat}, {args.messages} messages "
-            f"(load average {loadavg()})")
-        r = R.saturation(broker, args.size, args.messages, args)
-        if "error" in r:
-            r["broker_state"] = broker.describe_failure()
-            log(f"  FAILED: {r['error']}")
-        else:
-            per = r["raw"]["cpu"]["per_process_us"]
-            log(f"  {r['msgs_per_s']:.0f} msg/s, broker total {r['broker_cpu_us_per_msg']:.1f} µs/msg ("
-                + ", ".join(f"{k} {v / args.messages:.1f}" for k, v in per.items() if v is not None)
-                + f"), clients {r['producer_cpu_us_per_msg']:.1f}+{r['consumer_cpu_us_per_msg']:.1f}, "
-                f"other load {r['other_load_cores']:.2f} cores, missing {r['missing']} dup {r['duplicates']}")
-        out["saturation"].append(r)
-    if broker.alive():
-        log(f"{broker.label}: latency {args.size} B at {args.rate:g} msg/s for {args.duration:g} s")
-        r = R.latency(broker, args.size, args)
-        if "error" in r:
-            r["broker_state"] = broker.describe_failure()
-            log(f"  FAILED: {r['error']}")
-        else:
-            log(f"  p50 {r['p50_ms']:.2f} ms, p99 {r['p99_ms']:.2f} ms, max {r['max_ms']:.2f} ms, "
-                f"other load {r['other_load_cores']:.2f} cores")
-        out["latency"] = r
-    out["loadavg_end"] = loadavg()
-    if not broker.alive():
-        out["error"] = "broker gone during the run; " + broker.describe_failure()
-    return out
 
 
 # ---------------------------------------------------------------- the reconnecting client (rhea)
@@ -604,100 +555,21 @@ def catchup_phase(args) -> dict:
 
 # ---------------------------------------------------------------- report
 
-def agg(runs: list[dict]) -> dict | None:
-    ok = [r for r in runs if "error" not in r]
-    if not ok:
-        return None
-    n = None
-    rates = [r["msgs_per_s"] for r in ok]
-    cpus = [r["broker_cpu_us_per_msg"] for r in ok]
-    per: dict[str, list[float]] = {}
-    for r in ok:
-        msgs = r["raw"]["producer"]["target"]
-        for k, v in r["raw"]["cpu"]["per_process_us"].items():
-            if v is not None:
-                per.setdefault(k, []).append(v / msgs)
-    return {"n": len(ok), "failed": len(runs) - len(ok), "rate": statistics.median(rates), "rate_min": min(rates),
-            "rate_max": max(rates), "cpu": statistics.median(cpus), "cpu_min": min(cpus), "cpu_max": max(cpus),
-            "per": {k: statistics.median(v) for k, v in per.items()},
-            "per_range": {k: (min(v), max(v)) for k, v in per.items()},
-            "clients": statistics.median(r["producer_cpu_us_per_msg"] + r["consumer_cpu_us_per_msg"] for r in ok),
-            "other": max(r["other_load_cores"] for r in ok),
-            "loadavg": [r["raw"]["cpu"].get("loadavg_start") for r in ok]}
-
-
-def rng(med, lo, hi, n, d=0):
-    f = f"{{:.{d}f}}"
-    return f.format(med) if n <= 1 else f"{f.format(med)} ({f.format(lo)}–{f.format(hi)})"
-
-
 # log lines that are the expected consequence of the harness's own actions
 EXPECTED_LOG = ("framing-error: connection aborted", "lost primary", "failed; promoting a ready backup",
                 "broker shutting down")
 
 
-def markdown(rows: list[dict], fo: dict | None, cu: dict | None, args, command: str, t_begin: str) -> str:
+def markdown(fo: dict | None, cu: dict | None, args, command: str, t_begin: str) -> str:
     now = _dt.datetime.now().astimezone()
     node_v = subprocess.run(["node", "--version"], capture_output=True, text=True).stdout.strip()
-    L = [f"## HA: replicated throughput, latency, failover, catch-up (bench/ha_run.py), {now:%Y-%m-%d %H:%M %Z}", "",
+    L = [f"## HA: failover, catch-up (bench/ha_run.py), {now:%Y-%m-%d %H:%M %Z}", "",
          "```", command, "```", "",
          f"Machine: {os.cpu_count()} cores, Linux {platform.release()}, node {node_v}, rhea 3.0.5 (bench/js producer.js "
          f"and consumer.js, one process each), Python {platform.python_version()}. Load average at the start "
          f"{t_begin}, at the end {loadavg()}.",
-         f"Settings: {args.size} B bodies, not durable, at-least-once (producer ≤ {args.inflight} unsettled, consumer "
-         f"credit {args.credit}); saturation = {args.messages} messages after a warm-up, median of {args.repeat} "
-         f"(range); latency = {args.rate:g} msg/s for {args.duration:g} s, first second left out. "
-         "Broker CPU = utime+stime from /proc/PID/stat of each broker process (RabbitMQ: each node's beam "
-         "process tree) per message; *other load* = cores used by everything else on the machine during the "
-         "measured runs (worst run), from /proc/stat.", ""]
-    L.append("| setup | msg/s (saturation) | broker CPU µs/msg, all broker processes | per process µs/msg | "
-             "clients CPU µs/msg | p50 / p99 ms @ " + f"{args.rate:g}/s | other load (cores) | load avg (1/5/15) at start |")
-    L.append("|---|---|---|---|---|---|---|---|")
-    problems = []
-    by = {}
-    for b in rows:
-        a = agg(b["saturation"])
-        by[b["label"]] = (a, b.get("latency"))
-        l = b.get("latency")
-        if a is None:
-            L.append(f"| {b['label']} | failed | | | | | | {b.get('loadavg_start', '')} |")
-        else:
-            per = "; ".join(f"{k} {v:.1f}" for k, v in a["per"].items())
-            lat = (f"{l['p50_ms']:.2f} / {l['p99_ms']:.2f}" if l and "error" not in l else
-                   ("failed" if l else "not run"))
-            other = max([a["other"]] + ([l["other_load_cores"]] if l and "error" not in l else []))
-            sat = rng(a["rate"], a["rate_min"], a["rate_max"], a["n"])
-            if a["failed"]:
-                sat += f" ({a['failed']} run(s) failed)"
-            L.append(f"| {b['label']} | {sat} | {rng(a['cpu'], a['cpu_min'], a['cpu_max'], a['n'], 1)} | {per} | "
-                     f"{a['clients']:.1f} | {lat} | {other:.2f} | {b.get('loadavg_start', '')} |")
-        if "error" in b:
-            problems.append(f"{b['label']}: {b['error']}")
-        for r in b["saturation"]:
-            if "error" in r:
-                problems.append(f"{b['label']} saturation: {r['error']} [{r.get('broker_state', '')}]")
-            elif r["missing"] or r["duplicates"] or r["stray"]:
-                problems.append(f"{b['label']} saturation: missing {r['missing']}, duplicates {r['duplicates']}, "
-                                f"strays {r['stray']}")
-        if l and "error" in l:
-            problems.append(f"{b['label']} latency: {l['error']} [{l.get('broker_state', '')}]")
-    L.append("")
-    L.append(f"Latency detail at {args.rate:g} msg/s (ms, first second left out):")
-    L.append("")
-    L.append("| setup | n | p50 | p90 | p99 | p99.9 | max | broker CPU µs/msg at this rate |")
-    L.append("|---|---|---|---|---|---|---|---|")
-    for b in rows:
-        l = b.get("latency")
-        if l and "error" not in l:
-            L.append(f"| {b['label']} | {l['n']} | {l['p50_ms']:.2f} | {l['p90_ms']:.2f} | {l['p99_ms']:.2f} | "
-                     f"{l['p999_ms']:.2f} | {l['max_ms']:.2f} | {l['broker_cpu_us_per_msg']:.1f} |")
-    L.append("")
-    rq = next((b for b in rows if b["label"].startswith("RabbitMQ")), None)
-    if rq and rq.get("leaders"):
-        L.append("RabbitMQ quorum queues (name, type, leader, members), as declared: "
-                 + "; ".join(f"`{x}`" for x in rq["leaders"][:2]) + (" …" if len(rq["leaders"]) > 2 else "") + ".")
-        L.append("")
-
+         f"Settings: {args.size} B bodies, not durable, at-least-once (producer ≤ {args.inflight} unsettled).", ""]
+    problems: list[str] = []
     if fo:
         L.append(f"Failover ({args.failover_reps} kills of the primary with SIGKILL; `haqueue cluster up --size 3`; "
                  f"one rhea producer publishing {args.failover_rate:g} msg/s to the public address, reconnecting "
@@ -769,29 +641,10 @@ def markdown(rows: list[dict], fo: dict | None, cu: dict | None, args, command: 
             if lv and (lv.get("missing") or lv.get("duplicates") or not lv.get("ok")):
                 problems.append(f"catch-up live traffic: {lv}")
         L.append("")
-    # targets
-    single = next((b for b in rows if b["label"].startswith("haqueue, single")), None)
-    ha = next((b for b in rows if b["label"].startswith("haqueue cluster")), None)
     L.append("Targets:")
     L.append("")
     L.append("| target | result | |")
     L.append("|---|---|---|")
-    a_ha = agg(ha["saturation"]) if ha else None
-    a_rq = agg(rq["saturation"]) if rq else None
-    if a_ha:
-        prim = next((v for k, v in a_ha["per"].items() if k.startswith("primary")), None)
-        if prim is not None:
-            L.append(f"| primary ≤ 30 µs CPU per message with 2 backups, at saturation | {prim:.1f} µs | "
-                     f"{'met' if prim <= 30 else 'NOT met'} |")
-    if a_ha and a_rq:
-        x = a_ha["rate"] / a_rq["rate"]
-        L.append(f"| replicated msg/s ≥ 3× RabbitMQ 3-node quorum | {a_ha['rate']:.0f} / {a_rq['rate']:.0f} = {x:.2f}× | "
-                 f"{'met' if x >= 3 else 'NOT met'} |")
-    for b in (single, ha):
-        l = b.get("latency") if b else None
-        if l and "error" not in l:
-            L.append(f"| p99 ≤ 3 ms at {args.rate:g} msg/s ({b['label']}) | {l['p99_ms']:.2f} ms | "
-                     f"{'met' if l['p99_ms'] <= 3 else 'NOT met'} |")
     if fo:
         ok = [r["failover_s"] for r in fo.get("reps", []) if "failover_s" in r]
         failed = len(fo.get("reps", [])) - len(ok)
@@ -807,8 +660,7 @@ def markdown(rows: list[dict], fo: dict | None, cu: dict | None, args, command: 
                  f"{'met' if cu['rate_from_answer'] >= 50000 else 'NOT met'} |")
     L.append("")
     expected = {}
-    for what, lines in ([("failover", (fo or {}).get("log_problems", [])), ("catch-up", (cu or {}).get("log_problems", []))]
-                        + [(b["label"], b.get("log_problems", [])) for b in rows]):
+    for what, lines in [("failover", (fo or {}).get("log_problems", [])), ("catch-up", (cu or {}).get("log_problems", []))]:
         shown = 0
         for p in lines:
             pat = next((x for x in EXPECTED_LOG if x in p), None)
@@ -861,15 +713,11 @@ def initial_wait(max_wait: float) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--phases", default="single,cluster,rabbitmq,failover,catchup",
-                    help="comma-separated subset of single,cluster,rabbitmq,failover,catchup")
-    ap.add_argument("--messages", type=int, default=200000)
-    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--phases", default="failover,catchup", help="comma-separated subset of failover,catchup "
+                    "(throughput and latency: bench/interleave.py)")
     ap.add_argument("--size", type=int, default=100)
-    ap.add_argument("--rate", type=float, default=1000)
-    ap.add_argument("--duration", type=float, default=10)
+    ap.add_argument("--rate", type=float, default=1000, help="msg/s of the catch-up phase's live traffic")
     ap.add_argument("--inflight", type=int, default=1000)
-    ap.add_argument("--credit", type=int, default=1000)
     ap.add_argument("--failover-reps", type=int, default=5)
     ap.add_argument("--failover-rate", type=float, default=1000)
     ap.add_argument("--reconnect-ms", type=int, default=50, help="the failover producer's fixed reconnect delay")
@@ -883,7 +731,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     args.durable = False
     phases = [p.strip() for p in args.phases.split(",") if p.strip()]
-    bad = set(phases) - {"single", "cluster", "rabbitmq", "failover", "catchup"}
+    bad = set(phases) - {"failover", "catchup"}
     if bad:
         ap.error(f"unknown phases {bad}")
     if not (R.JS / "node_modules" / "rhea").exists():
@@ -895,45 +743,8 @@ def main(argv: list[str] | None = None) -> int:
     t_begin = loadavg()
     log(f"load average {t_begin}")
     initial_wait(args.initial_wait)
-    rows: list[dict] = []
     fo = cu = None
     try:
-        if "single" in phases:
-            b = R.CommandBroker(R.DEFAULT_HAQUEUE_CMD, "haqueue, single broker (unreplicated)", None, 30)
-            try:
-                b.start()
-                rows.append(bench_row(b, args))
-            except Exception as e:
-                log(f"single: {e}")
-                rows.append({"label": b.label, "saturation": [], "latency": None, "error": str(e)})
-            finally:
-                b.stop()
-        if "cluster" in phases:
-            c = HaCluster("haqueue cluster, primary + 2 backups")
-            try:
-                c.start()
-                row = bench_row(c, args)
-                row["command"] = c.command()
-                rows.append(row)
-            except Exception as e:
-                log(f"cluster: {e}")
-                rows.append({"label": c.label, "saturation": [], "latency": None, "error": str(e)})
-            finally:
-                if rows and rows[-1]["label"] == c.label and Path(c.dir).exists():
-                    rows[-1]["log_problems"] = c.broker_log_problems()
-                c.stop()
-        if "rabbitmq" in phases:
-            r = RabbitCluster()
-            try:
-                r.start()
-                row = bench_row(r, args)
-                row["leaders"] = r.leaders
-                rows.append(row)
-            except Exception as e:
-                log(f"rabbitmq: {e}")
-                rows.append({"label": r.label, "saturation": [], "latency": None, "error": str(e)})
-            finally:
-                r.stop()
         if "failover" in phases:
             fo = failover_phase(args)
         if "catchup" in phases:
@@ -943,15 +754,12 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     stamp = time.strftime("%Y%m%d-%H%M%S")
     raw_path = OUT / f"ha-results-{stamp}.json"
-    raw_path.write_text(json.dumps({"command": command, "rows": rows, "failover": fo, "catchup": cu},
+    raw_path.write_text(json.dumps({"command": command, "failover": fo, "catchup": cu},
                                    indent=1, default=str))
-    md = markdown(rows, fo, cu, args, command, t_begin)
+    md = markdown(fo, cu, args, command, t_begin)
     print(md)
     if not args.no_record:
-        text = R.RESULTS.read_text() if R.RESULTS.exists() else ""  # re-read right before appending
-        sep = "" if text.endswith("\n\n") or not text else ("\n" if text.endswith("\n") else "\n\n")
-        with open(R.RESULTS, "a") as f:
-            f.write(sep + md)
+        R.record(md)
         log(f"appended to {R.RESULTS}; raw JSON in {raw_path}")
     else:
         log(f"raw JSON in {raw_path}")
