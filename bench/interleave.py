@@ -55,15 +55,22 @@ OLD_CMD = ("sh -c 'cd {tree} && exec {{python}} -m haqueue broker --listen 127.0
 
 # ---------------------------------------------------------------- set-ups
 
+def default_label(spec: str) -> str:
+    """A set-up's name in the tables (RabbitMQ's gain its version once started)."""
+    kind, _, arg = spec.partition(":")
+    return {"single": "haqueue single broker", "old": f"haqueue single broker ({arg})",
+            "cluster": f"haqueue primary + 2 backups, {arg or 'all'}", "rabbit-classic": "RabbitMQ classic",
+            "rabbit-quorum": "RabbitMQ 3-node cluster, quorum queue"}.get(kind, spec)
+
+
 def make_setup(spec: str, startup_timeout: float) -> R.Broker:
     kind, _, arg = spec.partition(":")
     if kind == "single":
-        return R.CommandBroker(R.DEFAULT_HAQUEUE_CMD, "haqueue single broker", None, startup_timeout)
+        return R.CommandBroker(R.DEFAULT_HAQUEUE_CMD, default_label(spec), None, startup_timeout)
     if kind == "old" and arg:
-        return R.CommandBroker(OLD_CMD.format(tree=shlex.quote(arg)), f"haqueue single broker ({arg})", None,
-                               startup_timeout)
+        return R.CommandBroker(OLD_CMD.format(tree=shlex.quote(arg)), default_label(spec), None, startup_timeout)
     if kind == "cluster":
-        return S.HaCluster(f"haqueue primary + 2 backups, {arg or 'all'}", size=3, sync=arg or None)
+        return S.HaCluster(default_label(spec), size=3, sync=arg or None)
     if kind == "rabbit-classic":
         return R.RabbitBroker(None)
     if kind == "rabbit-quorum":
@@ -182,12 +189,13 @@ def machine_line(args) -> str:
             f"(≤ {args.inflight} unsettled, consumer credit {args.credit}).")
 
 
-def markdown(brokers: dict[str, R.Broker], results: dict[str, list[dict]], args, command: str,
-             load: tuple[str, str]) -> str:
+def markdown(run: dict, args) -> str:
+    """The section for RESULTS.md from a run as saved in bench/out (results, labels, command, date, load)."""
+    results, command, load = run["results"], run["command"], run.get("load") or ("not recorded", "not recorded")
+    labels = {spec: run.get("labels", {}).get(spec) or default_label(spec) for spec in results}
     specs = list(results)
     base = args.baseline or specs[-1]
-    now = _dt.datetime.now().astimezone()
-    lines = [f"## Interleaved: {' vs '.join(specs)} (bench/interleave.py), {now:%Y-%m-%d %H:%M %Z}", "",
+    lines = [f"## Interleaved: {' vs '.join(specs)} (bench/interleave.py), {run['date']}", "",
              "```", command, "```", "", machine_line(args),
              f"{args.rounds} round(s); each round runs every set-up once, in an order rotated each round: a saturation "
              f"run of {args.messages} messages after a warm-up"
@@ -206,7 +214,7 @@ def markdown(brokers: dict[str, R.Broker], results: dict[str, list[dict]], args,
         loads = [x for x in get(sat, "other_load_cores") + get(lat, "other_load_cores") if x is not None]
         failed = sum(r is None for r in sat)
         lines.append(
-            f"| {brokers[spec].label} (`{spec}`) | {med_range(get(sat, 'msgs_per_s'))}"
+            f"| {labels[spec]} (`{spec}`) | {med_range(get(sat, 'msgs_per_s'))}"
             + (f", {failed} failed" if failed else "")
             + f" | {med_range(get(sat, 'broker_cpu_us_per_msg'), 1)} | {med_range(get(sat, 'syncs_per_s'))} "
             f"| {med_range(get(sat, 'msgs_per_sync'), 1)} | {med_range(get(lat, 'p50_ms'), 2)} "
@@ -214,15 +222,18 @@ def markdown(brokers: dict[str, R.Broker], results: dict[str, list[dict]], args,
             f"| {fmt(statistics.median(loads), 2) if loads else '—'} (≤ {fmt(max(loads), 2) if loads else '—'}) "
             f"| {med_range(get(sat, 'calibration_ms'), 1)} |")
     lines += ["", f"Ratios to `{base}`, round by round (median, min–max, each round's value):", "",
-              "| set-up | msg/s ratio | broker CPU ratio | p99 ratio | msg/s ratio per round |", "|---|---|---|---|---|"]
+              "| set-up | msg/s ratio | broker CPU ratio | p99 ratio | msg/s ratio per round | other load per round "
+              "(cores, the pair's saturation runs) |", "|---|---|---|---|---|---|"]
     for spec in specs:
         if spec == base:
             continue
         r_rate = ratios(results[spec], results[base], "saturation", "msgs_per_s")
         r_cpu = ratios(results[spec], results[base], "saturation", "broker_cpu_us_per_msg")
         r_p99 = ratios(results[spec], results[base], "latency", "p99_ms")
+        loads = [f"{a['other_load_cores']:.1f}/{b['other_load_cores']:.1f}" for a, b in
+                 zip(ok_runs(results[spec], "saturation"), ok_runs(results[base], "saturation")) if a and b]
         lines.append(f"| `{spec}` | {med_range(r_rate, 2)} | {med_range(r_cpu, 2)} | {med_range(r_p99, 2)} | "
-                     + " ".join(f"{x:.2f}" for x in r_rate) + " |")
+                     + " ".join(f"{x:.2f}" for x in r_rate) + " | " + " ".join(loads) + " |")
     lines.append("")
     targets = []
     for spec in specs:
@@ -231,14 +242,16 @@ def markdown(brokers: dict[str, R.Broker], results: dict[str, list[dict]], args,
         if args.target_ratio:
             r = ratios(results[spec], results[base], "saturation", "msgs_per_s")
             targets.append(f"| `{spec}` msg/s ≥ {args.target_ratio:g}× `{base}` | {med_range(r, 2)} | "
-                           f"{verdict(r, args.target_ratio, True)} |")
+                           f"{verdict(r, args.target_ratio, True)} | see the ratios above |")
         if args.target_p99:
-            p = [x["p99_ms"] for x in ok_runs(results[spec], "latency") if x]
+            lat = [x for x in ok_runs(results[spec], "latency") if x]
+            p = [x["p99_ms"] for x in lat]
             targets.append(f"| `{spec}` p99 ≤ {args.target_p99:g} ms at {args.rate:g} msg/s | {med_range(p, 2)} ms | "
-                           f"{verdict(p, args.target_p99, False)} |")
+                           f"{verdict(p, args.target_p99, False)} | "
+                           + " ".join(f"{x['p99_ms']:.1f} ({x['other_load_cores']:.1f})" for x in lat) + " |")
     if targets:
         lines += ["Targets (met = in every round; the range is what a slow minute gives):", "",
-                  "| target | value | verdict |", "|---|---|---|", *targets, ""]
+                  "| target | value | verdict | per round (other load, cores) |", "|---|---|---|---|", *targets, ""]
     problems = [f"{spec} round {i + 1} {kind}: {t[kind]['error']}" for spec in specs
                 for i, t in enumerate(results[spec]) for kind in ("saturation", "latency")
                 if kind in t and "error" in t[kind]]
@@ -276,8 +289,9 @@ def queue_depth(broker: R.Broker, queue: str) -> int | None:
 
 def restart_timed(broker: R.CommandBroker, queue: str, n: int, timeout: float) -> dict:
     """kill -9, start again; seconds from the new process's start to listening and to depth n."""
+    cal = R.calibrate()
     broker.kill()
-    t0 = time.monotonic()
+    m0, own0, t0 = R.machine_busy_ticks(), sum(os.times()[:2]), time.monotonic()
     broker.start()  # returns once the port accepts connections
     listening = time.monotonic() - t0
     depth = None
@@ -286,10 +300,15 @@ def restart_timed(broker: R.CommandBroker, queue: str, n: int, timeout: float) -
         if depth == n:
             break
         time.sleep(0.02)
-    full = time.monotonic() - t0 if depth == n else None
+    wall = time.monotonic() - t0
+    full = wall if depth == n else None
     said = re.findall(r"recovered .* messages .* in ([0-9.]+) s", broker.log_tail(200))
+    # other load: the machine's busy time less the new broker's CPU and this script's polling
+    broker_s = sum(t for t, _ in R.cpu_ticks(R.proc_tree(broker.pid)).values()) / R.CLK_TCK
+    other = (R.machine_busy_ticks() - m0) / R.CLK_TCK - broker_s - (sum(os.times()[:2]) - own0)
     return {"listening_s": listening, "depth_s": full, "depth": depth,
-            "logged_s": float(said[-1]) if said else None, "rss_mb": rss_mb(broker.pid)}
+            "logged_s": float(said[-1]) if said else None, "rss_mb": rss_mb(broker.pid),
+            "calibration_ms": cal, "other_load_cores": max(0.0, other) / wall}
 
 
 def rss_mb(pid: int) -> float | None:
@@ -328,20 +347,21 @@ def recovery(args) -> dict:
     return out
 
 
-def markdown_recovery(rec: dict, args, command: str) -> str:
-    now = _dt.datetime.now().astimezone()
-    reps = rec["reps"]
+def markdown_recovery(rec: dict, args) -> str:
+    reps, command = rec["reps"], rec["command"]
     depth_s = [r["depth_s"] for r in reps]
-    lines = [f"## Recovery of {rec['messages']:,} queued messages (bench/interleave.py), {now:%Y-%m-%d %H:%M %Z}", "",
+    lines = [f"## Recovery of {rec['messages']:,} queued messages (bench/interleave.py), {rec['date']}", "",
              "```", command, "```", "", machine_line(args),
              f"One haqueue broker filled by the rhea producer (no consumer) in {rec['fill_s']:.0f} s "
              f"({fmt(rec.get('fill_rate'))} msg/s); journal {rec['journal_mb']:.0f} MiB; then kill -9 and a restart, "
-             f"{len(reps)} times. Times from the new process's start.", "",
-             "| restart | listening (s) | queue depth back (s) | broker's log: recovered in (s) | depth | RSS MB |",
-             "|---|---|---|---|---|---|"]
+             f"{len(reps)} times. Times from the new process's start; other load = cores used during the restart by "
+             f"everything but the broker and this script; calibration just before the kill.", "",
+             "| restart | listening (s) | queue depth back (s) | broker's log: recovered in (s) | depth | RSS MB | "
+             "other load (cores) | calibration ms |", "|---|---|---|---|---|---|---|---|"]
     for i, r in enumerate(reps):
         lines.append(f"| {i + 1} | {r['listening_s']:.2f} | {fmt(r['depth_s'], 2)} | {fmt(r['logged_s'], 2)} | "
-                     f"{r['depth']} | {fmt(r['rss_mb'])} |")
+                     f"{r['depth']} | {fmt(r['rss_mb'])} | {fmt(r.get('other_load_cores'), 2)} | "
+                     f"{fmt(r.get('calibration_ms'), 1)} |")
     if args.target_recovery and reps:
         lines += ["", f"Target: recovery of {rec['messages']:,} messages ≤ {args.target_recovery:g} s: "
                   f"{med_range(depth_s, 2)} s, "
@@ -350,6 +370,20 @@ def markdown_recovery(rec: dict, args, command: str) -> str:
 
 
 # ---------------------------------------------------------------- main
+
+def now() -> str:
+    return f"{_dt.datetime.now().astimezone():%Y-%m-%d %H:%M %Z}"
+
+
+def report(ap: argparse.ArgumentParser, args) -> int:
+    run = json.loads(Path(args.report).read_text())
+    saved = ap.parse_args(shlex.split(run["command"])[2:])  # "python bench/interleave.py ..."
+    for key in ("baseline", "target_ratio", "target_p99", "target_recovery"):
+        if getattr(args, key) not in (None, ap.get_default(key)):
+            setattr(saved, key, getattr(args, key))
+    print(markdown_recovery(run, saved) if "reps" in run else markdown(run, saved), end="")
+    return 0
+
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -373,7 +407,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quiet-wait", type=float, default=20, help="before each run, wait up to this long (run.py's wait_quiet)")
     ap.add_argument("--startup-timeout", type=float, default=60)
     ap.add_argument("--no-record", action="store_true", help="do not append to bench/RESULTS.md")
+    ap.add_argument("--report", metavar="JSON", help="render a run saved in bench/out again (its own command's "
+                    "options; --target-* and --baseline of this command if given) and print it")
     args = ap.parse_args(argv)
+    if args.report:
+        return report(ap, args)
     specs = [s.strip() for s in (args.setups or "").split(",") if s.strip()]
     if not args.recovery and len(specs) < 2:
         ap.error("name at least two --setups (or --recovery N)")
@@ -389,8 +427,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.recovery:
         args.durable = True  # what recovers is durable messages
         rec = recovery(args)
+        rec.update(command=command, date=now())
         (R.OUT / f"recovery-{stamp}.json").write_text(json.dumps(rec, indent=1, default=str))
-        md = markdown_recovery(rec, args, command)
+        md = markdown_recovery(rec, args)
     else:
         load0 = R.loadavg()
         brokers = start_all(specs, args)
@@ -398,9 +437,10 @@ def main(argv: list[str] | None = None) -> int:
             results = interleave(brokers, args)
         finally:
             stop_all(brokers)
-        (R.OUT / f"interleave-{stamp}.json").write_text(json.dumps({"command": command, "results": results},
-                                                                   indent=1, default=str))
-        md = markdown(brokers, results, args, command, (load0, R.loadavg()))
+        run = {"command": command, "date": now(), "load": [load0, R.loadavg()],
+               "labels": {spec: b.label for spec, b in brokers.items()}, "results": results}
+        (R.OUT / f"interleave-{stamp}.json").write_text(json.dumps(run, indent=1, default=str))
+        md = markdown(run, args)
     print(md)
     if not args.no_record:
         R.record(md)
