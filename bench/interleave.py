@@ -279,10 +279,9 @@ def produce(broker: R.Broker, queue: str, n: int, args) -> dict:
 
 
 def queue_depth(broker: R.Broker, queue: str) -> int | None:
-    from haqueue.admin import AdminError
     try:
         code, _, body = R.admin_request(f"{HOST}:{broker.port}", "READ", "queue", queue, timeout=10)
-    except AdminError:
+    except R.haqueue_admin().AdminError:
         return None
     return body.get("depth") if code < 400 and isinstance(body, dict) else None
 

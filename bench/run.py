@@ -307,20 +307,25 @@ class Broker:
         return {}
 
 
+def haqueue_admin():
+    """This tree's haqueue.admin, imported on first use (run.py itself runs without haqueue)."""
+    if str(REPO) not in sys.path:
+        sys.path.insert(0, str(REPO))
+    import haqueue.admin
+    return haqueue.admin
+
+
 def admin_request(endpoint: str, op: str, type_: str, name: str | None = None, body: dict | None = None,
                   password: str | None = None, timeout: float = 3.0) -> tuple[int, str, object]:
     """One haqueue management request (no SASL without a password, else user 'ha', as the supervisor sets)."""
-    if str(REPO) not in sys.path:
-        sys.path.insert(0, str(REPO))
-    from haqueue.admin import AdminClient
-    with AdminClient(endpoint, timeout, "ha" if password else None, password) as c:
+    with haqueue_admin().AdminClient(endpoint, timeout, "ha" if password else None, password) as c:
         return c.request(op, type_, name, body)
 
 
 def store_syncs(endpoints: list[str], password: str | None = None) -> dict[str, int]:
     """{"syncs": fsyncs made so far by the stores of the haqueue brokers at endpoints} (admin READ store),
     or {} when one cannot tell (no store in that version, broker unreachable)."""
-    from haqueue.admin import AdminError
+    AdminError = haqueue_admin().AdminError
     total = 0
     for endpoint in endpoints:
         try:
