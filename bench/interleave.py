@@ -181,12 +181,20 @@ def verdict(values: list[float], target: float, at_least: bool, unit: str = "rou
     return f"NOT met ({n_ok} of {len(values)} {unit})"
 
 
-def machine_line(args) -> str:
+def tree_commit() -> str:
+    """The commit of the haqueue this tree runs (and whether haqueue/ differs from it)."""
+    git = ["git", "-C", str(R.REPO)]
+    head = subprocess.run(git + ["rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    dirty = subprocess.run(git + ["status", "--porcelain", "--", "haqueue"], capture_output=True, text=True).stdout
+    return (head or "?") + (" with local changes to haqueue/" if dirty.strip() else "")
+
+
+def machine_line(args, commit: str) -> str:
     node_v = subprocess.run(["node", "--version"], capture_output=True, text=True).stdout.strip()
-    return (f"Machine: {os.cpu_count()} cores, Linux {platform.release()}, node {node_v}, rhea 3.0.5 (one producer "
-            f"process, one consumer process), Python {platform.python_version()}; {args.size}-byte bodies, "
-            f"messages {'durable (header.durable=true)' if args.durable else 'not durable'}, at-least-once "
-            f"(≤ {args.inflight} unsettled, consumer credit {args.credit}).")
+    return (f"haqueue of this tree at {commit}. Machine: {os.cpu_count()} cores, Linux {platform.release()}, node "
+            f"{node_v}, rhea 3.0.5 (one producer process, one consumer process), Python {platform.python_version()}; "
+            f"{args.size}-byte bodies, messages {'durable (header.durable=true)' if args.durable else 'not durable'}, "
+            f"at-least-once (≤ {args.inflight} unsettled, consumer credit {args.credit}).")
 
 
 def markdown(run: dict, args) -> str:
@@ -196,7 +204,7 @@ def markdown(run: dict, args) -> str:
     specs = list(results)
     base = args.baseline or specs[-1]
     lines = [f"## Interleaved: {' vs '.join(specs)} (bench/interleave.py), {run['date']}", "",
-             "```", command, "```", "", machine_line(args),
+             "```", command, "```", "", machine_line(args, run.get("commit", "not recorded")),
              f"{args.rounds} round(s); each round runs every set-up once, in an order rotated each round: a saturation "
              f"run of {args.messages} messages after a warm-up"
              + (f", then {args.rate:g} msg/s for {args.duration:g} s (latency after the first second)" if args.latency else "")
@@ -350,7 +358,7 @@ def markdown_recovery(rec: dict, args) -> str:
     reps, command = rec["reps"], rec["command"]
     depth_s = [r["depth_s"] for r in reps]
     lines = [f"## Recovery of {rec['messages']:,} queued messages (bench/interleave.py), {rec['date']}", "",
-             "```", command, "```", "", machine_line(args),
+             "```", command, "```", "", machine_line(args, rec.get("commit", "not recorded")),
              f"One haqueue broker filled by the rhea producer (no consumer) in {rec['fill_s']:.0f} s "
              f"({fmt(rec.get('fill_rate'))} msg/s); journal {rec['journal_mb']:.0f} MiB; then kill -9 and a restart, "
              f"{len(reps)} times. Times from the new process's start; other load = cores used during the restart by "
@@ -426,7 +434,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.recovery:
         args.durable = True  # what recovers is durable messages
         rec = recovery(args)
-        rec.update(command=command, date=now())
+        rec.update(command=command, date=now(), commit=tree_commit())
         (R.OUT / f"recovery-{stamp}.json").write_text(json.dumps(rec, indent=1, default=str))
         md = markdown_recovery(rec, args)
     else:
@@ -436,7 +444,7 @@ def main(argv: list[str] | None = None) -> int:
             results = interleave(brokers, args)
         finally:
             stop_all(brokers)
-        run = {"command": command, "date": now(), "load": [load0, R.loadavg()],
+        run = {"command": command, "date": now(), "commit": tree_commit(), "load": [load0, R.loadavg()],
                "labels": {spec: b.label for spec, b in brokers.items()}, "results": results}
         (R.OUT / f"interleave-{stamp}.json").write_text(json.dumps(run, indent=1, default=str))
         md = markdown(run, args)
