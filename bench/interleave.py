@@ -388,6 +388,7 @@ def report(ap: argparse.ArgumentParser, args) -> int:
     for key in ("baseline", "target_ratio", "target_p99", "target_recovery"):
         if getattr(args, key) not in (None, ap.get_default(key)):
             setattr(saved, key, getattr(args, key))
+    saved.durable = saved.durable or "reps" in run  # a recovery run always sends durable messages
     print(markdown_recovery(run, saved) if "reps" in run else markdown(run, saved), end="")
     return 0
 
