@@ -1,20 +1,16 @@
 #!/usr/bin/env python3
-"""Replicated benchmark: haqueue primary + 2 backups vs RabbitMQ 3-node quorum queue; failover; catch-up.
+"""HA benchmark: failover and catch-up of a haqueue cluster.
 
-Not part of the test suite. Reuses bench/run.py (imported, not modified) for the clients, the
-saturation and fixed-rate latency runs, and its RabbitMQ conventions; bench/js/producer.js and
-consumer.js (rhea 3.0.5) are the load clients. One run measures:
+Not part of the test suite. Throughput and latency of a cluster against RabbitMQ's 3-node quorum queue
+are bench/interleave.py's (`--setups cluster,rabbit-quorum`), run round by round; the cluster set-up
+itself (`haqueue cluster up`) is bench/setups.py's, shared by both. Uses bench/run.py for the clients;
+bench/js (rhea 3.0.5) are the load clients. One run measures:
 
-  1. saturation msg/s and broker CPU µs/msg (utime+stime from /proc/PID/stat, per broker process)
-     for an unreplicated haqueue broker, a haqueue cluster (`haqueue cluster up --size 3`: primary +
-     2 backups, a publish is settled once both backups have it) and a 3-node RabbitMQ 3.10 cluster
-     with a quorum queue (x-quorum-initial-group-size=3);
-  2. p50/p99 end-to-end latency at a fixed --rate msg/s for --duration s, the same three;
-  3. failover of the haqueue cluster: a reconnecting rhea producer publishes --failover-rate msg/s to
+  1. failover of the haqueue cluster: a reconnecting rhea producer publishes --failover-rate msg/s to
      the public address; the primary is killed with SIGKILL; time from the kill to the first publish
      accepted on the connection to the new primary; --failover-reps times; then every message is
      consumed and the accepted-but-missing ones counted (must be 0);
-  4. catch-up: two HA brokers (configs as the supervisor writes them), one promoted, --backlog
+  2. catch-up: two HA brokers (configs as the supervisor writes them), one promoted, --backlog
      messages put on a queue, live traffic (producer + consumer at --rate msg/s on another queue)
      started, then the second broker started as a backup; its `ha status` is polled until the queue
      is caught up: backlog messages per second.
@@ -34,7 +30,6 @@ import re
 import shlex
 import shutil
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -46,6 +41,7 @@ from pathlib import Path
 BENCH = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH))
 import run as R  # noqa: E402  bench/run.py, used as a library
+from setups import HaCluster, free_ports, terminate_group  # noqa: E402
 
 REPO = BENCH.parent
 sys.path.insert(0, str(REPO))
@@ -59,448 +55,7 @@ CLIENT_JS = OUT / "ha_client.js"
 log = R.log
 
 
-def loadavg() -> str:
-    return " ".join(Path("/proc/loadavg").read_text().split()[:3])
-
-
-# ---------------------------------------------------------------- per-process CPU
-
-# root pid (a Broker's .pid) -> callable giving [(label, pid, whole_tree)]; R.saturation/R.latency
-# build CpuMeter(broker.pid), so replacing R.CpuMeter with GroupMeter gives a per-process breakdown.
-GROUPS: dict = {}
-
-
-def _ticks(pid: int, tree: bool) -> int:
-    return sum(R.cpu_ticks(R.proc_tree(pid) if tree else [pid]).values())
-
-
-class GroupMeter:
-    def __init__(self, root_pid: int):
-        self.root = root_pid
-        self.groups = GROUPS.get(root_pid, lambda: [("broker", root_pid, True)])()
-
-    def _read(self) -> dict:
-        return {label: (pid, _ticks(pid, tree)) for label, pid, tree in self.groups}
-
-    def start(self) -> None:
-        self.t0 = self._read()
-        self.m0 = R.machine_busy_ticks()
-        self.w0 = time.monotonic()
-        self.l0 = loadavg()
-
-    def stop(self) -> dict:
-        t1 = self._read()
-        m1 = R.machine_busy_ticks()
-        per = {}
-        for label, (pid, ticks) in t1.items():
-            pid0, ticks0 = self.t0.get(label, (None, 0))
-            if pid0 != pid:  # a process replaced during the run: its figure is not comparable
-                per[label] = None
-            else:
-                per[label] = (ticks - ticks0) * 1e6 / R.CLK_TCK
-        total = sum(v for v in per.values() if v is not None)
-        first = next(iter(per.values()), 0) or 0
-        return {"cpu_us_tree": total, "cpu_us_root": first, "sys_us_tree": 0.0,
-                "machine_busy_us": (m1 - self.m0) * 1e6 / R.CLK_TCK, "wall_s": time.monotonic() - self.w0,
-                "pids": sorted(p for p, _ in t1.values()), "per_process_us": per,
-                "loadavg_start": self.l0, "loadavg_end": loadavg()}
-
-
-R.CpuMeter = GroupMeter
-
-
-# ---------------------------------------------------------------- ports, processes
-
-def free_ports(n: int, consecutive: bool = False) -> list[int]:
-    """n distinct free loopback ports (consecutive if asked: the supervisor's base-port + i)."""
-    if not consecutive:
-        out: list[int] = []
-        while len(out) < n:
-            p = R.free_port()
-            if p not in out:
-                out.append(p)
-        return out
-    for _ in range(200):
-        base = R.free_port()
-        if base + n > 65000:
-            continue
-        ok = True
-        for p in range(base, base + n):
-            with socket.socket() as s:
-                try:
-                    s.bind((HOST, p))
-                except OSError:
-                    ok = False
-                    break
-        if ok:
-            return list(range(base, base + n))
-    raise RuntimeError("no run of free consecutive ports found")
-
-
-def pid_alive(pid: int) -> bool:
-    f = R._stat_fields(pid)
-    return f is not None and f[0] != "Z"
-
-
-def cmdline(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-    except OSError:
-        return ""
-
-
-def terminate_group(proc: subprocess.Popen, what: str, grace: float = 15.0) -> None:
-    """SIGTERM the process group of `proc` (started with start_new_session), SIGKILL after grace."""
-    if proc is None or proc.poll() is not None:
-        return
-    log(f"stopping {what} (pid {proc.pid})")
-    try:
-        os.killpg(proc.pid, signal.SIGTERM)
-    except ProcessLookupError:
-        return
-    try:
-        proc.wait(timeout=grace)
-    except subprocess.TimeoutExpired:
-        log(f"{what} ignored SIGTERM for {grace:g} s; SIGKILL to its group")
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        proc.wait(timeout=10)
-
-
-def admin_request(endpoint: str, password: str, op: str, type_: str, name: str | None = None,
-                  body: dict | None = None, timeout: float = 3.0):
-    with AdminClient(endpoint, timeout, "ha", password) as c:
-        return c.request(op, type_, name, body)
-
-
-# ---------------------------------------------------------------- the haqueue cluster
-
-class HaCluster(R.LoggedProcess, R.Broker):
-    """`haqueue cluster up --size N`: supervisor + N brokers; clients use the public address."""
-
-    def __init__(self, label: str, size: int = 3):
-        self.label = label
-        self.size = size
-        self.dir = tempfile.mkdtemp(prefix="haqueue-habench-")
-        self.port = free_ports(1)[0]
-        self.base = free_ports(size, consecutive=True)[0]
-        OUT.mkdir(exist_ok=True)
-        self.log_path = OUT / f"ha-cluster-{time.strftime('%Y%m%d-%H%M%S')}-{self.port}.log"
-        self.cmd = [str(VENV_PY), "-m", "haqueue", "cluster", "up", "--size", str(size), "--dir", self.dir,
-                    "--public", f"{HOST}:{self.port}", "--base-port", str(self.base)]
-        self.proc: subprocess.Popen | None = None
-        self.password = ""
-        self.roles: dict[str, str] = {}
-
-    def command(self) -> str:
-        return " ".join(shlex.quote(c) for c in self.cmd)
-
-    def endpoint(self, i: int) -> str:
-        return f"{HOST}:{self.base + i}"
-
-    def start(self) -> None:
-        log(f"starting {self.label}: {self.command()}")
-        self.logf = open(self.log_path, "ab")
-        self.proc = subprocess.Popen(self.cmd, cwd=REPO, stdout=self.logf, stderr=subprocess.STDOUT,
-                                     stdin=subprocess.DEVNULL, start_new_session=True)
-        self.pid = self.proc.pid
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"cluster up exited with {self.proc.returncode}; log {self.log_path}:\n"
-                                   + self.log_tail())
-            if "public " in self.log_tail(50) and Path(self.dir, "broker-0.yaml").exists():
-                break
-            time.sleep(0.2)
-        else:
-            raise RuntimeError(f"cluster not up after 60 s; log tail:\n{self.log_tail()}")
-        self.password = yaml.safe_load(Path(self.dir, "broker-0.yaml").read_text())["ha"]["password"]
-        GROUPS[self.pid] = self.cpu_groups
-        self.wait_ready(60)
-        log(f"{self.label}: public {HOST}:{self.port}, brokers {self.endpoint(0)}..{self.endpoint(self.size - 1)}, "
-            f"roles {self.roles}, pids {self.members()}")
-
-    def members(self) -> dict[str, int]:
-        """broker name -> pid of its live process (children of the supervisor)."""
-        out = {}
-        for p in R.proc_tree(self.pid):
-            c = cmdline(p)
-            m = re.search(r"broker-(\d+)\.yaml", c)
-            if m and "haqueue" in c and pid_alive(p):
-                out[f"broker-{m.group(1)}"] = p
-        return out
-
-    def status(self, i: int, timeout: float = 2.0) -> dict | None:
-        try:
-            code, _, body = admin_request(self.endpoint(i), self.password, "READ", "ha", timeout=timeout)
-        except AdminError:
-            return None
-        return body if code < 400 else None
-
-    def all_status(self) -> dict[str, dict | None]:
-        return {f"broker-{i}": self.status(i) for i in range(self.size)}
-
-    def primary(self) -> tuple[str, int] | None:
-        for name, st in self.all_status().items():
-            if st and st.get("role") == "primary":
-                return name, self.members().get(name, 0)
-        return None
-
-    def wait_ready(self, timeout: float) -> dict:
-        """Until one primary is active and every other broker is a ready backup (bounded)."""
-        deadline = time.monotonic() + timeout
-        last = {}
-        while time.monotonic() < deadline:
-            last = self.all_status()
-            prim = [n for n, s in last.items() if s and s.get("role") == "primary"]
-            if len(prim) == 1:
-                ps = last[prim[0]]
-                backups = ps.get("backups", [])
-                others = [s for n, s in last.items() if n != prim[0]]
-                if (ps.get("state") == "active" and len(backups) == self.size - 1
-                        and all(b.get("state") == "ready" for b in backups)
-                        and all(s and s.get("role") == "backup" and s.get("state") == "ready" for s in others)):
-                    self.roles = {n: ("primary" if n == prim[0] else "backup") for n in last}
-                    return last
-            time.sleep(0.2)
-        raise RuntimeError(f"{self.label}: not all ready after {timeout:g} s: "
-                           + json.dumps({n: s and {k: s.get(k) for k in ('role', 'state', 'backups')}
-                                         for n, s in last.items()}))
-
-    def cpu_groups(self) -> list:
-        members = self.members()
-        groups = []
-        for name in sorted(members):
-            groups.append((f"{self.roles.get(name, '?')} {name}", members[name], True))
-        groups.append(("supervisor", self.pid, False))
-        return groups
-
-    def prepare_queue(self, queue: str) -> None:
-        # auto-created on attach (auto_create ["*"], ha.replicate all); make sure the cluster is whole first
-        self.wait_ready(60)
-
-    def drop_queue(self, queue: str) -> None:
-        try:
-            code, desc, _ = admin_request(f"{HOST}:{self.port}", self.password, "DELETE", "queue", queue)
-            if code >= 400:
-                log(f"could not delete queue {queue}: {code} {desc}")
-        except AdminError as e:
-            log(f"could not delete queue {queue}: {e}")
-
-    def describe_failure(self) -> str:
-        state = "alive" if self.proc and self.proc.poll() is None else "exited"
-        return f"supervisor {state}; log {self.log_path} tail: " + " / ".join(self.log_tail(8).splitlines())
-
-    def broker_log_problems(self) -> list[str]:
-        """Lines of the brokers' and the supervisor's logs that are errors or warnings."""
-        out = []
-        for path in [self.log_path] + sorted(Path(self.dir).glob("broker-*.log")):
-            try:
-                lines = path.read_text(errors="replace").splitlines()
-            except OSError:
-                continue
-            for line in lines:
-                if re.search(r"\b(ERROR|WARNING|CRITICAL)\b|Traceback", line):
-                    out.append(f"{path.name}: {line.strip()}")
-        return out
-
-    def stop(self) -> None:
-        members = self.members() if self.proc and self.proc.poll() is None else {}
-        if self.proc is not None:
-            terminate_group(self.proc, self.label)
-            self.logf.close()
-        for name, p in members.items():  # the supervisor stops them; make sure
-            for _ in range(50):
-                if not pid_alive(p):
-                    break
-                time.sleep(0.2)
-            else:
-                log(f"{name} (pid {p}) still alive after the supervisor stopped; SIGKILL")
-                try:
-                    os.kill(p, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-        GROUPS.pop(self.pid, None)
-        # keep the broker logs with the run's output, then remove the data
-        for path in Path(self.dir).glob("broker-*.log"):
-            shutil.copy(path, OUT / f"{self.log_path.stem}-{path.name}")
-        shutil.rmtree(self.dir, ignore_errors=True)
-
-
-# ---------------------------------------------------------------- RabbitMQ 3-node cluster
-
-class RabbitCluster(R.RabbitQueues, R.Broker):
-    """Three rabbitmq-server nodes on this machine, joined; a durable quorum queue per run."""
-
-    label = "RabbitMQ 3-node cluster, quorum queue"
-
-    def __init__(self):
-        self.shorthost = socket.gethostname().split(".")[0]
-        tag = uuid.uuid4().hex[:4]
-        self.nodes = [f"habench{i}{tag}@{self.shorthost}" for i in (1, 2, 3)]
-        ports = free_ports(6)
-        self.ports, self.dist_ports = ports[:3], ports[3:]
-        self.port = self.ports[0]
-        self.base = tempfile.mkdtemp(prefix="rabbit-habench-")
-        os.chmod(self.base, 0o755)
-        shutil.chown(self.base, "rabbitmq", "rabbitmq")
-        self.pids: list[int] = []
-        self.started: list[str] = []
-        self.version = "?"
-        self.epmd_was_running = False
-        self.leaders: list[str] = []
-
-    def env(self, i: int) -> dict:
-        return dict(os.environ, RABBITMQ_NODENAME=self.nodes[i], RABBITMQ_NODE_IP_ADDRESS=HOST,
-                    RABBITMQ_NODE_PORT=str(self.ports[i]), RABBITMQ_DIST_PORT=str(self.dist_ports[i]),
-                    ERL_EPMD_ADDRESS=HOST, RABBITMQ_MNESIA_BASE=f"{self.base}/mnesia",
-                    RABBITMQ_LOG_BASE=f"{self.base}/log",
-                    RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS="-kernel inet_dist_use_interface {127,0,0,1}")
-
-    def ctl(self, i: int, *args: str, timeout: float = 60, check: bool = True) -> subprocess.CompletedProcess:
-        return R.run_cmd(["rabbitmqctl", "-n", self.nodes[i], *args], timeout=timeout, env=self.env(i), check=check)
-
-    def _await(self, i: int) -> None:
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            try:
-                r = self.ctl(i, "await_startup", "--timeout", "30", timeout=45, check=False)
-                if r.returncode == 0:
-                    return
-            except subprocess.TimeoutExpired:
-                pass
-            time.sleep(1)
-        raise RuntimeError(f"{self.nodes[i]} did not boot within 120 s; logs in {self.base}/log")
-
-    def start(self) -> None:
-        if shutil.which("rabbitmq-server") is None:
-            raise RuntimeError("rabbitmq-server not installed (apt-get install -y rabbitmq-server)")
-        self.epmd_was_running = bool(subprocess.run(["pgrep", "-x", "epmd"], capture_output=True,
-                                                    text=True).stdout.split())
-        R.run_cmd(["rabbitmq-plugins", "enable", "--offline", "rabbitmq_amqp1_0"], timeout=60, env=self.env(0))
-        for i, node in enumerate(self.nodes):
-            log(f"starting RabbitMQ node {node} (AMQP {self.ports[i]}, dist {self.dist_ports[i]})")
-            R.run_cmd(["rabbitmq-server", "-detached"], timeout=60, env=self.env(i), check=False)
-            self.started.append(node)
-        for i in range(3):
-            self._await(i)
-            self.pids.append(int(self.ctl(i, "eval", "os:getpid().").stdout.strip().strip('"')))
-        for i in (1, 2):
-            log(f"joining {self.nodes[i]} to {self.nodes[0]}")
-            self.ctl(i, "stop_app")
-            self.ctl(i, "reset")
-            self.ctl(i, "join_cluster", self.nodes[0], timeout=120)
-            self.ctl(i, "start_app", timeout=120)
-            self._await(i)
-        status = self.ctl(0, "cluster_status", "--formatter", "json").stdout
-        running = json.loads(status[status.index("{"):]).get("running_nodes", [])
-        if sorted(running) != sorted(self.nodes):
-            raise RuntimeError(f"cluster not formed: running nodes {running}")
-        self.pid = self.pids[0]
-        GROUPS[self.pid] = self.cpu_groups
-        self.version = self.ctl(0, "version").stdout.strip()
-        self.label = f"RabbitMQ {self.version} 3-node cluster, quorum queue"
-        self.wait_listening()
-        log(f"{self.label}: nodes {self.nodes}, beam pids {self.pids}, clients on port {self.port}")
-
-    def cpu_groups(self) -> list:
-        return [(f"node{i + 1}" + (" (clients)" if i == 0 else ""), p, True) for i, p in enumerate(self.pids)]
-
-    def prepare_queue(self, queue: str) -> None:
-        self.declare(queue, {"x-queue-type": "quorum", "x-quorum-initial-group-size": 3})
-        try:
-            out = self.ctl(0, "list_queues", "-q", "--no-table-headers", "name", "type", "leader", "members",
-                           timeout=30, check=False).stdout
-            for line in out.splitlines():
-                if line.startswith(queue):
-                    self.leaders.append(line.strip())
-        except subprocess.TimeoutExpired:
-            pass
-
-    def alive(self) -> bool:
-        return all(pid_alive(p) for p in self.pids)
-
-    def describe_failure(self) -> str:
-        return "beam pids alive: " + ", ".join(f"{p}={pid_alive(p)}" for p in self.pids)
-
-    def stop(self) -> None:
-        for i in reversed(range(len(self.started))):
-            log(f"stopping RabbitMQ node {self.nodes[i]}")
-            try:
-                self.ctl(i, "stop", timeout=60, check=False)
-            except subprocess.TimeoutExpired:
-                log(f"rabbitmqctl -n {self.nodes[i]} stop timed out")
-        for p in self.pids:
-            deadline = time.monotonic() + 30
-            while pid_alive(p) and time.monotonic() < deadline:
-                time.sleep(0.5)
-            if pid_alive(p):
-                log(f"beam pid {p} still running 30 s after rabbitmqctl stop; SIGKILL")
-                try:
-                    os.kill(p, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-        GROUPS.pop(self.pid, None)
-        if self.started and not self.epmd_was_running:
-            for _ in range(10):
-                r = subprocess.run(["epmd", "-kill"], capture_output=True, text=True, timeout=10,
-                                   env=self.env(0))
-                if "Killed" in r.stdout or "cannot connect" in (r.stdout + r.stderr).lower():
-                    break
-                time.sleep(1)
-            else:
-                log(f"epmd not stopped (another node registered?): {r.stdout.strip()} {r.stderr.strip()}")
-        logdir = Path(self.base, "log")
-        for path in logdir.glob("*.log"):
-            shutil.copy(path, OUT / f"rabbit-habench-{time.strftime('%Y%m%d-%H%M%S')}-{path.name}")
-        shutil.rmtree(self.base, ignore_errors=True)
-
-
-# ---------------------------------------------------------------- throughput + latency rows
-
-def bench_row(broker: R.Broker, args) -> dict:
-    out: dict = {"label": broker.label, "saturation": [], "latency": None}
-    if args.quiet_wait > 0:
-        out["background_cores_at_start"] = R.wait_quiet(args.quiet_wait)
-    out["loadavg_start"] = loadavg()
-    out["calibration_ms"] = R.calibrate()
-    s = R.smoke(broker)
-    if "error" in s:
-        out["error"] = f"smoke test failed: {s['error']}; {broker.describe_failure()}"
-        log(out["error"])
-        return out
-    for i in range(args.repeat):
-        if not broker.alive():
-            break
-        log(f"{broker.label}: saturation {args.size} B, run {i + 1}/{args.repeat}, {args.messages} messages "
-            f"(load average {loadavg()})")
-        r = R.saturation(broker, args.size, args.messages, args)
-        if "error" in r:
-            r["broker_state"] = broker.describe_failure()
-            log(f"  FAILED: {r['error']}")
-        else:
-            per = r["raw"]["cpu"]["per_process_us"]
-            log(f"  {r['msgs_per_s']:.0f} msg/s, broker total {r['broker_cpu_us_per_msg']:.1f} µs/msg ("
-                + ", ".join(f"{k} {v / args.messages:.1f}" for k, v in per.items() if v is not None)
-                + f"), clients {r['producer_cpu_us_per_msg']:.1f}+{r['consumer_cpu_us_per_msg']:.1f}, "
-                f"other load {r['other_load_cores']:.2f} cores, missing {r['missing']} dup {r['duplicates']}")
-        out["saturation"].append(r)
-    if broker.alive():
-        log(f"{broker.label}: latency {args.size} B at {args.rate:g} msg/s for {args.duration:g} s")
-        r = R.latency(broker, args.size, args)
-        if "error" in r:
-            r["broker_state"] = broker.describe_failure()
-            log(f"  FAILED: {r['error']}")
-        else:
-            log(f"  p50 {r['p50_ms']:.2f} ms, p99 {r['p99_ms']:.2f} ms, max {r['max_ms']:.2f} ms, "
-                f"other load {r['other_load_cores']:.2f} cores")
-        out["latency"] = r
-    out["loadavg_end"] = loadavg()
-    if not broker.alive():
-        out["error"] = "broker gone during the run; " + broker.describe_failure()
-    return out
+loadavg = R.loadavg
 
 
 # ---------------------------------------------------------------- the reconnecting client (rhea)
@@ -850,7 +405,7 @@ def catchup_phase(args) -> dict:
             if a.poll() is not None:
                 raise RuntimeError(f"broker-a exited with {a.returncode}")
             try:
-                code, desc, body = admin_request(f"{HOST}:{pa}", password, "PROMOTE", "ha", body={"force": False})
+                code, desc, body = R.admin_request(f"{HOST}:{pa}", "PROMOTE", "ha", body={"force": False}, password=password)
                 if code < 400:
                     promoted = body
                 else:
@@ -895,7 +450,7 @@ def catchup_phase(args) -> dict:
                                                  "--timeout", str(int(args.live_duration + 120))], errlog)
         clients.append(lp)
         time.sleep(3.0)  # live traffic steady
-        a_ticks0 = _ticks(a.pid, False)
+        a_ticks0 = sum(t for t, _ in R.cpu_ticks([a.pid]).values())
         t_start = time.monotonic()
         b = start_broker(1)
         samples = []
@@ -926,7 +481,7 @@ def catchup_phase(args) -> dict:
             if t_cu is None and q.get("caught_up"):
                 t_cu = now
                 res["b_status_at_caught_up"] = st
-                a_ticks1 = _ticks(a.pid, False)
+                a_ticks1 = sum(t for t, _ in R.cpu_ticks([a.pid]).values())
             if t_cu is not None and st.get("state") == "ready":
                 t_ready = now
                 break
@@ -1000,100 +555,21 @@ def catchup_phase(args) -> dict:
 
 # ---------------------------------------------------------------- report
 
-def agg(runs: list[dict]) -> dict | None:
-    ok = [r for r in runs if "error" not in r]
-    if not ok:
-        return None
-    n = None
-    rates = [r["msgs_per_s"] for r in ok]
-    cpus = [r["broker_cpu_us_per_msg"] for r in ok]
-    per: dict[str, list[float]] = {}
-    for r in ok:
-        msgs = r["raw"]["producer"]["target"]
-        for k, v in r["raw"]["cpu"]["per_process_us"].items():
-            if v is not None:
-                per.setdefault(k, []).append(v / msgs)
-    return {"n": len(ok), "failed": len(runs) - len(ok), "rate": statistics.median(rates), "rate_min": min(rates),
-            "rate_max": max(rates), "cpu": statistics.median(cpus), "cpu_min": min(cpus), "cpu_max": max(cpus),
-            "per": {k: statistics.median(v) for k, v in per.items()},
-            "per_range": {k: (min(v), max(v)) for k, v in per.items()},
-            "clients": statistics.median(r["producer_cpu_us_per_msg"] + r["consumer_cpu_us_per_msg"] for r in ok),
-            "other": max(r["other_load_cores"] for r in ok),
-            "loadavg": [r["raw"]["cpu"].get("loadavg_start") for r in ok]}
-
-
-def rng(med, lo, hi, n, d=0):
-    f = f"{{:.{d}f}}"
-    return f.format(med) if n <= 1 else f"{f.format(med)} ({f.format(lo)}–{f.format(hi)})"
-
-
 # log lines that are the expected consequence of the harness's own actions
 EXPECTED_LOG = ("framing-error: connection aborted", "lost primary", "failed; promoting a ready backup",
                 "broker shutting down")
 
 
-def markdown(rows: list[dict], fo: dict | None, cu: dict | None, args, command: str, t_begin: str) -> str:
+def markdown(fo: dict | None, cu: dict | None, args, command: str, t_begin: str) -> str:
     now = _dt.datetime.now().astimezone()
     node_v = subprocess.run(["node", "--version"], capture_output=True, text=True).stdout.strip()
-    L = [f"## HA: replicated throughput, latency, failover, catch-up (bench/ha_run.py), {now:%Y-%m-%d %H:%M %Z}", "",
+    L = [f"## HA: failover, catch-up (bench/ha_run.py), {now:%Y-%m-%d %H:%M %Z}", "",
          "```", command, "```", "",
          f"Machine: {os.cpu_count()} cores, Linux {platform.release()}, node {node_v}, rhea 3.0.5 (bench/js producer.js "
          f"and consumer.js, one process each), Python {platform.python_version()}. Load average at the start "
          f"{t_begin}, at the end {loadavg()}.",
-         f"Settings: {args.size} B bodies, not durable, at-least-once (producer ≤ {args.inflight} unsettled, consumer "
-         f"credit {args.credit}); saturation = {args.messages} messages after a warm-up, median of {args.repeat} "
-         f"(range); latency = {args.rate:g} msg/s for {args.duration:g} s, first second left out. "
-         "Broker CPU = utime+stime from /proc/PID/stat of each broker process (RabbitMQ: each node's beam "
-         "process tree) per message; *other load* = cores used by everything else on the machine during the "
-         "measured runs (worst run), from /proc/stat.", ""]
-    L.append("| setup | msg/s (saturation) | broker CPU µs/msg, all broker processes | per process µs/msg | "
-             "clients CPU µs/msg | p50 / p99 ms @ " + f"{args.rate:g}/s | other load (cores) | load avg (1/5/15) at start |")
-    L.append("|---|---|---|---|---|---|---|---|")
-    problems = []
-    by = {}
-    for b in rows:
-        a = agg(b["saturation"])
-        by[b["label"]] = (a, b.get("latency"))
-        l = b.get("latency")
-        if a is None:
-            L.append(f"| {b['label']} | failed | | | | | | {b.get('loadavg_start', '')} |")
-        else:
-            per = "; ".join(f"{k} {v:.1f}" for k, v in a["per"].items())
-            lat = (f"{l['p50_ms']:.2f} / {l['p99_ms']:.2f}" if l and "error" not in l else
-                   ("failed" if l else "not run"))
-            other = max([a["other"]] + ([l["other_load_cores"]] if l and "error" not in l else []))
-            sat = rng(a["rate"], a["rate_min"], a["rate_max"], a["n"])
-            if a["failed"]:
-                sat += f" ({a['failed']} run(s) failed)"
-            L.append(f"| {b['label']} | {sat} | {rng(a['cpu'], a['cpu_min'], a['cpu_max'], a['n'], 1)} | {per} | "
-                     f"{a['clients']:.1f} | {lat} | {other:.2f} | {b.get('loadavg_start', '')} |")
-        if "error" in b:
-            problems.append(f"{b['label']}: {b['error']}")
-        for r in b["saturation"]:
-            if "error" in r:
-                problems.append(f"{b['label']} saturation: {r['error']} [{r.get('broker_state', '')}]")
-            elif r["missing"] or r["duplicates"] or r["stray"]:
-                problems.append(f"{b['label']} saturation: missing {r['missing']}, duplicates {r['duplicates']}, "
-                                f"strays {r['stray']}")
-        if l and "error" in l:
-            problems.append(f"{b['label']} latency: {l['error']} [{l.get('broker_state', '')}]")
-    L.append("")
-    L.append(f"Latency detail at {args.rate:g} msg/s (ms, first second left out):")
-    L.append("")
-    L.append("| setup | n | p50 | p90 | p99 | p99.9 | max | broker CPU µs/msg at this rate |")
-    L.append("|---|---|---|---|---|---|---|---|")
-    for b in rows:
-        l = b.get("latency")
-        if l and "error" not in l:
-            L.append(f"| {b['label']} | {l['n']} | {l['p50_ms']:.2f} | {l['p90_ms']:.2f} | {l['p99_ms']:.2f} | "
-                     f"{l['p999_ms']:.2f} | {l['max_ms']:.2f} | {l['broker_cpu_us_per_msg']:.1f} |")
-    L.append("")
-    rq = next((b for b in rows if b["label"].startswith("RabbitMQ")), None)
-    if rq and rq.get("leaders"):
-        L.append("RabbitMQ quorum queues (name, type, leader, members), as declared: "
-                 + "; ".join(f"`{x}`" for x in rq["leaders"][:2]) + (" …" if len(rq["leaders"]) > 2 else "") + ".")
-        L.append("")
-
+         f"Settings: {args.size} B bodies, not durable, at-least-once (producer ≤ {args.inflight} unsettled).", ""]
+    problems: list[str] = []
     if fo:
         L.append(f"Failover ({args.failover_reps} kills of the primary with SIGKILL; `haqueue cluster up --size 3`; "
                  f"one rhea producer publishing {args.failover_rate:g} msg/s to the public address, reconnecting "
@@ -1165,29 +641,10 @@ def markdown(rows: list[dict], fo: dict | None, cu: dict | None, args, command: 
             if lv and (lv.get("missing") or lv.get("duplicates") or not lv.get("ok")):
                 problems.append(f"catch-up live traffic: {lv}")
         L.append("")
-    # targets
-    single = next((b for b in rows if b["label"].startswith("haqueue, single")), None)
-    ha = next((b for b in rows if b["label"].startswith("haqueue cluster")), None)
     L.append("Targets:")
     L.append("")
     L.append("| target | result | |")
     L.append("|---|---|---|")
-    a_ha = agg(ha["saturation"]) if ha else None
-    a_rq = agg(rq["saturation"]) if rq else None
-    if a_ha:
-        prim = next((v for k, v in a_ha["per"].items() if k.startswith("primary")), None)
-        if prim is not None:
-            L.append(f"| primary ≤ 30 µs CPU per message with 2 backups, at saturation | {prim:.1f} µs | "
-                     f"{'met' if prim <= 30 else 'NOT met'} |")
-    if a_ha and a_rq:
-        x = a_ha["rate"] / a_rq["rate"]
-        L.append(f"| replicated msg/s ≥ 3× RabbitMQ 3-node quorum | {a_ha['rate']:.0f} / {a_rq['rate']:.0f} = {x:.2f}× | "
-                 f"{'met' if x >= 3 else 'NOT met'} |")
-    for b in (single, ha):
-        l = b.get("latency") if b else None
-        if l and "error" not in l:
-            L.append(f"| p99 ≤ 3 ms at {args.rate:g} msg/s ({b['label']}) | {l['p99_ms']:.2f} ms | "
-                     f"{'met' if l['p99_ms'] <= 3 else 'NOT met'} |")
     if fo:
         ok = [r["failover_s"] for r in fo.get("reps", []) if "failover_s" in r]
         failed = len(fo.get("reps", [])) - len(ok)
@@ -1203,8 +660,7 @@ def markdown(rows: list[dict], fo: dict | None, cu: dict | None, args, command: 
                  f"{'met' if cu['rate_from_answer'] >= 50000 else 'NOT met'} |")
     L.append("")
     expected = {}
-    for what, lines in ([("failover", (fo or {}).get("log_problems", [])), ("catch-up", (cu or {}).get("log_problems", []))]
-                        + [(b["label"], b.get("log_problems", [])) for b in rows]):
+    for what, lines in [("failover", (fo or {}).get("log_problems", [])), ("catch-up", (cu or {}).get("log_problems", []))]:
         shown = 0
         for p in lines:
             pat = next((x for x in EXPECTED_LOG if x in p), None)
@@ -1257,15 +713,11 @@ def initial_wait(max_wait: float) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--phases", default="single,cluster,rabbitmq,failover,catchup",
-                    help="comma-separated subset of single,cluster,rabbitmq,failover,catchup")
-    ap.add_argument("--messages", type=int, default=200000)
-    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--phases", default="failover,catchup", help="comma-separated subset of failover,catchup "
+                    "(throughput and latency: bench/interleave.py)")
     ap.add_argument("--size", type=int, default=100)
-    ap.add_argument("--rate", type=float, default=1000)
-    ap.add_argument("--duration", type=float, default=10)
+    ap.add_argument("--rate", type=float, default=1000, help="msg/s of the catch-up phase's live traffic")
     ap.add_argument("--inflight", type=int, default=1000)
-    ap.add_argument("--credit", type=int, default=1000)
     ap.add_argument("--failover-reps", type=int, default=5)
     ap.add_argument("--failover-rate", type=float, default=1000)
     ap.add_argument("--reconnect-ms", type=int, default=50, help="the failover producer's fixed reconnect delay")
@@ -1279,7 +731,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     args.durable = False
     phases = [p.strip() for p in args.phases.split(",") if p.strip()]
-    bad = set(phases) - {"single", "cluster", "rabbitmq", "failover", "catchup"}
+    bad = set(phases) - {"failover", "catchup"}
     if bad:
         ap.error(f"unknown phases {bad}")
     if not (R.JS / "node_modules" / "rhea").exists():
@@ -1291,45 +743,8 @@ def main(argv: list[str] | None = None) -> int:
     t_begin = loadavg()
     log(f"load average {t_begin}")
     initial_wait(args.initial_wait)
-    rows: list[dict] = []
     fo = cu = None
     try:
-        if "single" in phases:
-            b = R.CommandBroker(R.DEFAULT_HAQUEUE_CMD, "haqueue, single broker (unreplicated)", None, 30)
-            try:
-                b.start()
-                rows.append(bench_row(b, args))
-            except Exception as e:
-                log(f"single: {e}")
-                rows.append({"label": b.label, "saturation": [], "latency": None, "error": str(e)})
-            finally:
-                b.stop()
-        if "cluster" in phases:
-            c = HaCluster("haqueue cluster, primary + 2 backups")
-            try:
-                c.start()
-                row = bench_row(c, args)
-                row["command"] = c.command()
-                rows.append(row)
-            except Exception as e:
-                log(f"cluster: {e}")
-                rows.append({"label": c.label, "saturation": [], "latency": None, "error": str(e)})
-            finally:
-                if rows and rows[-1]["label"] == c.label and Path(c.dir).exists():
-                    rows[-1]["log_problems"] = c.broker_log_problems()
-                c.stop()
-        if "rabbitmq" in phases:
-            r = RabbitCluster()
-            try:
-                r.start()
-                row = bench_row(r, args)
-                row["leaders"] = r.leaders
-                rows.append(row)
-            except Exception as e:
-                log(f"rabbitmq: {e}")
-                rows.append({"label": r.label, "saturation": [], "latency": None, "error": str(e)})
-            finally:
-                r.stop()
         if "failover" in phases:
             fo = failover_phase(args)
         if "catchup" in phases:
@@ -1339,15 +754,12 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     stamp = time.strftime("%Y%m%d-%H%M%S")
     raw_path = OUT / f"ha-results-{stamp}.json"
-    raw_path.write_text(json.dumps({"command": command, "rows": rows, "failover": fo, "catchup": cu},
+    raw_path.write_text(json.dumps({"command": command, "failover": fo, "catchup": cu},
                                    indent=1, default=str))
-    md = markdown(rows, fo, cu, args, command, t_begin)
+    md = markdown(fo, cu, args, command, t_begin)
     print(md)
     if not args.no_record:
-        text = R.RESULTS.read_text() if R.RESULTS.exists() else ""  # re-read right before appending
-        sep = "" if text.endswith("\n\n") or not text else ("\n" if text.endswith("\n") else "\n\n")
-        with open(R.RESULTS, "a") as f:
-            f.write(sep + md)
+        R.record(md)
         log(f"appended to {R.RESULTS}; raw JSON in {raw_path}")
     else:
         log(f"raw JSON in {raw_path}")

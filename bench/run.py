@@ -43,7 +43,8 @@ REPO = BENCH.parent
 JS = BENCH / "js"
 OUT = BENCH / "out"
 RESULTS = BENCH / "RESULTS.md"
-VENV_PY = REPO / ".venv" / "bin" / "python"
+# the repository's venv, or (in a git worktree, which has none) the interpreter running this
+VENV_PY = REPO / ".venv" / "bin" / "python" if (REPO / ".venv").exists() else Path(sys.executable)
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 WARM_SEQ = 1_000_000_000  # sequence numbers of warm-up messages start here
 HOST = "127.0.0.1"
@@ -87,12 +88,13 @@ def proc_tree(root: int) -> list[int]:
     return out
 
 
-def cpu_ticks(pids: list[int], which: str = "both") -> dict[int, int]:
+def cpu_ticks(pids: list[int]) -> dict[int, tuple[int, int]]:
+    """pid -> (utime+stime, stime) in clock ticks, for those of pids alive."""
     res = {}
     for p in pids:
         f = _stat_fields(p)
         if f is not None:
-            res[p] = {"both": int(f[11]) + int(f[12]), "user": int(f[11]), "sys": int(f[12])}[which]
+            res[p] = (int(f[11]) + int(f[12]), int(f[12]))
     return res
 
 
@@ -103,29 +105,45 @@ def machine_busy_ticks() -> int:
     return user + nice + system + irq + softirq + steal
 
 
-class CpuMeter:
-    """utime+stime of a broker's process tree between start() and stop(), and the machine's busy time."""
+def loadavg() -> str:
+    return " ".join(Path("/proc/loadavg").read_text().split()[:3])
 
-    def __init__(self, root_pid: int):
-        self.root = root_pid
+
+class CpuMeter:
+    """Between start() and stop(): the CPU of a broker set-up's processes (broker.cpu_groups(): label, pid,
+    whole tree or not; a RabbitMQ cluster's nodes are not one tree), its kernel part, the machine's busy
+    time, and the growth of the set-up's own counters (broker.counters(), e.g. the store's fsyncs)."""
+
+    def __init__(self, broker: "Broker"):
+        self.broker = broker
+        self.groups = broker.cpu_groups()
+
+    def _read(self) -> dict[str, dict[int, tuple[int, int]]]:
+        return {label: cpu_ticks(proc_tree(pid) if tree else [pid]) for label, pid, tree in self.groups}
 
     def start(self) -> None:
-        self.t0 = cpu_ticks(proc_tree(self.root))
-        self.s0 = cpu_ticks(proc_tree(self.root), "sys")
+        self.c0 = self.broker.counters()
+        self.t0 = self._read()
         self.m0 = machine_busy_ticks()
         self.w0 = time.monotonic()
+        self.l0 = loadavg()
 
     def stop(self) -> dict:
-        t1 = cpu_ticks(proc_tree(self.root))
-        s1 = cpu_ticks(proc_tree(self.root), "sys")
+        t1 = self._read()
         m1 = machine_busy_ticks()
-        sys_total = sum(s1[p] - self.s0.get(p, 0) for p in s1)
-        total = sum(t1[p] - self.t0.get(p, 0) for p in t1)
-        root = t1.get(self.root, 0) - self.t0.get(self.root, 0)
-        return {"cpu_us_tree": total * 1e6 / CLK_TCK, "cpu_us_root": root * 1e6 / CLK_TCK,
-                "sys_us_tree": sys_total * 1e6 / CLK_TCK,
-                "machine_busy_us": (m1 - self.m0) * 1e6 / CLK_TCK, "wall_s": time.monotonic() - self.w0,
-                "pids": sorted(t1)}
+        wall = time.monotonic() - self.w0
+        c1 = self.broker.counters()
+        per, sys_total = {}, 0
+        for label, ticks in t1.items():  # a process started during the run counts from 0
+            before = self.t0.get(label, {})
+            per[label] = sum(t - before.get(p, (0, 0))[0] for p, (t, _) in ticks.items()) * 1e6 / CLK_TCK
+            sys_total += sum(st - before.get(p, (0, 0))[1] for p, (_, st) in ticks.items())
+        return {"cpu_us_tree": sum(per.values()), "cpu_us_root": next(iter(per.values()), 0.0),
+                "sys_us_tree": sys_total * 1e6 / CLK_TCK, "per_process_us": per,
+                "machine_busy_us": (m1 - self.m0) * 1e6 / CLK_TCK, "wall_s": wall,
+                "pids": sorted(p for ticks in t1.values() for p in ticks),
+                "counters": {k: c1[k] - v for k, v in self.c0.items() if k in c1},
+                "loadavg_start": self.l0, "loadavg_end": loadavg()}
 
 
 def other_load(r: dict) -> float:
@@ -280,6 +298,45 @@ class Broker:
     def describe_failure(self) -> str:
         return ""
 
+    def cpu_groups(self) -> list[tuple[str, int, bool]]:
+        """(label, pid, its whole process tree?) of what counts as this set-up's CPU."""
+        return [("broker", self.pid, True)]
+
+    def counters(self) -> dict[str, int]:
+        """Cumulative counters read before and after each measured run (e.g. the store's fsyncs)."""
+        return {}
+
+
+def haqueue_admin():
+    """This tree's haqueue.admin, imported on first use (run.py itself runs without haqueue)."""
+    if str(REPO) not in sys.path:
+        sys.path.insert(0, str(REPO))
+    import haqueue.admin
+    return haqueue.admin
+
+
+def admin_request(endpoint: str, op: str, type_: str, name: str | None = None, body: dict | None = None,
+                  password: str | None = None, timeout: float = 3.0) -> tuple[int, str, object]:
+    """One haqueue management request (no SASL without a password, else user 'ha', as the supervisor sets)."""
+    with haqueue_admin().AdminClient(endpoint, timeout, "ha" if password else None, password) as c:
+        return c.request(op, type_, name, body)
+
+
+def store_syncs(endpoints: list[str], password: str | None = None) -> dict[str, int]:
+    """{"syncs": fsyncs made so far by the stores of the haqueue brokers at endpoints} (admin READ store),
+    or {} when one cannot tell (no store in that version, broker unreachable)."""
+    AdminError = haqueue_admin().AdminError
+    total = 0
+    for endpoint in endpoints:
+        try:
+            code, _, body = admin_request(endpoint, "READ", "store", password=password)
+        except AdminError:
+            return {}
+        if code >= 400 or not isinstance(body, dict):
+            return {}
+        total += body.get("syncs", 0)
+    return {"syncs": total}
+
 
 class LoggedProcess:
     """A broker run as a process whose output goes to self.log_path."""
@@ -307,10 +364,11 @@ class CommandBroker(LoggedProcess, Broker):
         self.cmd = cmd
         self.startup_timeout = startup_timeout
         self.proc: subprocess.Popen | None = None
+        self.has_store = True  # until the broker says otherwise (an older haqueue, another broker)
 
     def start(self) -> None:
         log(f"starting {self.label}: {self.cmd}")
-        self.logf = open(self.log_path, "ab")
+        self.logf = open(self.log_path, "ab")  # appended to across restarts
         self.proc = subprocess.Popen(shlex.split(self.cmd), cwd=REPO, stdout=self.logf, stderr=subprocess.STDOUT,
                                      stdin=subprocess.DEVNULL, start_new_session=True, preexec_fn=_set_nice)
         self.pid = self.proc.pid
@@ -322,13 +380,25 @@ class CommandBroker(LoggedProcess, Broker):
             if port_open(self.port):
                 log(f"{self.label} listening on {HOST}:{self.port} (pid {self.pid})")
                 return
-            time.sleep(0.2)
+            time.sleep(0.02)  # fine enough to time a recovery
         raise RuntimeError(f"{self.label} not listening on {self.port} after {self.startup_timeout} s; "
                            f"log tail:\n{self.log_tail()}")
 
     def describe_failure(self) -> str:
         state = "alive" if self.proc and self.proc.poll() is None else f"exited rc={self.proc and self.proc.returncode}"
         return f"broker process {state}; log {self.log_path} tail:\n{self.log_tail(15)}"
+
+    def counters(self) -> dict[str, int]:
+        found = store_syncs([f"{HOST}:{self.port}"]) if self.has_store else {}
+        self.has_store = bool(found)
+        return found
+
+    def kill(self) -> None:
+        """SIGKILL the broker's process group (a crash), keeping its data dir for a restart."""
+        log(f"kill -9 {self.label} (pid {self.pid})")
+        os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait(timeout=10)
+        self.logf.close()
 
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
@@ -555,7 +625,7 @@ def saturation(broker: Broker, size: int, n: int, args, clients: str = "rhea") -
         if "error" in w:
             return {"error": "warm-up: " + w["error"], "raw": w}
         cal = calibrate()
-        meter = CpuMeter(broker.pid)
+        meter = CpuMeter(broker)
         limit = 60 + n / 1000
         r = run_pair(broker, queue, ["--messages", str(n), "--size", str(size), "--inflight", str(args.inflight)]
                      + (["--durable"] if args.durable else []),
@@ -579,8 +649,17 @@ def saturation(broker: Broker, size: int, n: int, args, clients: str = "rhea") -
         "missing": c["missing"], "duplicates": c["duplicates"], "out_of_order": c["out_of_order"],
         "redelivered": c["redelivered"], "stray": c["stray"],
         "other_load_cores": other_load(r),
+        **syncs(r, n),
         "raw": r,
     }
+
+
+def syncs(r: dict, n: int) -> dict:
+    """fsyncs per second and messages per fsync over a measured run, if the set-up counts them."""
+    count = r["cpu"]["counters"].get("syncs")
+    if count is None:
+        return {}
+    return {"syncs": count, "syncs_per_s": count / r["cpu"]["wall_s"], "msgs_per_sync": n / count if count else None}
 
 
 def latency(broker: Broker, size: int, args, clients: str = "rhea") -> dict:
@@ -588,7 +667,7 @@ def latency(broker: Broker, size: int, args, clients: str = "rhea") -> dict:
     broker.prepare_queue(queue)
     n = int(round(args.rate * args.duration))
     try:
-        meter = CpuMeter(broker.pid)
+        meter = CpuMeter(broker)
         r = run_pair(broker, queue,
                      ["--rate", str(args.rate), "--duration", str(args.duration), "--size", str(size),
                       "--inflight", str(args.inflight)] + (["--durable"] if args.durable else []),
@@ -608,6 +687,7 @@ def latency(broker: Broker, size: int, args, clients: str = "rhea") -> dict:
         "broker_cpu_us_per_msg": r["cpu"]["cpu_us_tree"] / n,
         "missing": c["missing"], "duplicates": c["duplicates"], "stray": c["stray"],
         "other_load_cores": other_load(r),
+        **syncs(r, n),
         "raw": r,
     }
 
@@ -869,6 +949,16 @@ def markdown(results: list[dict], args, command: str) -> str:
 
 # ---------------------------------------------------------------- main
 
+def record(md: str) -> None:
+    """Append a section to bench/RESULTS.md (re-read right before, as other runs may have appended)."""
+    if not RESULTS.exists():
+        RESULTS.write_text("# Benchmark results\n\nAppended by `bench/run.py` (see bench/README.md); newest last.\n\n")
+    text = RESULTS.read_text()
+    sep = "" if text.endswith("\n\n") else ("\n" if text.endswith("\n") else "\n\n")
+    with open(RESULTS, "a") as f:
+        f.write(sep + md)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--only", choices=["haqueue", "rabbitmq"], help="run one broker only")
@@ -942,13 +1032,7 @@ def main(argv: list[str] | None = None) -> int:
     md = markdown(results, args, command)
     print(md)
     if not args.no_record:
-        if not RESULTS.exists():
-            RESULTS.write_text("# Benchmark results\n\nAppended by `bench/run.py` (see bench/README.md); "
-                               "newest last.\n\n")
-        text = RESULTS.read_text()
-        sep = "" if text.endswith("\n\n") else ("\n" if text.endswith("\n") else "\n\n")
-        with open(RESULTS, "a") as f:
-            f.write(sep + md)
+        record(md)
         log(f"appended to {RESULTS}; raw JSON in {raw_path}")
     return 0 if all("error" not in b for b in results) else 1
 

@@ -296,6 +296,8 @@ def _add_cluster(commands: Subparsers) -> None:
     up.add_argument("--base-port", type=int, default=5701, help="broker i listens on base-port + i (default 5701)")
     up.add_argument("--audit-dir", metavar="DIR", help="every broker writes audit events to its own files here "
                                                        "(design/audit-events.md)")
+    up.add_argument("--sync", choices=("all", "all_disk", "quorum_mem", "quorum_disk"),
+                    help="ha.sync of every broker: when a publish is confirmed (design/store.md; default all)")
     up.set_defaults(func=_cluster_up)
 
 
@@ -305,7 +307,9 @@ def _cluster_up(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     logging.basicConfig(stream=sys.stderr, level=logging.INFO, format=LOG_FORMAT)
     from haqueue.coord.supervisor import cluster_up
-    extra = {"audit": {"dir": os.path.abspath(args.audit_dir)}} if args.audit_dir else None
+    extra: dict = {"audit": {"dir": os.path.abspath(args.audit_dir)}} if args.audit_dir else {}
+    if args.sync:
+        extra["ha"] = {"sync": args.sync}
     return cluster_up(args.size, args.dir, parse_address(args.public), args.base_port, extra)
 
 

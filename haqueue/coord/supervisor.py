@@ -67,8 +67,8 @@ class Supervisor:
             "data_dir": os.path.join(self.directory, name),
             "ha": {"brokers": [f"{host}:{port - i + j}" for j in range(size)],
                    "public": f"{self.public[0]}:{self.public[1]}", "username": self.username,
-                   "password": self.password, "backup_timeout": backup_timeout},
-            **extra,
+                   "password": self.password, "backup_timeout": backup_timeout, **extra.get("ha", {})},
+            **{key: value for key, value in extra.items() if key != "ha"},
         }
         os.makedirs(self.directory, exist_ok=True)
         path = os.path.join(self.directory, f"{name}.yaml")
@@ -248,7 +248,7 @@ class Supervisor:
 
 def cluster_up(size: int, directory: str, public: tuple[str, int], base_port: int,
                extra: dict[str, Any] | None = None) -> int:
-    """`extra`: config keys given to every broker (e.g. `audit`)."""
+    """`extra`: config keys given to every broker (e.g. `audit`); its `ha` keys go into the `ha` section."""
     logging.getLogger("proton").setLevel(logging.WARNING)  # it logs every admin connection at INFO
     supervisor = Supervisor(size, directory, public, base_port, extra=extra)
     for sig in (signal.SIGINT, signal.SIGTERM):
