@@ -169,7 +169,9 @@ class Queue:
 
     def guarded(self, data: bytes) -> bool:
         """Would a guard hold this message's completion?"""
-        return bool(self.guards) or bool(self.durable_guards) and is_durable(data)
+        if self.guards:
+            return True
+        return is_durable(data) if self.durable_guards else False
 
     def refusal(self, data: bytes) -> str | None:
         """Why this message cannot be taken now (a store that cannot write refuses durable ones), or None."""

@@ -40,11 +40,9 @@ class QueuePager:
         self.kept: dict[int, Entry] = {}  # index -> a paged message that has no record
         self.bytes = 0  # message data paged, kept ones included
         self.dropped = 0  # DROPPED ones still in the arrays
+        self.count = 0  # paged messages: an attribute, not a property, as the queue reads it per enqueue
         self.waiting_for_sync = False  # take() stopped at a record not yet on disk
 
-    @property
-    def count(self) -> int:
-        return len(self.seqs) - self.head - self.dropped
 
     def can_page(self, entry: Entry) -> bool:
         return entry in self.journal.where
@@ -63,6 +61,7 @@ class QueuePager:
                 location = IN_MEMORY
             else:
                 freed += size
+            self.count += 1
             self.seqs.append(entry.seq)
             self.locations.append(location)
             self.lengths.append(records.enqueue_size(len(entry.data)))
@@ -72,6 +71,7 @@ class QueuePager:
 
     def load(self, seq: int, location: int, length: int, expiry: float) -> None:
         """A message recovery leaves on disk (past the memory budget), newest last."""
+        self.count += 1
         self.seqs.append(seq)
         self.locations.append(location)
         self.lengths.append(length)
@@ -107,6 +107,7 @@ class QueuePager:
                     read += len(entry.data)
                 taken.append(entry)
                 self.bytes -= len(entry.data)
+                self.count -= 1
                 self.head += 1
         finally:
             reader.close()
@@ -148,6 +149,7 @@ class QueuePager:
             if location != DROPPED:
                 self.locations[i] = DROPPED
                 self.dropped += 1
+                self.count -= 1
                 self.bytes -= size
             i += 1
         while self.head < len(self.seqs) and self.locations[self.head] == DROPPED:  # a dropped front goes
@@ -181,7 +183,7 @@ class QueuePager:
         self.seqs, self.locations, self.lengths, self.expiries = array("q"), array("q"), array("l"), array("d")
         self.head = 0
         self.kept.clear()
-        self.bytes = self.dropped = 0
+        self.bytes = self.dropped = self.count = 0
         return in_memory
 
     def _shrink(self) -> None:
