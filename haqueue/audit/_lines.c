@@ -229,7 +229,7 @@ static PyObject *recorder_enqueued(Recorder *self, PyObject *const *args, Py_ssi
     return add_entry(self, ENQUEUE, args[1]);
 }
 
-static PyObject *recorder_ignored(Recorder *self, PyObject *const *args, Py_ssize_t nargs)
+static PyObject *recorder_acquired(Recorder *self, PyObject *const *args, Py_ssize_t nargs)
 {
     Py_RETURN_NONE;
 }
@@ -291,10 +291,7 @@ static PyObject *recorder_take(Recorder *self, PyObject *arg)
 static PyMethodDef recorder_methods[] = {
     {"enqueued", (PyCFunction)(void (*)(void))recorder_enqueued, METH_FASTCALL,
      "enqueued(queue, entry): the queue observer's enqueue (ENQUEUE)"},
-    {"acquired", (PyCFunction)(void (*)(void))recorder_ignored, METH_FASTCALL, "acquired(queue, entry): nothing"},
-    {"merged", (PyCFunction)(void (*)(void))recorder_ignored, METH_FASTCALL, "merged(queue, entries): nothing"},
-    {"redelivered", (PyCFunction)(void (*)(void))recorder_ignored, METH_FASTCALL,
-     "redelivered(queue, entry): nothing"},
+    {"acquired", (PyCFunction)(void (*)(void))recorder_acquired, METH_FASTCALL, "acquired(queue, entry): nothing"},
     {"dequeued", (PyCFunction)(void (*)(void))recorder_dequeued, METH_FASTCALL,
      "dequeued(queue, entry): the queue observer's dequeue (DEQUEUE), unless the queue is deleted"},
     {"completed", (PyCFunction)recorder_completed, METH_O, "completed(entry): a confirmed publish (COMPLETE)"},

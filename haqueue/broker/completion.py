@@ -29,10 +29,3 @@ class Guard(Protocol):
     """Consulted for each message enqueued on a queue it guards."""
 
     def hold(self, queue: "object", entry: "object", completion: Completion) -> None: ...
-
-
-class DurableGuard(Guard, Protocol):
-    """A store's guard, consulted for durable messages only; it may refuse them while it cannot keep them."""
-
-    @property
-    def refusal(self) -> str | None: ...  # why durable messages are refused now, or None

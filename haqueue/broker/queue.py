@@ -12,7 +12,7 @@ import logging
 import time
 from typing import Any, Callable, Protocol
 
-from .completion import Completion, DurableGuard, Guard
+from .completion import Completion, Guard
 from .flow import BLOCK, LOW_WATER, Blocker, MemoryAlarm, ceiling
 from .message import delivery_count, is_durable, with_delivery_count
 
@@ -22,13 +22,14 @@ AVAILABLE, ACQUIRED, DEQUEUED = 0, 1, 2
 
 
 class Entry:
-    __slots__ = ("seq", "data", "expiry", "state")
+    __slots__ = ("seq", "data", "expiry", "state", "durable")
 
-    def __init__(self, seq: int, data: bytes, expiry: float) -> None:
+    def __init__(self, seq: int, data: bytes, expiry: float, durable: bool = False) -> None:
         self.seq = seq
         self.data = data
         self.expiry = expiry  # monotonic deadline; 0.0: never expires
         self.state = AVAILABLE
+        self.durable = durable  # a durable message on a queue a store journals: the journals hear of it
 
 
 def _seq(entry: Entry) -> int:
@@ -71,6 +72,18 @@ class QueueObserver(Protocol):
     def enqueued(self, queue: "Queue", entry: Entry) -> None: ...
     def acquired(self, queue: "Queue", entry: Entry) -> None: ...
     def dequeued(self, queue: "Queue", entry: Entry) -> None: ...
+
+
+class Journal(Protocol):
+    """A store keeping this queue's durable messages: it hears of them, and only of them, so that a
+    transient message costs it nothing. Its guard holds a durable publish until it is on disk."""
+
+    @property
+    def refusal(self) -> str | None: ...  # why durable messages are refused now (a full disk), or None
+
+    def hold(self, queue: "Queue", entry: Entry, completion: Completion) -> None: ...
+    def enqueued(self, queue: "Queue", entry: Entry) -> None: ...
+    def dequeued(self, queue: "Queue", entry: Entry) -> None: ...
     def merged(self, queue: "Queue", entries: list[Entry]) -> None: ...  # a replica's catch-up, put in place
     def redelivered(self, queue: "Queue", entry: Entry) -> None: ...  # its delivery-count was raised
 
@@ -111,7 +124,7 @@ class Queue:
         self._rotation = 0
         self.observers: list[QueueObserver] = []
         self.guards: list[Guard] = []
-        self.durable_guards: list[DurableGuard] = []  # consulted only for durable messages (the store)
+        self.journals: list[Journal] = []  # a store's, for the durable messages
         self.deleted = False
         self.temporary = False  # made for one link (dynamic or an exchange subscription); goes with it
         self.pager: Pager | None = None  # set by a store for a durable queue
@@ -171,14 +184,14 @@ class Queue:
         """Would a guard hold this message's completion?"""
         if self.guards:
             return True
-        return is_durable(data) if self.durable_guards else False
+        return is_durable(data) if self.journals else False
 
     def refusal(self, data: bytes) -> str | None:
         """Why this message cannot be taken now (a store that cannot write refuses durable ones), or None."""
-        if self.durable_guards and is_durable(data):
-            for guard in self.durable_guards:
-                if guard.refusal:
-                    return f"queue '{self.name}': {guard.refusal}"
+        if self.journals and is_durable(data):
+            for journal in self.journals:
+                if journal.refusal:
+                    return f"queue '{self.name}': {journal.refusal}"
         return None
 
     def enqueue(self, data: bytes, expiry: float, completion: Completion | None = None, seq: int = 0) -> Entry:
@@ -187,7 +200,8 @@ class Queue:
             expiry = time.monotonic() + self.default_ttl
         if seq:
             self.next_seq = max(self.next_seq, seq)
-        entry = Entry(self.next_seq, data, expiry)
+        durable = is_durable(data) if self.journals else False
+        entry = Entry(self.next_seq, data, expiry, durable)
         self.next_seq += 1
         paging = self.pager is not None and self.pager.count > 0
         if not paging:
@@ -204,9 +218,11 @@ class Queue:
         if completion is not None:
             for guard in self.guards:
                 guard.hold(self, entry, completion)
-            if self.durable_guards and is_durable(data):
-                for guard in self.durable_guards:
-                    guard.hold(self, entry, completion)
+        if durable:
+            for journal in self.journals:
+                if completion is not None:
+                    journal.hold(self, entry, completion)
+                journal.enqueued(self, entry)
         for observer in self.observers:
             observer.enqueued(self, entry)
         if paging:  # behind what is paged already, so the order holds
@@ -231,6 +247,9 @@ class Queue:
             self._lift_drained()
         if entry.expiry:
             self.expiring -= 1
+        if entry.durable:
+            for journal in self.journals:
+                journal.dequeued(self, entry)
         for observer in self.observers:
             observer.dequeued(self, entry)
         self._compact()
@@ -243,8 +262,9 @@ class Queue:
             data = with_delivery_count(entry.data, delivery_count(entry.data) + 1)
             self._grow(len(data) - len(entry.data))  # a delivery-count may add a header
             entry.data = data
-            for observer in self.observers:
-                observer.redelivered(self, entry)
+            if entry.durable:
+                for journal in self.journals:
+                    journal.redelivered(self, entry)
         entry.state = AVAILABLE
         heapq.heappush(self._returned, (entry.seq, entry))
         self._schedule(self)
@@ -430,8 +450,9 @@ class Queue:
             entry = self.find(seq)
             if entry is not None:
                 entry.data = with_delivery_count(entry.data, delivery_count(entry.data) + 1)
-                for observer in self.observers:
-                    observer.redelivered(self, entry)
+                if entry.durable:
+                    for journal in self.journals:
+                        journal.redelivered(self, entry)
 
     def merge(self, entries: list[Entry]) -> None:
         """Put entries made elsewhere (a replica's catch-up) at their seq positions, in one pass.
@@ -456,8 +477,12 @@ class Queue:
         self.expiring += sum(1 for e in added if e.expiry)
         if self._log:
             self.next_seq = max(self.next_seq, self._log[-1].seq + 1)
-        for observer in self.observers:
-            observer.merged(self, added)
+        if self.journals:
+            durable = [e for e in added if is_durable(e.data)]
+            for entry in durable:
+                entry.durable = True
+            for journal in self.journals:
+                journal.merged(self, durable)
 
     def entries(self) -> list[Entry]:
         """Live entries in seq order, paged ones read back as copies (cold path: management, HA catch-up)."""

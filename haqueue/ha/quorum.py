@@ -80,12 +80,6 @@ class Quorums:
     def acquired(self, queue: Queue, entry: Entry) -> None:
         pass
 
-    def merged(self, queue: Queue, entries: list[Entry]) -> None:
-        pass
-
-    def redelivered(self, queue: Queue, entry: Entry) -> None:
-        pass
-
     def dequeued(self, queue: Queue, entry: Entry) -> None:
         pending = self.pending.get(queue)
         quorum = pending.pop(entry.seq, None) if pending else None

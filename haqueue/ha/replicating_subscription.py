@@ -105,12 +105,6 @@ class ReplicatingSubscription(LinkHandler):
         self.acquired_seqs.append(entry.seq)
         self._events_due()
 
-    def merged(self, queue: Queue, entries: list[Entry]) -> None:
-        pass  # only a backup's queues merge, and a backup has no subscriptions
-
-    def redelivered(self, queue: Queue, entry: Entry) -> None:
-        pass  # backups learn of acquisitions (`A`) and raise the count themselves if promoted
-
     def dequeued(self, queue: Queue, entry: Entry) -> None:
         completion = self.held.pop(entry.seq, None)
         if completion is not None:  # consumed before this backup confirmed: nothing left to protect

@@ -102,7 +102,8 @@ class QueuePager:
                     break
                 else:
                     expiry = self.expiries[i]
-                    entry = Entry(self.seqs[i], reader.body(location, length), expiry + to_monotonic if expiry else 0.0)
+                    entry = Entry(self.seqs[i], reader.body(location, length), expiry + to_monotonic if expiry else 0.0,
+                                  True)
                     where[entry] = location
                     read += len(entry.data)
                 taken.append(entry)
@@ -121,7 +122,7 @@ class QueuePager:
         try:
             return [self.kept[i] if self.locations[i] == IN_MEMORY else
                     Entry(self.seqs[i], reader.body(self.locations[i], self.lengths[i]),
-                          self.expiries[i] + to_monotonic if self.expiries[i] else 0.0)
+                          self.expiries[i] + to_monotonic if self.expiries[i] else 0.0, True)
                     for i in self._live()]
         finally:
             reader.close()

@@ -16,8 +16,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from ..broker.completion import Completion
 from ..broker.errors import RecoveryError
-from ..broker.message import is_durable
-from ..broker.queue import DEQUEUED, Entry, Queue
+from ..broker.queue import Entry, Queue
 from ..config import StoreConfig
 from . import records
 from .pager import SHIFT, QueuePager, Reader
@@ -51,7 +50,7 @@ class QueueJournal:
         self.memory_bytes = 0  # bodies of journalled entries held in memory
         self.pager = QueuePager(store, self)
 
-    # -- guard: only asked for durable messages (queue.durable_guards) ------------------------
+    # -- the queue's journal: told of durable messages only (queue.journals) ----------------
     def hold(self, queue: Queue, entry: Entry, completion: Completion) -> None:
         completion.hold()
         self.store.waiting.append(completion)
@@ -61,13 +60,8 @@ class QueueJournal:
         failing = self.store.writer.failing if self.store.writer else None
         return f"durable messages are refused: the journal cannot write ({failing})" if failing else None
 
-    # -- observer ---------------------------------------------------------------------------
     def enqueued(self, queue: Queue, entry: Entry) -> None:
-        if is_durable(entry.data):
-            self.store.write_enqueue(self, entry)
-
-    def acquired(self, queue: Queue, entry: Entry) -> None:
-        pass
+        self.store.write_enqueue(self, entry)
 
     def dequeued(self, queue: Queue, entry: Entry) -> None:
         location = self.where.pop(entry, None)
@@ -76,8 +70,7 @@ class QueueJournal:
 
     def merged(self, queue: Queue, entries: list[Entry]) -> None:
         for entry in entries:
-            if entry.state != DEQUEUED and is_durable(entry.data):
-                self.store.write_enqueue(self, entry)
+            self.store.write_enqueue(self, entry)
 
     def redelivered(self, queue: Queue, entry: Entry) -> None:
         if entry in self.where:  # its delivery-count changed: the newer record wins at recovery
@@ -186,7 +179,8 @@ class Store:
                     if budget <= 0 or pager.count:  # once a queue pages, the rest of it pages: the order holds
                         pager.load(seq, location, length, expiry)
                         continue
-                    entry = Entry(seq, data or reader.body(location, length), expiry + to_monotonic if expiry else 0.0)
+                    entry = Entry(seq, data or reader.body(location, length), expiry + to_monotonic if expiry else 0.0,
+                                  True)
                     entries.append(entry)
                     where[entry] = location
                     journal.memory_bytes += len(entry.data)
@@ -207,8 +201,7 @@ class Store:
         if journal is None:
             journal = self.journals[queue] = QueueJournal(self, queue, self.next_qid)
             self.next_qid += 1
-        queue.durable_guards.append(journal)
-        queue.observers.append(journal)
+        queue.journals.append(journal)
         queue.pager = journal.pager
 
     # -- messages (the hot path: encode, append, return) ------------------------------------------
