@@ -10,7 +10,7 @@ from .engine import ACCEPTED, MODIFIED, REJECTED, RELEASED, Link, LinkHandler
 from .errors import DECODE, BrokerError, INVALID_FIELD, NOT_FOUND, RESOURCE_DELETED, RESOURCE_LIMIT
 from .exchange import Exchange
 from .flow import BLOCK, DROP_HEAD, REJECT_PUBLISH, Blocker
-from .message import MalformedMessage, Routing, is_message, ttl_ms
+from .message import MalformedMessage, Routing, is_durable, is_message, ttl_ms
 from .queue import Entry, Queue
 
 if TYPE_CHECKING:
@@ -47,11 +47,11 @@ class Publisher(LinkHandler):
             self.link.settle(delivery, REJECTED, DECODE, "the transfer is not an AMQP message (no section descriptor)")
             return
         node = self.node
-        if type(node) is Queue and not node.deleted and not node.guarded(data) and node.fits(len(data)) \
-                and not self.memory.on:
-            # The hot path: one queue, nothing holding completion.
+        if type(node) is Queue and not node.deleted and not node.guards and not (node.journals and is_durable(data)) \
+                and node.fits(len(data)) and not self.memory.on:
+            # The hot path: one queue, nothing holding completion (no durable message for a store).
             ttl = ttl_ms(data)
-            entry = node.enqueue(data, time.monotonic() + ttl / 1000.0 if ttl else 0.0)
+            entry = node.enqueue(data, time.monotonic() + ttl / 1000.0 if ttl else 0.0, durable=False)
             self.link.settle(delivery, 0 if settled else ACCEPTED)
             hooks = self.completion_hooks
             if hooks and not settled:

@@ -194,13 +194,16 @@ class Queue:
                     return f"queue '{self.name}': {journal.refusal}"
         return None
 
-    def enqueue(self, data: bytes, expiry: float, completion: Completion | None = None, seq: int = 0) -> Entry:
-        """Append a message; `seq` is given only by a replica, which keeps its primary's numbering."""
+    def enqueue(self, data: bytes, expiry: float, completion: Completion | None = None, seq: int = 0,
+                durable: bool | None = None) -> Entry:
+        """Append a message; `seq` is given only by a replica, which keeps its primary's numbering.
+        `durable`: whether it is a durable message, if the caller has read it already (else read here)."""
         if self.default_ttl and not expiry:
             expiry = time.monotonic() + self.default_ttl
         if seq:
             self.next_seq = max(self.next_seq, seq)
-        durable = is_durable(data) if self.journals else False
+        if durable is None:
+            durable = is_durable(data) if self.journals else False
         entry = Entry(self.next_seq, data, expiry, durable)
         self.next_seq += 1
         paging = self.pager is not None and self.pager.count > 0
