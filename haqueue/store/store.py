@@ -39,8 +39,9 @@ def durable_queue(queue: Queue) -> bool:
 
 
 class QueueJournal:
-    """One durable queue's journal: its guard and observer, and its pager. `where` maps each journalled
-    entry in memory to its latest record's location (segment << 40 | offset: compaction and paging)."""
+    """One durable queue's journal (the queue's `Journal`: it holds durable publishes until they are on disk
+    and records what happens to them), and its pager. `where` maps each journalled entry in memory to its
+    latest record's location (segment << 40 | offset: compaction and paging)."""
 
     def __init__(self, store: "Store", queue: Queue, qid: int) -> None:
         self.store = store
