@@ -157,10 +157,7 @@ class Queue:
     def _grow(self, size: int) -> None:
         """Account `size` more bytes of message data, here and broker-wide."""
         self.bytes += size
-        memory = self.memory
-        memory.used += size
-        if memory.used >= memory.limit:
-            memory.over()
+        self._into_memory(size)
 
     def _out_of_memory(self, size: int) -> None:
         """`size` bytes of this queue's messages left memory (paged): still the queue's, not the broker's RAM."""
@@ -262,15 +259,18 @@ class Queue:
         if entry.state != ACQUIRED:
             return
         if failed:
-            data = with_delivery_count(entry.data, delivery_count(entry.data) + 1)
-            self._grow(len(data) - len(entry.data))  # a delivery-count may add a header
-            entry.data = data
-            if entry.durable:
-                for journal in self.journals:
-                    journal.redelivered(self, entry)
+            self._raise_delivery_count(entry)
         entry.state = AVAILABLE
         heapq.heappush(self._returned, (entry.seq, entry))
         self._schedule(self)
+
+    def _raise_delivery_count(self, entry: Entry) -> None:
+        data = with_delivery_count(entry.data, delivery_count(entry.data) + 1)
+        self._grow(len(data) - len(entry.data))  # a delivery-count may add a header
+        entry.data = data
+        if entry.durable:
+            for journal in self.journals:
+                journal.redelivered(self, entry)
 
     # -- dispatch --------------------------------------------------------------------------
     def _next_available(self, now: float) -> Entry | None:
@@ -452,10 +452,7 @@ class Queue:
         for seq in seqs:
             entry = self.find(seq)
             if entry is not None:
-                entry.data = with_delivery_count(entry.data, delivery_count(entry.data) + 1)
-                if entry.durable:
-                    for journal in self.journals:
-                        journal.redelivered(self, entry)
+                self._raise_delivery_count(entry)
 
     def merge(self, entries: list[Entry]) -> None:
         """Put entries made elsewhere (a replica's catch-up) at their seq positions, in one pass.
