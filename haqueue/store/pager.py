@@ -83,11 +83,10 @@ class QueuePager:
         and the bytes read back into memory."""
         taken: list[Entry] = []
         read = 0
-        reader = Reader(self.store.directory)
         synced = self.store.synced
         to_monotonic = time.monotonic() - time.time()
         where = self.journal.where
-        try:
+        with Reader(self.store.directory) as reader:
             while len(taken) < n and self.head < len(self.seqs):
                 i = self.head
                 location, length = self.locations[i], self.lengths[i]
@@ -110,22 +109,17 @@ class QueuePager:
                 self.bytes -= len(entry.data)
                 self.count -= 1
                 self.head += 1
-        finally:
-            reader.close()
         self.journal.memory_bytes += read
         self._shrink()
         return taken, read
 
     def peek(self) -> list[Entry]:
-        reader = Reader(self.store.directory)
         to_monotonic = time.monotonic() - time.time()
-        try:
+        with Reader(self.store.directory) as reader:
             return [self.kept[i] if self.locations[i] == IN_MEMORY else
                     Entry(self.seqs[i], reader.body(self.locations[i], self.lengths[i]),
                           self.expiries[i] + to_monotonic if self.expiries[i] else 0.0, True)
                     for i in self._live()]
-        finally:
-            reader.close()
 
     def paged_seqs(self) -> list[int]:
         return [self.seqs[i] for i in self._live()]
@@ -165,13 +159,6 @@ class QueuePager:
     def located_in(self, segments: set[int]) -> list[int]:
         """Indexes of paged messages whose records are in these segments (compaction)."""
         return [i for i in self._live() if self.locations[i] != IN_MEMORY and self.locations[i] >> SHIFT in segments]
-
-    def body(self, i: int) -> bytes:
-        reader = Reader(self.store.directory)
-        try:
-            return reader.body(self.locations[i], self.lengths[i])
-        finally:
-            reader.close()
 
     def clear(self) -> int:
         """Forget every paged message (the queue is deleted); the bytes of those that were in memory."""
@@ -220,3 +207,9 @@ class Reader:
         for fd in self.files.values():
             os.close(fd)
         self.files.clear()
+
+    def __enter__(self) -> "Reader":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -162,8 +162,7 @@ class Store:
         now = time.time()
         to_monotonic = time.monotonic() - now
         budget = self.page_above * 3 // 4  # what stays in memory; the rest is paged from the start
-        reader = Reader(self.directory)
-        try:
+        with Reader(self.directory) as reader:
             for q in image.queues.values():
                 queue, _ = registry.declare_queue(q.name, dict(q.args), uid=q.uid)
                 journal = self.journals[queue] = QueueJournal(self, queue, q.qid)
@@ -189,8 +188,6 @@ class Store:
                 queue.merge(entries)
                 queue.count_paged()
                 queue.next_seq = max(queue.next_seq, q.max_seq + 1)
-        finally:
-            reader.close()
         for (exchange, queue_name, key), b in image.bindings.items():
             if exchange in registry.nodes and queue_name in registry.nodes:
                 registry.bind(exchange, queue_name, key, dict(b["args"]), uid=b["uid"])
@@ -336,16 +333,17 @@ class Store:
     def _rewrite_paged(self, segments: set[int]) -> int:
         """Paged messages whose records are in these segments: read back, written forward, re-pointed."""
         count = 0
-        for journal in self.journals.values():
-            pager = journal.pager
-            for i in pager.located_in(segments):
-                data = pager.body(i)
-                self.live[pager.locations[i] >> SHIFT] -= 1
-                self.live[self.segment] += 1
-                pager.locations[i] = self._next_location()
-                expiry = pager.expiries[i]
-                self.append(records.enqueue(journal.qid, pager.seqs[i], expiry, data))
-                count += 1
+        with Reader(self.directory) as reader:
+            for journal in self.journals.values():
+                pager = journal.pager
+                for i in pager.located_in(segments):
+                    data = reader.body(pager.locations[i], pager.lengths[i])
+                    self.live[pager.locations[i] >> SHIFT] -= 1
+                    self.live[self.segment] += 1
+                    pager.locations[i] = self._next_location()
+                    expiry = pager.expiries[i]
+                    self.append(records.enqueue(journal.qid, pager.seqs[i], expiry, data))
+                    count += 1
         return count
 
     # -- paging ---------------------------------------------------------------------------------
