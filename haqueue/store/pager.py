@@ -41,7 +41,6 @@ class QueuePager:
         self.bytes = 0  # message data paged, kept ones included
         self.dropped = 0  # DROPPED ones still in the arrays
         self.count = 0  # paged messages: an attribute, not a property, as the queue reads it per enqueue
-        self.waiting_for_sync = False  # take() stopped at a record not yet on disk
 
 
     def can_page(self, entry: Entry) -> bool:
@@ -97,7 +96,7 @@ class QueuePager:
                 if location == IN_MEMORY:
                     entry = self.kept.pop(i)
                 elif location + length > synced:
-                    self.waiting_for_sync = True
+                    self.store.waiting_for_sync.add(self.journal.queue)  # dispatched again once synced
                     break
                 else:
                     expiry = self.expiries[i]

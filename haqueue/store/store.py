@@ -101,6 +101,7 @@ class Store:
         self.live: dict[int, int] = {}  # live message records per segment
         self.live_bytes = 0  # bodies of every live journalled message, in memory or paged
         self.synced = 0  # the location up to which the journal is on disk
+        self.waiting_for_sync: set[Queue] = set()  # paging queues to dispatch again after the next sync
         # Durable bodies in memory above which the biggest queues page (default: an eighth of the RAM).
         self.page_above = config.page_above or os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") // 8
         self.clock = time.time() - time.monotonic()  # wall clock = monotonic + clock (expiry is monotonic)
@@ -230,14 +231,15 @@ class Store:
     def append(self, record: bytes) -> None:
         self.pending.append(record)
         self.pending_size += len(record)
-        if not self.scheduled:
-            self.scheduled = True
-            self.broker.schedule(self)
+        self._flush_at_end_of_pass()
 
     def after_sync(self, callback: Callable[[], None]) -> None:
         """`callback` once this pass's records, and all before them, are on disk (a sync of its own if
         there are none)."""
         self.waiting.append(Completion(callback))
+        self._flush_at_end_of_pass()
+
+    def _flush_at_end_of_pass(self) -> None:
         if not self.scheduled:
             self.scheduled = True
             self.broker.schedule(self)
@@ -282,10 +284,9 @@ class Store:
         self.synced = max(self.synced, end)
         for completion in done:
             completion.release()
-        for journal in self.journals.values():  # a queue that waited to read back what is now on disk
-            if journal.pager.waiting_for_sync:
-                journal.pager.waiting_for_sync = False
-                self.broker.schedule(journal.queue)
+        waiting, self.waiting_for_sync = self.waiting_for_sync, set()
+        for queue in waiting:  # queues that stopped reading back at a record not yet on disk
+            self.broker.schedule(queue)
 
     # -- compaction -----------------------------------------------------------------------------
     def compact(self) -> None:
