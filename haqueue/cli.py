@@ -15,7 +15,8 @@ import sys
 from typing import Any, Callable
 
 from haqueue.admin import AdminClient, AdminError
-from haqueue.config import DEFAULT_LISTEN, EXCHANGE_TYPES, ConfigError, config_from_args, load_config, parse_address
+from haqueue.config import (DEFAULT_LISTEN, EXCHANGE_TYPES, SYNC_MODES, ConfigError, config_from_args, load_config,
+                            parse_address)
 
 EXIT_OK, EXIT_REFUSED, EXIT_USAGE = 0, 1, 2
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
@@ -296,7 +297,7 @@ def _add_cluster(commands: Subparsers) -> None:
     up.add_argument("--base-port", type=int, default=5701, help="broker i listens on base-port + i (default 5701)")
     up.add_argument("--audit-dir", metavar="DIR", help="every broker writes audit events to its own files here "
                                                        "(design/audit-events.md)")
-    up.add_argument("--sync", choices=("all", "all_disk", "quorum_mem", "quorum_disk"),
+    up.add_argument("--sync", choices=SYNC_MODES,
                     help="ha.sync of every broker: when a publish is confirmed (design/store.md; default all)")
     up.set_defaults(func=_cluster_up)
 

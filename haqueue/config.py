@@ -17,6 +17,7 @@ DEFAULT_LISTEN = "127.0.0.1:5672"
 EXCHANGE_TYPES = ("direct", "topic", "fanout")
 SASL_MODES = ("optional", "required")
 OVERFLOW_POLICIES = ("block", "reject-publish", "drop-head")  # what a queue does with a publish over a limit
+SYNC_MODES = ("all", "all_disk", "quorum_mem", "quorum_disk")  # ha.sync: when a publish is confirmed
 MEMORY_SHARE = 0.4  # the default memory_limit: this share of the machine's RAM
 
 
@@ -373,7 +374,7 @@ _HA: dict[str, Check] = {
     "password": _name,
     "public": _address,
     "replicate": _choice("none", "configuration", "all"),
-    "sync": _choice("all", "all_disk", "quorum_mem", "quorum_disk"),
+    "sync": _choice(*SYNC_MODES),
     "backup_timeout": _seconds,
     "recovery_wait": _seconds,
     "coordinator": _choice("external", "zookeeper"),

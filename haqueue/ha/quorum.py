@@ -14,9 +14,9 @@ from __future__ import annotations
 
 from ..broker.completion import Completion
 from ..broker.queue import Entry, Queue
+from ..config import SYNC_MODES
 
-ALL, ALL_DISK, QUORUM_MEM, QUORUM_DISK = "all", "all_disk", "quorum_mem", "quorum_disk"
-MODES = (ALL, ALL_DISK, QUORUM_MEM, QUORUM_DISK)
+ALL, ALL_DISK, QUORUM_MEM, QUORUM_DISK = SYNC_MODES
 
 
 def from_disk(mode: str) -> bool:
