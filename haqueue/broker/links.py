@@ -47,21 +47,27 @@ class Publisher(LinkHandler):
             self.link.settle(delivery, REJECTED, DECODE, "the transfer is not an AMQP message (no section descriptor)")
             return
         node = self.node
-        if type(node) is Queue and not node.deleted and not node.guards and not (node.journals and is_durable(data)) \
-                and node.fits(len(data)) and not self.memory.on:
-            # The hot path: one queue, nothing holding completion (no durable message for a store).
-            ttl = ttl_ms(data)
-            entry = node.enqueue(data, time.monotonic() + ttl / 1000.0 if ttl else 0.0, durable=False)
-            self.link.settle(delivery, 0 if settled else ACCEPTED)
-            hooks = self.completion_hooks
-            if hooks and not settled:
-                for hook in hooks:
-                    hook(node, entry)
-            return
+        if type(node) is Queue and not node.deleted and node.fits(len(data)) and not self.memory.on:
+            # The hot path: one queue, within its limits. The header is read once (durable, ttl).
+            durable = bool(node.journals) and is_durable(data)
+            if not (durable and node.refusal(True)):
+                ttl = ttl_ms(data)
+                expiry = time.monotonic() + ttl / 1000.0 if ttl else 0.0
+                if settled or not (durable or node.guards):
+                    entry = node.enqueue(data, expiry, durable=durable)
+                    self.link.settle(delivery, 0 if settled else ACCEPTED)
+                    if self.completion_hooks and not settled:
+                        self._completed(node, entry)
+                    return
+                confirmation = _Confirmation(self, delivery)
+                confirmation.enqueued.append((node, node.enqueue(data, expiry, confirmation, durable=durable)))
+                confirmation.release()
+                return
+        durable = is_durable(data)
         try:
             queues = [node] if type(node) is Queue and not node.deleted else self._route(node, data)
             for queue in queues:
-                refusal = queue.refusal(data)
+                refusal = queue.refusal(durable)
                 if refusal:
                     raise BrokerError(RESOURCE_LIMIT, refusal)
             self._overflow(queues, len(data))
@@ -73,15 +79,17 @@ class Publisher(LinkHandler):
             return
         ttl = ttl_ms(data)
         expiry = time.monotonic() + ttl / 1000.0 if ttl else 0.0
-        if settled or not any(q.guarded(data) for q in queues):
-            enqueued = [(queue, queue.enqueue(data, expiry)) for queue in queues]
+        if settled or not any(q.guards or (durable and q.journals) for q in queues):
+            enqueued = [(queue, queue.enqueue(data, expiry, durable=durable)) for queue in queues]
             self.link.settle(delivery, 0 if settled else ACCEPTED)
             if not settled:
-                self._completed(enqueued)
+                for queue, entry in enqueued:
+                    self._completed(queue, entry)
             return
-        completion = Completion(lambda: self.link.closed or self._confirm(delivery, enqueued))
-        enqueued = [(queue, queue.enqueue(data, expiry, completion)) for queue in queues]
-        completion.release()
+        confirmation = _Confirmation(self, delivery)
+        for queue in queues:
+            confirmation.enqueued.append((queue, queue.enqueue(data, expiry, confirmation, durable=durable)))
+        confirmation.release()
 
     def _overflow(self, queues: list[Queue], size: int) -> None:
         """Apply the overflow policy of each queue this publish would take over a limit: reject the
@@ -118,17 +126,9 @@ class Publisher(LinkHandler):
             blocker.held.discard(self)
         self.holds.clear()
 
-    def _confirm(self, delivery: Any, enqueued: list[tuple[Queue, Entry]]) -> None:
-        """Every guard has released the message: accept it."""
-        self.link.settle(delivery, ACCEPTED)
-        self._completed(enqueued)
-
-    def _completed(self, enqueued: list[tuple[Queue, Entry]]) -> None:
-        hooks = self.completion_hooks
-        if hooks:
-            for queue, entry in enqueued:
-                for hook in hooks:
-                    hook(queue, entry)
+    def _completed(self, queue: Queue, entry: Entry) -> None:
+        for hook in self.completion_hooks:
+            hook(queue, entry)
 
     def _route(self, node: Queue | Exchange | None, data: bytes) -> list[Queue]:
         if isinstance(node, Exchange):
@@ -142,7 +142,24 @@ class Publisher(LinkHandler):
         return target.route(routing.key) if isinstance(target, Exchange) else [target]
 
 
+class _Confirmation(Completion):
+    """A publish waiting for its guards (HA's backups, a store's sync): accepted once all release it."""
 
+    __slots__ = ("publisher", "delivery", "enqueued")
+
+    def __init__(self, publisher: Publisher, delivery: Any) -> None:
+        self.pending = 1  # the publisher's own hold, released once routing is done
+        self.publisher = publisher
+        self.delivery = delivery
+        self.enqueued: list[tuple[Queue, Entry]] = []
+
+    def complete(self) -> None:
+        publisher = self.publisher
+        if publisher.link.closed:
+            return
+        publisher.link.settle(self.delivery, ACCEPTED)
+        for queue, entry in self.enqueued:
+            publisher._completed(queue, entry)
 
 
 class Consumer(LinkHandler):

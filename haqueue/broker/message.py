@@ -164,8 +164,13 @@ def is_durable(data: bytes) -> bool:
 
 
 def ttl_ms(data: bytes) -> int | None:
-    """The header's ttl in milliseconds; the fast check keeps header-less messages at one comparison."""
+    """The header's ttl (its third field) in milliseconds. Most clients send no header, or one of fewer
+    than three fields (durable alone): those cost a comparison or two on the hot path."""
     if not data.startswith(_HEADER_PREFIX):
+        return None
+    code = data[3]
+    if code == 0x45 or (code == 0xC0 and len(data) > 5 and data[5] < 3) \
+            or (code == 0xD0 and len(data) >= 12 and _U32.unpack_from(data, 8)[0] < 3):
         return None
     return _list_fields(data, 3, 3)[2]
 

@@ -177,15 +177,9 @@ class Queue:
         if self.depth < self._depth_ceiling * LOW_WATER and self.bytes < self._bytes_ceiling * LOW_WATER:
             self.blocker.lift()
 
-    def guarded(self, data: bytes) -> bool:
-        """Would a guard hold this message's completion?"""
-        if self.guards:
-            return True
-        return is_durable(data) if self.journals else False
-
-    def refusal(self, data: bytes) -> str | None:
-        """Why this message cannot be taken now (a store that cannot write refuses durable ones), or None."""
-        if self.journals and is_durable(data):
+    def refusal(self, durable: bool) -> str | None:
+        """Why a message cannot be taken now (a store that cannot write refuses durable ones), or None."""
+        if durable:
             for journal in self.journals:
                 if journal.refusal:
                     return f"queue '{self.name}': {journal.refusal}"

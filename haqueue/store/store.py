@@ -62,12 +62,27 @@ class QueueJournal:
         return f"durable messages are refused: the journal cannot write ({failing})" if failing else None
 
     def enqueued(self, queue: Queue, entry: Entry) -> None:
-        self.store.write_enqueue(self, entry)
+        """A new durable message: its record joins this pass's."""
+        store = self.store
+        data = entry.data
+        size = len(data)
+        store.live_bytes += size
+        self.memory_bytes += size
+        self.where[entry] = store.next_location()
+        store.live[store.segment] += 1
+        store.append(records.enqueue(self.qid, entry.seq, entry.expiry + store.clock if entry.expiry else 0.0, data))
 
     def dequeued(self, queue: Queue, entry: Entry) -> None:
         location = self.where.pop(entry, None)
-        if location is not None:
-            self.store.write_dequeue(self, entry, location, queue.deleted)
+        if location is None:
+            return
+        store = self.store
+        size = len(entry.data)
+        store.live[location >> SHIFT] -= 1
+        store.live_bytes -= size
+        self.memory_bytes -= size
+        if not queue.deleted:  # a deleted queue's record says it all
+            store.append(records.dequeue(self.qid, entry.seq))
 
     def merged(self, queue: Queue, entries: list[Entry]) -> None:
         for entry in entries:
@@ -205,41 +220,31 @@ class Store:
 
     # -- messages (the hot path: encode, append, return) ------------------------------------------
     def write_enqueue(self, journal: QueueJournal, entry: Entry) -> None:
-        segment = self.segment
+        """An entry's record again (redelivery, compaction, a merge): the newer one wins at recovery."""
         previous = journal.where.get(entry)
-        if previous is None:
-            self.live_bytes += len(entry.data)
-            journal.memory_bytes += len(entry.data)
-        else:
+        if previous is not None:  # it is counted again as it is written
             self.live[previous >> SHIFT] -= 1
-        journal.where[entry] = self._next_location()
-        self.live[segment] += 1
-        self.append(records.enqueue(journal.qid, entry.seq, entry.expiry + self.clock if entry.expiry else 0.0,
-                                     entry.data))
+            self.live_bytes -= len(entry.data)
+            journal.memory_bytes -= len(entry.data)
+        journal.enqueued(journal.queue, entry)
 
-    def _next_location(self) -> int:
+    def next_location(self) -> int:
         """Where the next record appended goes."""
         return self.segment << SHIFT | (self.sizes[self.segment] + self.pending_size)
-
-    def write_dequeue(self, journal: QueueJournal, entry: Entry, location: int, queue_deleted: bool) -> None:
-        self.live[location >> SHIFT] -= 1
-        self.live_bytes -= len(entry.data)
-        journal.memory_bytes -= len(entry.data)
-        if not queue_deleted:  # a deleted queue's record says it all
-            self.append(records.dequeue(journal.qid, entry.seq))
 
     def append(self, record: bytes) -> None:
         self.pending.append(record)
         self.pending_size += len(record)
-        self._flush_at_end_of_pass()
+        if not self.scheduled:
+            self.flush_at_end_of_pass()
 
     def after_sync(self, callback: Callable[[], None]) -> None:
         """`callback` once this pass's records, and all before them, are on disk (a sync of its own if
         there are none)."""
         self.waiting.append(Completion(callback))
-        self._flush_at_end_of_pass()
+        self.flush_at_end_of_pass()
 
-    def _flush_at_end_of_pass(self) -> None:
+    def flush_at_end_of_pass(self) -> None:
         if not self.scheduled:
             self.scheduled = True
             self.broker.schedule(self)
@@ -341,7 +346,7 @@ class Store:
                     data = reader.body(pager.locations[i], pager.lengths[i])
                     self.live[pager.locations[i] >> SHIFT] -= 1
                     self.live[self.segment] += 1
-                    pager.locations[i] = self._next_location()
+                    pager.locations[i] = self.next_location()
                     expiry = pager.expiries[i]
                     self.append(records.enqueue(journal.qid, pager.seqs[i], expiry, data))
                     count += 1
