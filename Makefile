@@ -9,9 +9,13 @@ APT_PACKAGES := python3-venv python3-dev gcc pkg-config libssl-dev libsasl2-dev 
 PROTON := $(shell grep -o 'python-qpid-proton==[0-9.]*' pyproject.toml)
 PROTON_OK := $(VENV)/bin/python -c 'import proton, sys; sys.exit(not (proton.SSL.present() and proton.SASL.extended()))'
 
-.PHONY: setup apt run test quick clean
+.PHONY: setup apt build run test quick clean
 
-setup: $(VENV)/.installed tests/js/node_modules/.installed
+setup: $(VENV)/.installed $(VENV)/.compiled tests/js/node_modules/.installed
+
+# The hot path compiled by mypyc (setup.py) again whenever a source it may hold changed; until then
+# haqueue runs it from source (haqueue/_compiled.py).
+build: $(VENV)/.compiled
 
 # Asks apt only for what is missing, so a set-up machine needs neither the network nor root here.
 apt:
@@ -27,12 +31,16 @@ apt:
 		apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends $$missing; \
 	fi
 
-$(VENV)/.installed: pyproject.toml haqueue/audit/_lines.c | apt
+$(VENV)/.installed: pyproject.toml setup.py haqueue/audit/_lines.c | apt
 	test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/pip install -q -e '.[test,zk,spark]'
 	@# pip may reuse a wheel it cached from a build without the -dev packages: rebuild it then.
 	$(PROTON_OK) || $(VENV)/bin/pip install -q --no-cache-dir --force-reinstall --no-deps '$(PROTON)'
 	@$(PROTON_OK) || { echo "python-qpid-proton was built without TLS or SASL" >&2; exit 1; }
+	touch $@
+
+$(VENV)/.compiled: $(VENV)/.installed $(wildcard haqueue/broker/*.py haqueue/store/*.py)
+	$(VENV)/bin/python setup.py -q build_ext --inplace
 	touch $@
 
 tests/js/node_modules/.installed: tests/js/package.json | apt
@@ -49,4 +57,5 @@ quick: setup
 	$(VENV)/bin/pytest -q -m "not slow"
 
 clean:
-	rm -rf $(VENV) tests/js/node_modules
+	rm -rf $(VENV) tests/js/node_modules build
+	find haqueue -name '*.so' -delete

@@ -25,6 +25,7 @@ import time
 from typing import Any, Callable, Protocol
 
 from cproton_ffi import ffi, lib
+from mypy_extensions import mypyc_attr
 from proton import Data
 
 from ..config import LimitsConfig, ListenerConfig
@@ -43,6 +44,7 @@ _EPOLL_IN = select.EPOLLIN | select.EPOLLRDHUP
 _EPOLL_OUT = select.EPOLLOUT
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)  # HA's and management's handlers are not compiled
 class LinkHandler:
     """The broker's object behind one link (a publisher, consumer, browser, management or HA end).
     Each event is ignored unless a subclass cares for it."""
@@ -112,6 +114,7 @@ class Link:
         self._partial: dict[Any, bytearray] = {}
         self.closed = False
         self.held = False  # receiving: credit is not topped up (flow control)
+        self.address: str | None
         if outgoing_address is not None:  # a link the broker opens: nothing remote to read yet
             self.address, self.dynamic, self.browse, self.settle_first = outgoing_address, False, False, False
             self.coordinator = False
@@ -334,6 +337,7 @@ class Connection:
         if len(self.header) < 8:
             return b""
         header, rest = self.header[:8], self.header[8:]
+        assert self.listener is not None  # only a connection the broker accepted reads a protocol header
         options = self.listener.options
         if header == SASL_HEADER and self.user is None:
             self.sasl = SaslServer(self.listener.mechanisms(self.engine.anonymous), self.engine.authenticate)

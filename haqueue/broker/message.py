@@ -221,7 +221,7 @@ def with_delivery_count(data: bytes, count: int) -> bytes:
         fields = [None] * 5
         rest = data
     fields[4] = count
-    body = b"".join(_encode_field(v, k) for v, k in zip(fields, _HEADER_KINDS))
+    body = b"".join([_encode_field(v, k) for v, k in zip(fields, _HEADER_KINDS)])
     return _HEADER_PREFIX + bytes((0xC0, len(body) + 1, 5)) + body + rest
 
 

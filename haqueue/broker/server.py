@@ -19,6 +19,7 @@ import uuid
 from typing import Any, Callable, Protocol, Sequence
 
 from .. import __version__
+from .._compiled import hot_path_compiled
 from ..config import BrokerConfig, LimitsConfig, ListenerConfig
 from .engine import Connection, Engine, Link, LinkHandler, Listener
 from .errors import BrokerError, INVALID_FIELD, NOT_IMPLEMENTED, RESOURCE_LOCKED, RecoveryError
@@ -264,7 +265,7 @@ def run(config: BrokerConfig, plugins: Sequence[Callable[[Broker], Any]] = ()) -
     # its sight, and it runs rarely: cycles (closed connections' handlers) are still collected.
     gc.freeze()
     gc.set_threshold(GC_THRESHOLD, 20, 100)
-    log.info("broker %s running", config.name)
+    log.info("broker %s running (hot path %s)", config.name, "compiled" if hot_path_compiled() else "from source")
     broker.run()
     log.info("broker %s stopped", config.name)
     return 0

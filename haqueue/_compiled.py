@@ -1,0 +1,59 @@
+"""The hot path's compiled modules (setup.py builds them with mypyc from their own .py files) are used
+only while every one of them is newer than its source. mypyc compiles them as one group whose modules
+call each other directly, so a single stale one would mix two versions of the code: if any source was
+edited since the build, all of them are imported from source (slower, same behaviour) and a warning
+says how to compile again."""
+from __future__ import annotations
+
+import importlib.abc
+import importlib.machinery
+import importlib.util
+import os
+import sys
+import warnings
+from types import ModuleType
+from typing import Sequence
+
+_PACKAGE = os.path.dirname(os.path.abspath(__file__))
+
+
+def _compiled_sources() -> dict[str, tuple[str, str]]:
+    """Module name -> (its compiled file, its source) for every compiled module beside its source."""
+    found: dict[str, tuple[str, str]] = {}
+    suffixes = tuple(importlib.machinery.EXTENSION_SUFFIXES)
+    for directory, _, files in os.walk(_PACKAGE):
+        for name in files:
+            if not name.endswith(suffixes):
+                continue
+            stem = name.split(".", 1)[0]
+            source = os.path.join(directory, stem + ".py")
+            if os.path.exists(source):
+                relative = os.path.relpath(os.path.join(directory, stem), os.path.dirname(_PACKAGE))
+                found[relative.replace(os.sep, ".")] = (os.path.join(directory, name), source)
+    return found
+
+
+class _SourceFirst(importlib.abc.MetaPathFinder):
+    def __init__(self, sources: dict[str, str]) -> None:
+        self.sources = sources
+
+    def find_spec(self, fullname: str, path: Sequence[str] | None,
+                  target: ModuleType | None = None) -> importlib.machinery.ModuleSpec | None:
+        source = self.sources.get(fullname)
+        return importlib.util.spec_from_file_location(fullname, source) if source else None
+
+
+def use_fresh_code() -> None:
+    compiled = _compiled_sources()
+    stale = sorted(name for name, (binary, source) in compiled.items()
+                   if os.path.getmtime(source) > os.path.getmtime(binary))
+    if stale:
+        sys.meta_path.insert(0, _SourceFirst({name: source for name, (_, source) in compiled.items()}))
+        warnings.warn(f"haqueue: {', '.join(stale)} changed since the hot path was compiled: running it from "
+                      f"source, slower; `make build` compiles it again", RuntimeWarning, stacklevel=2)
+
+
+def hot_path_compiled() -> bool:
+    """Whether the hot path runs compiled (for the broker's start-up line and the benchmarks)."""
+    return sys.modules[__name__.rpartition(".")[0] + ".broker.queue"].__file__.endswith(
+        tuple(importlib.machinery.EXTENSION_SUFFIXES))

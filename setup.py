@@ -1,0 +1,21 @@
+"""The build's compiled parts (pyproject.toml holds the project's metadata):
+
+- the audit log's line formatter, written in C (haqueue/audit/_lines.c);
+- the hot path (a message in, a message out, its journal records), compiled by mypyc from its own typed
+  Python source (design/performance.md). The .py files stay the source of truth: without the compiled
+  modules haqueue runs the same code, slower, and while any of them is older than its source
+  haqueue/_compiled.py runs them all from source.
+"""
+from mypyc.build import mypycify
+from setuptools import Extension, setup
+
+HOT_PATH = [
+    "haqueue/broker/engine.py", "haqueue/broker/links.py", "haqueue/broker/queue.py", "haqueue/broker/message.py",
+    "haqueue/broker/completion.py", "haqueue/broker/flow.py",
+    "haqueue/store/store.py", "haqueue/store/records.py", "haqueue/store/pager.py",
+]
+
+setup(ext_modules=[
+    Extension("haqueue.audit._lines", ["haqueue/audit/_lines.c"], extra_compile_args=["-O2", "-Wall", "-Werror"]),
+    *mypycify(["--ignore-missing-imports", "--follow-imports=silent", *HOT_PATH], group_name="haqueue._hot_path", opt_level="3"),
+])
