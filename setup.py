@@ -1,7 +1,7 @@
 """The build's compiled parts (pyproject.toml holds the project's metadata):
 
 - the audit log's line formatter, written in C (haqueue/audit/_lines.c);
-- the hot path (a message in, a message out, its journal records), compiled by mypyc from its own typed
+- the hot path (a message in, a message out, its journal records, its replication), compiled by mypyc from its own typed
   Python source (design/performance.md). The .py files stay the source of truth: without the compiled
   modules haqueue runs the same code, slower, and while any of them is older than its source
   haqueue/_compiled.py runs them all from source.
@@ -13,6 +13,8 @@ HOT_PATH = [
     "haqueue/broker/engine.py", "haqueue/broker/links.py", "haqueue/broker/queue.py", "haqueue/broker/message.py",
     "haqueue/broker/completion.py", "haqueue/broker/flow.py",
     "haqueue/store/store.py", "haqueue/store/records.py", "haqueue/store/pager.py",
+    "haqueue/ha/replicating_subscription.py", "haqueue/ha/queue_replicator.py", "haqueue/ha/quorum.py",
+    "haqueue/ha/queue_guard.py",
 ]
 
 setup(ext_modules=[

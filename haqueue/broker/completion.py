@@ -1,12 +1,12 @@
 """Completion: a publisher's delivery is settled when every guard on its message has released it.
 
-A guard (HA's QueueGuard, a durable store) calls `hold()` when the message is enqueued and
+A guard (queue.Guard: HA's QueueGuard, a durable store) calls `hold()` when the message is enqueued and
 `release()` when it has done its part. With no guard the publisher is settled at once and no
 Completion is made.
 """
 from __future__ import annotations
 
-from typing import Callable, Protocol
+from typing import Callable
 
 
 class Completion:
@@ -29,8 +29,3 @@ class Completion:
         making a callback per message."""
         self.on_complete()
 
-
-class Guard(Protocol):
-    """Consulted for each message enqueued on a queue it guards."""
-
-    def hold(self, queue: "object", entry: "object", completion: Completion) -> None: ...

@@ -12,7 +12,7 @@ import logging
 import time
 from typing import Any, Callable, Protocol
 
-from .completion import Completion, Guard
+from .completion import Completion
 from .flow import BLOCK, LOW_WATER, Blocker, MemoryAlarm, ceiling
 from .message import delivery_count, is_durable, with_delivery_count
 
@@ -66,6 +66,12 @@ class Pager(Protocol):
 
 DEPAGE_BELOW = 1000  # entries in memory under which a paging queue reads the next paged ones back
 DEPAGE_BATCH = 1000
+
+
+class Guard(Protocol):
+    """Consulted for each message enqueued on a queue it guards: holds its publisher's completion."""
+
+    def hold(self, queue: "Queue", entry: Entry, completion: Completion) -> None: ...
 
 
 class QueueObserver(Protocol):

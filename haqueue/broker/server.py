@@ -47,7 +47,8 @@ class Durability(Protocol):
 
 
 class Dispatchable(Protocol):
-    deleted: bool
+    @property
+    def deleted(self) -> bool: ...
 
     def dispatch(self) -> None: ...
 

@@ -58,7 +58,7 @@ class Quorums:
         """`backup` has the message (it settled its live enqueue)."""
         pending = self.pending.get(queue)
         quorum = pending.get(seq) if pending else None
-        if quorum is not None:
+        if pending is not None and quorum is not None:
             quorum.voters.add(backup)
             if len(quorum.voters) >= self.needed:
                 del pending[seq]
