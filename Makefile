@@ -39,7 +39,7 @@ $(VENV)/.installed: pyproject.toml setup.py haqueue/audit/_lines.c | apt
 	@$(PROTON_OK) || { echo "python-qpid-proton was built without TLS or SASL" >&2; exit 1; }
 	touch $@
 
-$(VENV)/.compiled: $(VENV)/.installed $(wildcard haqueue/broker/*.py haqueue/store/*.py haqueue/ha/*.py)
+$(VENV)/.compiled: $(VENV)/.installed $(wildcard haqueue/broker/*.py haqueue/broker/*.c haqueue/store/*.py haqueue/ha/*.py)
 	$(VENV)/bin/python setup.py -q build_ext --inplace
 	touch $@
 

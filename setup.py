@@ -1,6 +1,7 @@
 """The build's compiled parts (pyproject.toml holds the project's metadata):
 
 - the audit log's line formatter, written in C (haqueue/audit/_lines.c);
+- the hot path's calls into proton, written in C (haqueue/broker/_pn.c);
 - the hot path (a message in, a message out, its journal records, its replication), compiled by mypyc from its own typed
   Python source (design/performance.md). The .py files stay the source of truth: without the compiled
   modules haqueue runs the same code, slower, and while any of them is older than its source
@@ -19,5 +20,6 @@ HOT_PATH = [
 
 setup(ext_modules=[
     Extension("haqueue.audit._lines", ["haqueue/audit/_lines.c"], extra_compile_args=["-O2", "-Wall", "-Werror"]),
+    Extension("haqueue.broker._pn", ["haqueue/broker/_pn.c"], extra_compile_args=["-O2", "-Wall", "-Werror"]),
     *mypycify(["--ignore-missing-imports", "--follow-imports=silent", *HOT_PATH], group_name="haqueue._hot_path", opt_level="3"),
 ])

@@ -1,5 +1,7 @@
-"""The event loop and the only caller of proton's C API (the cffi module `cproton_ffi` that
-python-qpid-proton ships).
+"""The event loop and the only caller of proton's C API: the cffi module `cproton_ffi` that
+python-qpid-proton ships, and for the per-message calls `_pn`, a small C module calling the same
+library without cffi's release of the GIL around each call (design/performance.md). Links and
+deliveries are known by their addresses (ints); cffi pointers are made from them on cold paths.
 
 Everything above this module speaks broker terms: a connection, a link, a message's bytes, a
 credit grant, a settlement. proton's Python wrapper objects appear only on cold paths (reading
@@ -24,11 +26,13 @@ import ssl
 import time
 from typing import Any, Callable, Protocol
 
+import cproton_ffi
 from cproton_ffi import ffi, lib
 from mypy_extensions import mypyc_attr
 from proton import Data
 
 from ..config import LimitsConfig, ListenerConfig
+from . import _pn
 from .errors import BrokerError, RESOURCE_LIMIT, UNAUTHORIZED
 from .sasl import AMQP_HEADER, SASL_HEADER, Authenticator, SaslClient, SaslServer
 
@@ -37,6 +41,7 @@ log = logging.getLogger("haqueue.engine")
 NULL = ffi.NULL
 ACCEPTED, REJECTED, RELEASED, MODIFIED = lib.PN_ACCEPTED, lib.PN_REJECTED, lib.PN_RELEASED, lib.PN_MODIFIED
 _PN_DELIVERY = lib.PN_DELIVERY
+_pn.bind(cproton_ffi.__file__, _PN_DELIVERY)
 _PN_LINK_FLOW = lib.PN_LINK_FLOW
 _READ_SIZE = 256 * 1024
 _RECEIVE_WINDOW = 2000  # credit a publisher link holds; topped up when half is used
@@ -90,6 +95,16 @@ def _data_object(ptr: Any) -> Any:
     return data.get_object() if data.next() else None
 
 
+def address(ptr: Any) -> int:
+    """A proton object's address: how the hot path (`_pn`) and the engine's maps know it."""
+    return int(ffi.cast("uintptr_t", ptr))
+
+
+def _delivery(handle: int) -> Any:
+    """The cffi pointer of a delivery known by its address, for the cold paths."""
+    return ffi.cast("pn_delivery_t *", handle)
+
+
 def _set_condition(cond: Any, name: str, description: str) -> None:
     lib.pn_condition_set_name(cond, name.encode())
     lib.pn_condition_set_description(cond, description.encode())
@@ -99,19 +114,20 @@ class Link:
     """One link end. `handler` is the broker's object; `address` the node it names (source for a
     link the broker sends on, target for one it receives on)."""
 
-    __slots__ = ("ptr", "conn", "name", "is_sender", "address", "dynamic", "browse", "handler",
+    __slots__ = ("ptr", "addr", "conn", "name", "is_sender", "address", "dynamic", "browse", "handler",
                  "_tag", "_received", "_partial", "settle_first", "_properties_ptr",
                  "closed", "coordinator", "held")
 
     def __init__(self, ptr: Any, conn: "Connection", outgoing_address: str | None = None) -> None:
         self.ptr = ptr
+        self.addr = address(ptr)
         self.conn = conn
         self.name = _text(lib.pn_link_name(ptr)) or ""
         self.is_sender = bool(lib.pn_link_is_sender(ptr))
         self.handler: LinkHandler | None = None
         self._tag = 0
         self._received = 0  # receiving: messages taken since the credit was last topped up: credit owed
-        self._partial: dict[Any, bytearray] = {}
+        self._partial: dict[int, bytearray] = {}  # a message read in pieces so far, by delivery
         self.closed = False
         self.held = False  # receiving: credit is not topped up (flow control)
         self.address: str | None
@@ -140,27 +156,20 @@ class Link:
 
     # -- sending (the broker is the sender) --------------------------------------------------
     def credit(self) -> int:
-        return lib.pn_link_credit(self.ptr)
+        return _pn.credit(self.addr)
 
-    def send(self, data: bytes, settled: bool = False, tag: bytes | None = None) -> Any:
+    def send(self, data: bytes, settled: bool = False, tag: bytes | None = None) -> int | None:
         """Send one message; returns the delivery handle (None when sent pre-settled)."""
-        ptr = self.ptr
         if tag is None:
             self._tag += 1
             tag = self._tag.to_bytes(8, "little")
-        delivery = lib.pn_delivery(ptr, (len(tag), ffi.from_buffer(tag)))
-        lib.pn_link_send(ptr, data, len(data))
-        lib.pn_link_advance(ptr)
+        delivery = _pn.send(self.addr, tag, data, settled)
         self.conn.engine.dirty.add(self.conn)
-        if settled:
-            lib.pn_delivery_settle(delivery)
-            return None
-        return delivery
+        return delivery or None
 
     @staticmethod
-    def tag(delivery: Any) -> bytes:
-        tag = lib.pn_delivery_tag(delivery)
-        return ffi.unpack(tag.start, tag.size)
+    def tag(delivery: int) -> bytes:
+        return _pn.tag(delivery)
 
     def remote_error(self) -> str | None:
         cond = lib.pn_link_remote_condition(self.ptr)
@@ -179,17 +188,16 @@ class Link:
         return self.conn.backlog()
 
     # -- settling ----------------------------------------------------------------------------
-    def settle(self, delivery: Any, outcome: int = ACCEPTED, condition: str | None = None,
+    def settle(self, delivery: int, outcome: int = ACCEPTED, condition: str | None = None,
                description: str = "", failed: bool = False) -> None:
         """Give an outcome (unless it is 0) and settle."""
-        if outcome:
+        if outcome and (condition or failed):
+            local = lib.pn_delivery_local(_delivery(delivery))
             if condition:
-                _set_condition(lib.pn_disposition_condition(lib.pn_delivery_local(delivery)),
-                               condition, description)
+                _set_condition(lib.pn_disposition_condition(local), condition, description)
             if failed:
-                lib.pn_disposition_set_failed(lib.pn_delivery_local(delivery), True)
-            lib.pn_delivery_update(delivery, outcome)
-        lib.pn_delivery_settle(delivery)
+                lib.pn_disposition_set_failed(local, True)
+        _pn.settle(delivery, outcome)
         self.conn.engine.dirty.add(self.conn)
 
     # -- receiving ---------------------------------------------------------------------------
@@ -255,7 +263,7 @@ class Connection:
         self.refusal: tuple[str, str] | None = None  # (condition, description) to close with at open
         self.next_tick = 0
         self.sessions = 0
-        self.links: dict[Any, Link] = {}
+        self.links: dict[int, Link] = {}  # by address
         self.remote_container = ""
         self.attachment: Any = None  # the broker's per-connection state
         self.client_error: str | None = None  # why an outgoing connection failed
@@ -507,8 +515,8 @@ class Connection:
             Data(lib.pn_link_properties(ptr)).put_object(properties)
         link = Link(ptr, self, address)
         link.handler = handler
-        self.engine.links[ptr] = link
-        self.links[ptr] = link
+        self.engine.links[link.addr] = link
+        self.links[link.addr] = link
         lib.pn_link_open(ptr)
         if credit:
             lib.pn_link_flow(ptr, credit)
@@ -560,9 +568,12 @@ class Engine:
         self.listeners: dict[int, Listener] = {}
         self.connections: dict[int, Connection] = {}  # by fd
         self._by_ptr: dict[Any, Connection] = {}
-        self.links: dict[Any, Link] = {}  # by pn_link_t*
+        self.links: dict[int, Link] = {}  # by address
+        self.partial_links: set[int] = set()  # links with a message read in pieces so far (_on_raw_transfer)
+        self._collector = address(self.collector)
+        # Messages up to this size arrive whole from _pn.drain; larger ones come in pieces, or are refused.
+        self._whole = min(_READ_SIZE, limits.max_message_size or _READ_SIZE)
         self.dirty: set[Connection] = set()
-        self.in_buffer = ffi.new("char[]", _READ_SIZE)
         self.out_buffer = ffi.new("char[]", _READ_SIZE)
         self.out_view = ffi.buffer(self.out_buffer)
         self._timers: list[tuple[float, int, Callable[[], None]]] = []
@@ -756,9 +767,10 @@ class Engine:
             log.exception("connection close handler failed")
 
     def forget_link(self, link: Link) -> None:
-        if self.links.pop(link.ptr, None) is None:
+        if self.links.pop(link.addr, None) is None:
             return
-        link.conn.links.pop(link.ptr, None)
+        link.conn.links.pop(link.addr, None)
+        self.partial_links.discard(link.addr)
         link.closed = True
         if link.handler is not None:
             try:
@@ -768,25 +780,40 @@ class Engine:
 
     # -- proton events -----------------------------------------------------------------------
     def _drain(self) -> None:
+        """Handle proton's events in order: runs of delivery events through _pn (the hot path), any
+        other event here. Every event is popped, whatever its handler does."""
         collector = self.collector
         peek, pop, event_type = lib.pn_collector_peek, lib.pn_collector_pop, lib.pn_event_type
         links = self.links
         while True:
+            try:
+                items = _pn.drain(self._collector, self._whole, self.partial_links)
+            except Exception:
+                log.exception("error reading proton's delivery events")
+                continue
+            for item in items:
+                link = links.get(item[1])
+                if link is None:
+                    continue
+                try:
+                    kind = item[0]
+                    if kind == _pn.TRANSFER:
+                        self._on_message(link, item[2], item[3], item[4])
+                    elif kind == _pn.OUTCOME:
+                        self._on_outcome(link, item[2], item[3], item[4], item[5])
+                    else:
+                        self._on_raw_transfer(link, item[2])
+                except Exception:
+                    log.exception("error handling a delivery on link '%s'", link.name)
             event = peek(collector)
             if event == NULL:
                 return
+            kind = event_type(event)
+            if kind == _PN_DELIVERY:
+                continue  # a handler's action queued more: _pn's turn again
             try:
-                kind = event_type(event)
-                if kind == _PN_DELIVERY:
-                    delivery = lib.pn_event_delivery(event)
-                    link = links.get(lib.pn_delivery_link(delivery))
-                    if link is not None:
-                        if link.is_sender:
-                            self._on_outcome(link, delivery)
-                        else:
-                            self._on_transfer(link, delivery)
-                elif kind == _PN_LINK_FLOW:
-                    link = links.get(lib.pn_event_link(event))
+                if kind == _PN_LINK_FLOW:
+                    link = links.get(address(lib.pn_event_link(event)))
                     if link is not None and link.is_sender and link.handler is not None:
                         link.handler.on_credit()
                 else:
@@ -794,13 +821,22 @@ class Engine:
                     if handler is not None:
                         handler(event)
             except Exception:
-                log.exception("error handling proton event %s", ffi.string(lib.pn_event_type_name(event_type(event))))
+                log.exception("error handling proton event %s", ffi.string(lib.pn_event_type_name(kind)))
             pop(collector)
 
-    def _on_transfer(self, link: Link, delivery: Any) -> None:
-        """A message (or a piece of one) arrived from a publisher."""
+    def _on_message(self, link: Link, delivery: int, data: bytes, settled: bool) -> None:
+        """A whole message from a publisher (read and advanced past by _pn.drain)."""
+        link._received += 1
+        if link._received >= _RECEIVE_WINDOW // 2 and not link.held:
+            lib.pn_link_flow(link.ptr, link._received)
+            link._received = 0
+        link.handler.on_message(delivery, data, settled)  # type: ignore[union-attr]
+
+    def _on_raw_transfer(self, link: Link, handle: int) -> None:
+        """A delivery _pn.drain left to be read here: aborted, in pieces, or larger than a whole read."""
+        delivery = _delivery(handle)
         if lib.pn_delivery_aborted(delivery):
-            link._partial.pop(delivery, None)
+            self._forget_partial(link, handle)
             lib.pn_delivery_settle(delivery)
             return
         if not lib.pn_delivery_readable(delivery):
@@ -811,47 +847,34 @@ class Engine:
         limit = self.limits.max_message_size
         if limit and pending > limit and not partial and not link._partial:
             lib.pn_link_advance(ptr)  # its bytes are dropped with the settlement
-            link.settle(delivery, REJECTED, RESOURCE_LIMIT, f"message of {pending} bytes is over the limit of {limit}")
+            link.settle(handle, REJECTED, RESOURCE_LIMIT, f"message of {pending} bytes is over the limit of {limit}")
             return
-        if not partial and not link._partial and pending <= _READ_SIZE:
-            # The common case: a whole message in hand, one copy out of proton.
-            lib.pn_link_recv(ptr, self.in_buffer, pending)
-            data = ffi.unpack(self.in_buffer, pending)
-        else:
-            buffered = link._partial.setdefault(delivery, bytearray())
-            if pending:
-                chunk = bytearray(pending)
-                lib.pn_link_recv(ptr, ffi.from_buffer(chunk), pending)
-                buffered += chunk
-            if limit and len(buffered) > limit:
-                link._partial.pop(delivery, None)
-                link.close(RESOURCE_LIMIT, f"message larger than {limit} bytes")
-                return
-            if partial:
-                return
-            data = bytes(link._partial.pop(delivery))
+        buffered = link._partial.setdefault(handle, bytearray())
+        self.partial_links.add(link.addr)
+        if pending:
+            chunk = bytearray(pending)
+            lib.pn_link_recv(ptr, ffi.from_buffer(chunk), pending)
+            buffered += chunk
+        if limit and len(buffered) > limit:
+            self._forget_partial(link, handle)
+            link.close(RESOURCE_LIMIT, f"message larger than {limit} bytes")
+            return
+        if partial:
+            return
+        data = bytes(buffered)
+        self._forget_partial(link, handle)
         lib.pn_link_advance(ptr)
-        link._received += 1
-        if link._received >= _RECEIVE_WINDOW // 2 and not link.held:
-            lib.pn_link_flow(ptr, link._received)
-            link._received = 0
-        link.handler.on_message(delivery, data, bool(lib.pn_delivery_settled(delivery)))  # type: ignore[union-attr]
+        self._on_message(link, handle, data, bool(lib.pn_delivery_settled(delivery)))
 
-    def _on_outcome(self, link: Link, delivery: Any) -> None:
+    def _forget_partial(self, link: Link, handle: int) -> None:
+        link._partial.pop(handle, None)
+        if not link._partial:
+            self.partial_links.discard(link.addr)
+
+    def _on_outcome(self, link: Link, delivery: int, state: int, failed: bool, undeliverable: bool) -> None:
         """A consumer settled or gave an outcome for a message the broker sent."""
-        settled = lib.pn_delivery_settled(delivery)
-        if not settled and not lib.pn_delivery_updated(delivery):
-            return
-        state = lib.pn_delivery_remote_state(delivery)
-        if not state and not settled:
-            return
-        failed = undeliverable = False
-        if state == MODIFIED:
-            remote = lib.pn_delivery_remote(delivery)
-            failed = bool(lib.pn_disposition_is_failed(remote))
-            undeliverable = bool(lib.pn_disposition_is_undeliverable(remote))
-        link.handler.on_outcome(delivery, state or ACCEPTED, failed, undeliverable)  # type: ignore[union-attr]
-        lib.pn_delivery_settle(delivery)
+        link.handler.on_outcome(delivery, state, failed, undeliverable)  # type: ignore[union-attr]
+        _pn.settle(delivery, 0)
         self.dirty.add(link.conn)
 
     def _conn_of(self, event: Any) -> Connection | None:
@@ -920,7 +943,7 @@ class Engine:
     def _on_link_remote_open(self, event: Any) -> None:
         ptr = lib.pn_event_link(event)
         conn = self._conn_of(event)
-        if conn is None or ptr in self.links:  # our own outgoing link, answered
+        if conn is None or address(ptr) in self.links:  # our own outgoing link, answered
             return
         link = Link(ptr, conn)
         self.dirty.add(conn)
@@ -950,8 +973,8 @@ class Engine:
             lib.pn_link_set_rcv_settle_mode(ptr, lib.PN_RCV_FIRST)
             if self.limits.max_message_size:
                 lib.pn_link_set_max_message_size(ptr, self.limits.max_message_size)
-        self.links[ptr] = link
-        conn.links[ptr] = link
+        self.links[link.addr] = link
+        conn.links[link.addr] = link
         lib.pn_link_open(ptr)
         if not link.is_sender:
             link._received = _RECEIVE_WINDOW  # the whole window is owed: granted unless the handler holds it
@@ -962,7 +985,7 @@ class Engine:
 
     def _on_link_remote_close(self, event: Any) -> None:
         ptr = lib.pn_event_link(event)
-        link = self.links.get(ptr)
+        link = self.links.get(address(ptr))
         if link is not None:
             self.forget_link(link)
         if lib.pn_event_type(event) == lib.PN_LINK_REMOTE_DETACH:

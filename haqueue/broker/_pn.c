@@ -1,0 +1,276 @@
+/* The hot path's calls into proton, made from C (engine.py uses them; design/performance.md).
+ *
+ * python-qpid-proton's cffi wrappers release and retake the GIL around every C call, and a message
+ * costs the broker about twenty of them: a tenth of its CPU went to the GIL's mutexes. This module
+ * calls the same engine, the functions of the already loaded cproton_ffi library found with dlsym,
+ * without releasing the GIL (each call is a few hundred nanoseconds of C). Links, deliveries and
+ * collectors are passed as their addresses (Python ints); engine.py keeps cffi for everything else.
+ *
+ *   bind(path, PN_DELIVERY)                      find the functions in the library at path
+ *   drain(collector, whole, partial_links) -> list   the delivery events at the collector's head, popped
+ *   send(link, tag, data, settled) -> int        a new delivery with these bytes (0 if settled)
+ *   settle(delivery, outcome)                    give the outcome (unless 0), settle
+ *   credit(link) -> int
+ *   tag(delivery) -> bytes
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <dlfcn.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+typedef struct { size_t size; const char *start; } pn_bytes;
+
+static void *(*collector_peek)(void *);
+static bool (*collector_pop)(void *);
+static int (*event_type)(void *);
+static void *(*event_delivery)(void *);
+static void *(*delivery_link)(void *);
+static bool (*link_is_sender)(void *);
+static bool (*delivery_aborted)(void *);
+static bool (*delivery_readable)(void *);
+static size_t (*delivery_pending)(void *);
+static bool (*delivery_partial)(void *);
+static ssize_t (*link_recv)(void *, char *, size_t);
+static bool (*link_advance)(void *);
+static bool (*delivery_settled)(void *);
+static bool (*delivery_updated)(void *);
+static uint64_t (*delivery_remote_state)(void *);
+static void *(*delivery_remote)(void *);
+static bool (*disposition_is_failed)(void *);
+static bool (*disposition_is_undeliverable)(void *);
+static void *(*new_delivery)(void *, pn_bytes);
+static ssize_t (*link_send)(void *, const char *, size_t);
+static void (*delivery_settle)(void *);
+static void (*delivery_update)(void *, uint64_t);
+static int (*link_credit)(void *);
+static pn_bytes (*delivery_tag)(void *);
+
+static int PN_DELIVERY = -1;
+enum { ACCEPTED = 0x24, MODIFIED = 0x27 };
+/* What drain() reports: a whole message in hand, an outcome, or a delivery for engine.py to read
+ * itself (in pieces, aborted, over the read size). */
+enum { RAW = 0, TRANSFER = 1, OUTCOME = 2 };
+enum { MAX_BATCH = 4096 };
+
+#define FIND(var, name)                                                                            \
+    do {                                                                                           \
+        *(void **)(&var) = dlsym(lib, name);                                                       \
+        if (var == NULL) {                                                                         \
+            PyErr_Format(PyExc_ImportError, "proton function %s not found in %s", name, path);     \
+            return NULL;                                                                           \
+        }                                                                                          \
+    } while (0)
+
+static PyObject *bind(PyObject *self, PyObject *args)
+{
+    const char *path;
+    if (!PyArg_ParseTuple(args, "si", &path, &PN_DELIVERY))
+        return NULL;
+    void *lib = dlopen(path, RTLD_NOW | RTLD_NOLOAD); /* the copy cffi loaded, not a second one */
+    if (lib == NULL)
+        return PyErr_Format(PyExc_ImportError, "cannot find the loaded proton library %s: %s", path, dlerror());
+    FIND(collector_peek, "pn_collector_peek");
+    FIND(collector_pop, "pn_collector_pop");
+    FIND(event_type, "pn_event_type");
+    FIND(event_delivery, "pn_event_delivery");
+    FIND(delivery_link, "pn_delivery_link");
+    FIND(link_is_sender, "pn_link_is_sender");
+    FIND(delivery_aborted, "pn_delivery_aborted");
+    FIND(delivery_readable, "pn_delivery_readable");
+    FIND(delivery_pending, "pn_delivery_pending");
+    FIND(delivery_partial, "pn_delivery_partial");
+    FIND(link_recv, "pn_link_recv");
+    FIND(link_advance, "pn_link_advance");
+    FIND(delivery_settled, "pn_delivery_settled");
+    FIND(delivery_updated, "pn_delivery_updated");
+    FIND(delivery_remote_state, "pn_delivery_remote_state");
+    FIND(delivery_remote, "pn_delivery_remote");
+    FIND(disposition_is_failed, "pn_disposition_is_failed");
+    FIND(disposition_is_undeliverable, "pn_disposition_is_undeliverable");
+    FIND(new_delivery, "pn_delivery");
+    FIND(link_send, "pn_link_send");
+    FIND(delivery_settle, "pn_delivery_settle");
+    FIND(delivery_update, "pn_delivery_update");
+    FIND(link_credit, "pn_link_credit");
+    FIND(delivery_tag, "pn_delivery_tag");
+    Py_RETURN_NONE;
+}
+
+static void *address(PyObject *value)
+{
+    return PyLong_AsVoidPtr(value);
+}
+
+#define ADDRESS(p) PyLong_FromVoidPtr(p)
+
+/* One delivery event as an item of drain's list, or NULL with *skip set when there is nothing to
+ * report (an outcome event with no outcome yet). A message of up to `whole` bytes is read whole,
+ * unless its link is in `partial_links` (engine.py reads a message in pieces there). */
+static PyObject *item(void *delivery, Py_ssize_t whole, PyObject *partial_links, bool *skip)
+{
+    void *link = delivery_link(delivery);
+    *skip = false;
+    if (link_is_sender(link)) {
+        bool settled = delivery_settled(delivery);
+        uint64_t state = settled || delivery_updated(delivery) ? delivery_remote_state(delivery) : 0;
+        if (!state && !settled) {
+            *skip = true;
+            return NULL;
+        }
+        bool failed = false, undeliverable = false;
+        if (state == MODIFIED) {
+            void *remote = delivery_remote(delivery);
+            failed = disposition_is_failed(remote);
+            undeliverable = disposition_is_undeliverable(remote);
+        }
+        return Py_BuildValue("(iNNKOO)", OUTCOME, ADDRESS(link), ADDRESS(delivery),
+                             (unsigned long long)(state ? state : ACCEPTED),
+                             failed ? Py_True : Py_False, undeliverable ? Py_True : Py_False);
+    }
+    bool pieces = false;
+    if (PySet_GET_SIZE(partial_links) > 0) {
+        PyObject *key = ADDRESS(link);
+        if (key == NULL)
+            return NULL;
+        pieces = PySet_Contains(partial_links, key) == 1;
+        Py_DECREF(key);
+    }
+    if (!pieces && !delivery_aborted(delivery) && delivery_readable(delivery) && !delivery_partial(delivery)) {
+        size_t pending = delivery_pending(delivery);
+        if ((Py_ssize_t)pending <= whole) {
+            PyObject *data = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)pending);
+            if (data == NULL)
+                return NULL;
+            ssize_t got = link_recv(link, PyBytes_AS_STRING(data), pending);
+            if (got != (ssize_t)pending && !(got < 0 && pending == 0)) {
+                Py_DECREF(data);
+                return PyErr_Format(PyExc_RuntimeError, "proton gave %zd bytes of a %zu-byte delivery", got, pending);
+            }
+            link_advance(link);
+            return Py_BuildValue("(iNNNO)", TRANSFER, ADDRESS(link), ADDRESS(delivery), data,
+                                 delivery_settled(delivery) ? Py_True : Py_False);
+        }
+    }
+    return Py_BuildValue("(iNN)", RAW, ADDRESS(link), ADDRESS(delivery));
+}
+
+static PyObject *drain(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 3 || !PySet_Check(args[2]))
+        return PyErr_Format(PyExc_TypeError, "drain(collector, whole, partial_links: set)");
+    void *collector = address(args[0]);
+    Py_ssize_t whole = PyLong_AsSsize_t(args[1]);
+    if (PyErr_Occurred())
+        return NULL;
+    PyObject *items = PyList_New(0);
+    if (items == NULL)
+        return NULL;
+    void *event;
+    while (PyList_GET_SIZE(items) < MAX_BATCH && (event = collector_peek(collector)) != NULL
+           && event_type(event) == PN_DELIVERY) {
+        bool skip;
+        PyObject *one = item(event_delivery(event), whole, args[2], &skip);
+        collector_pop(collector); /* even when it failed: the next call goes on with the next event */
+        if (one == NULL && !skip) {
+            Py_DECREF(items);
+            return NULL;
+        }
+        if (one != NULL) {
+            int failed = PyList_Append(items, one);
+            Py_DECREF(one);
+            if (failed) {
+                Py_DECREF(items);
+                return NULL;
+            }
+        }
+    }
+    return items;
+}
+
+static PyObject *send(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    Py_buffer tag, data;
+    if (nargs != 4)
+        return PyErr_Format(PyExc_TypeError, "send(link, tag, data, settled)");
+    void *link = address(args[0]);
+    if (PyErr_Occurred())
+        return NULL;
+    if (PyObject_GetBuffer(args[1], &tag, PyBUF_SIMPLE) < 0)
+        return NULL;
+    if (PyObject_GetBuffer(args[2], &data, PyBUF_SIMPLE) < 0) {
+        PyBuffer_Release(&tag);
+        return NULL;
+    }
+    pn_bytes t = {(size_t)tag.len, tag.buf};
+    void *delivery = new_delivery(link, t);
+    link_send(link, data.buf, (size_t)data.len);
+    link_advance(link);
+    PyBuffer_Release(&tag);
+    PyBuffer_Release(&data);
+    if (PyObject_IsTrue(args[3])) {
+        delivery_settle(delivery);
+        return PyLong_FromLong(0);
+    }
+    return ADDRESS(delivery);
+}
+
+static PyObject *settle(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 2)
+        return PyErr_Format(PyExc_TypeError, "settle(delivery, outcome)");
+    void *delivery = address(args[0]);
+    unsigned long long outcome = PyLong_AsUnsignedLongLong(args[1]);
+    if (PyErr_Occurred())
+        return NULL;
+    if (outcome)
+        delivery_update(delivery, outcome);
+    delivery_settle(delivery);
+    Py_RETURN_NONE;
+}
+
+static PyObject *credit(PyObject *self, PyObject *link)
+{
+    void *p = address(link);
+    if (PyErr_Occurred())
+        return NULL;
+    return PyLong_FromLong(link_credit(p));
+}
+
+static PyObject *tag(PyObject *self, PyObject *delivery)
+{
+    void *p = address(delivery);
+    if (PyErr_Occurred())
+        return NULL;
+    pn_bytes t = delivery_tag(p);
+    return PyBytes_FromStringAndSize(t.start, (Py_ssize_t)t.size);
+}
+
+static PyMethodDef methods[] = {
+    {"bind", bind, METH_VARARGS, "bind(path, PN_DELIVERY): find proton's functions in the loaded library"},
+    {"drain", (PyCFunction)(void (*)(void))drain, METH_FASTCALL,
+     "drain(collector, whole, partial_links) -> the delivery events at the head of the collector, popped: "
+     "(TRANSFER, link, delivery, data, settled), (OUTCOME, link, delivery, state, failed, undeliverable) "
+     "or (RAW, link, delivery)"},
+    {"send", (PyCFunction)(void (*)(void))send, METH_FASTCALL,
+     "send(link, tag, data, settled) -> the new delivery (0 when sent settled)"},
+    {"settle", (PyCFunction)(void (*)(void))settle, METH_FASTCALL, "settle(delivery, outcome): update unless 0, settle"},
+    {"credit", credit, METH_O, "credit(link) -> the link's credit"},
+    {"tag", tag, METH_O, "tag(delivery) -> its tag"},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_pn", NULL, -1, methods};
+
+PyMODINIT_FUNC PyInit__pn(void)
+{
+    PyObject *m = PyModule_Create(&module);
+    if (m == NULL)
+        return NULL;
+    if (PyModule_AddIntConstant(m, "RAW", RAW) < 0 || PyModule_AddIntConstant(m, "TRANSFER", TRANSFER) < 0
+        || PyModule_AddIntConstant(m, "OUTCOME", OUTCOME) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}
