@@ -45,6 +45,9 @@ class Durability(Protocol):
     def after_sync(self, callback: Callable[[], None]) -> None:
         """Call back (on the broker's thread) once everything journalled so far is on disk."""
 
+    def held(self) -> dict[str, int]:
+        """What the journal holds: live messages, bytes, and bytes written but not yet synced."""
+
 
 class Dispatchable(Protocol):
     @property

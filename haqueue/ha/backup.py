@@ -3,14 +3,15 @@ message-replicated queue, and knows its own state: joining -> catchup -> ready.
 
 It tries each broker of `ha.brokers` in turn; only the primary accepts the `$ha.wiring` link. A
 backup that loses its primary keeps its state (a ready backup stays ready, so it can be promoted)
-and keeps looking.
+and keeps looking. Once following, it reports to the primary every second what it holds in memory
+and on disk (`$ha.report`).
 """
 from __future__ import annotations
 
 import logging
 from typing import TYPE_CHECKING, Any
 
-from ..broker.engine import Connection
+from ..broker.engine import Connection, LinkHandler
 from ..broker.queue import Queue
 from . import protocol
 from .queue_replicator import QueueReplicator
@@ -38,6 +39,7 @@ class Backup:
         self.applied = 0  # replication transfers applied: ranks backups by how up to date they are
         self.from_disk = False  # the primary's sync mode asks for confirmations from the journal's disk
         self.wiring: WiringReplicator | None = None
+        self.reporter: Reporter | None = None
         self.stopped = False
         own = (ha.config_address.host, ha.config_address.port) if ha.config_address else None
         self.candidates = [addr for addr in ha.config.brokers if addr != own]
@@ -99,6 +101,7 @@ class Backup:
         self.conn = None
         self.primary = None
         self.wiring = None
+        self.reporter = None
         self.replicators.clear()
         self._tried.add(self._peer)
         if not self.stopped:
@@ -129,6 +132,8 @@ class Backup:
         if self.primary != name:
             log.info("following primary %s (epoch %d)", name, epoch)
         self.primary = name
+        if self.reporter is None and self.conn is not None:
+            self.reporter = Reporter(self, self.conn)
         return True
 
     # -- replication ---------------------------------------------------------------------------
@@ -177,6 +182,36 @@ class Backup:
                 queue.redeliver(seqs)
         self.acquired.clear()
 
+    def held(self) -> dict[str, Any]:
+        """Messages and bytes in memory, and what the journal holds (with a store): the report."""
+        broker = self.ha.broker
+        queues = broker.registry.queues()
+        paged = sum(q.pager.count for q in queues if q.pager is not None)
+        held: dict[str, Any] = {"memory": {"messages": sum(q.depth for q in queues) - paged,
+                                           "bytes": broker.memory.used}}
+        if broker.durability is not None:
+            held["disk"] = broker.durability.held()
+        return held
+
     def status(self) -> dict[str, Any]:
         return {"primary": self.primary, "members": self.members, "applied": self.applied,
-                "queues": {name: r.status() for name, r in self.replicators.items()}}
+                "queues": {name: r.status() for name, r in self.replicators.items()}, **self.held()}
+
+
+class Reporter(LinkHandler):
+    """The backup's end of `$ha.report`: what it holds, every REPORT_INTERVAL, sent settled (a lost
+    report is replaced by the next)."""
+
+    def __init__(self, backup: Backup, conn: Connection) -> None:
+        self.backup = backup
+        ha = backup.ha
+        self.link = conn.open_link(True, protocol.REPORT, protocol.REPORT, self, properties={
+            protocol.BROKER: ha.broker.name, protocol.EPOCH: ha.epoch.epoch})
+        ha.broker.engine.call_later(0, self._report)
+
+    def _report(self) -> None:
+        if self.link.closed:
+            return
+        if self.link.credit() > 0:
+            self.link.send(protocol.encode_map(self.backup.held()), settled=True)
+        self.backup.ha.broker.engine.call_later(protocol.REPORT_INTERVAL, self._report)

@@ -52,6 +52,7 @@ class HaBroker:
         broker.admission.append(self.admit)
         broker.endpoints[protocol.WIRING] = self._endpoint(lambda p, link: p.wiring_endpoint(link))
         broker.endpoints[protocol.QUEUE] = self._endpoint(lambda p, link: p.queue_endpoint(link))
+        broker.endpoints[protocol.REPORT] = self._endpoint(lambda p, link: p.report_endpoint(link))
         broker.status_hooks.append(self._broker_status)
         broker.management.register("ha", "READ", lambda name, body: (200, self.status()))
         broker.management.register("ha", "PROMOTE", lambda name, body: (200, self.promote(bool(body.get("force")))))

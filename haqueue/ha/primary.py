@@ -8,6 +8,7 @@ never stalls the primary.
 from __future__ import annotations
 
 import logging
+import time
 from typing import TYPE_CHECKING, Any
 
 from ..broker.engine import Link, LinkHandler
@@ -35,6 +36,8 @@ def describe(node: Queue | Exchange | Binding, level: str) -> dict[str, Any]:
                             "replicate": level}
     if isinstance(node, Exchange):
         info["type"] = node.type
+    elif node.temporary:  # a backup's copy goes with it too, and its store keeps it out of the journal
+        info["temporary"] = True
     return info
 
 
@@ -49,10 +52,21 @@ class WiringSubscription(LinkHandler):
 
     def send(self, event: dict[str, Any]) -> None:
         if not self.link.closed:
-            self.link.send(protocol.wiring_event(event), settled=True)
+            self.link.send(protocol.encode_map(event), settled=True)
 
     def on_detach(self) -> None:
         self.backup.wiring_closed(self)
+
+
+class BackupReports(LinkHandler):
+    """The primary's end of a backup's `$ha.report` link: keeps its latest report."""
+
+    def __init__(self, backup: "RemoteBackup") -> None:
+        self.backup = backup
+
+    def on_message(self, delivery: Any, data: bytes, settled: bool) -> None:
+        self.backup.report = protocol.decode_map(data)
+        self.backup.reported = time.monotonic()
 
 
 class RemoteBackup:
@@ -65,6 +79,8 @@ class RemoteBackup:
         self.connection: Any = None
         # Queues created since this backup joined, held for it until its subscription catches up.
         self.pending: dict[str, QueueGuard] = {}
+        self.report: dict[str, Any] = {}  # what it last said it holds in memory and on disk ($ha.report)
+        self.reported = 0.0  # when (monotonic)
 
     @property
     def lag(self) -> int:
@@ -256,6 +272,9 @@ class Primary:
             log.info("backup %s connected from %s", name, link.conn.peer)
         return backup
 
+    def report_endpoint(self, link: Link) -> "BackupReports":
+        return BackupReports(self._backup_for(link, wiring=False))
+
     def wiring_endpoint(self, link: Link) -> WiringSubscription:
         backup = self._backup_for(link, wiring=True)
         backup.wiring = WiringSubscription(backup, link)
@@ -284,7 +303,9 @@ class Primary:
         status: dict[str, Any] = {
             "sync": self.ha.config.sync,
             "backups": [{"name": b.name, "state": b.state, "lag": b.lag, "unconfirmed": b.unconfirmed,
-                         "confirms_from": "disk" if from_disk(self.ha.config.sync) else "memory"}
+                         "confirms_from": "disk" if from_disk(self.ha.config.sync) else "memory",
+                         "memory": b.report.get("memory"), "disk": b.report.get("disk"),
+                         "reported_seconds_ago": round(time.monotonic() - b.reported, 1) if b.reported else None}
                         for b in self.backups.values()],
             "expected": sorted(self.expected)}
         if self.quorums is not None:

@@ -14,6 +14,8 @@ from proton import Message
 
 WIRING = "$ha.wiring"
 QUEUE = "$ha.queue"  # a queue's replication link: "$ha.queue/<name>"
+REPORT = "$ha.report"  # a backup's reports to its primary: what it holds in memory and on disk
+REPORT_INTERVAL = 1.0  # seconds between a backup's reports
 
 # Link properties a backup sends when it attaches.
 BROKER = "x-ha-broker"  # the backup's name
@@ -72,12 +74,12 @@ def unflatten(values: list[Any]) -> list[tuple[int, int]]:
     return [(int(values[i]), int(values[i + 1])) for i in range(0, len(values) - 1, 2)]
 
 
-def wiring_event(body: dict[str, Any]) -> bytes:
-    """A wiring event (declare, delete, bind, membership...) as an encoded message: a cold path."""
+def encode_map(body: dict[str, Any]) -> bytes:
+    """A wiring event (declare, delete, bind, membership...) or a report as an encoded message: a cold path."""
     return bytes(Message(body=body).encode())
 
 
-def read_wiring_event(data: bytes) -> dict[str, Any]:
+def decode_map(data: bytes) -> dict[str, Any]:
     message = Message()
     message.decode(data)
-    return cast(dict[str, Any], message.body)  # the primary sends maps only (wiring_event)
+    return cast(dict[str, Any], message.body)  # peers send maps only (encode_map)

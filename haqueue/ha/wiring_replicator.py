@@ -28,7 +28,7 @@ class WiringReplicator(LinkHandler):
         self.link: Any = None
 
     def on_message(self, delivery: Any, data: bytes, settled: bool) -> None:
-        event = protocol.read_wiring_event(data)
+        event = protocol.decode_map(data)
         kind = event.get("event")
         try:
             if kind == "snapshot":
@@ -75,7 +75,8 @@ class WiringReplicator(LinkHandler):
         if existing is not None and existing.uid != d["uid"]:
             self._remove(d["name"])
         if kind == "queue":
-            queue, _ = self.registry.declare_queue(d["name"], dict(d["args"]), uid=d["uid"])
+            queue, _ = self.registry.declare_queue(d["name"], dict(d["args"]), uid=d["uid"],
+                                                   temporary=bool(d.get("temporary")))
             if d.get("replicate") == ALL:
                 self.backup.replicate(queue, fresh=live)
         else:

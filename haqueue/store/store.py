@@ -384,6 +384,12 @@ class Store:
                 "last_sync_ms": round(writer.last_sync_seconds * 1000, 3) if writer else None,
                 "failing": writer.failing if writer else None}
 
+    def held(self) -> dict[str, int]:
+        segment, offset = self.synced >> SHIFT, self.synced & ((1 << SHIFT) - 1)
+        written = sum(size for n, size in self.sizes.items() if n >= segment) + self.pending_size
+        return {"messages": sum(self.live.values()), "bytes": sum(self.sizes.values()) + self.pending_size,
+                "unsynced_bytes": max(written - (offset if segment in self.sizes else 0), 0)}
+
     def _broker_status(self, status: dict[str, Any]) -> None:
         status["store"] = {"segments": len(self.sizes), "bytes": sum(self.sizes.values())}
 

@@ -8,7 +8,7 @@ from proton import Message
 
 from clients import Client
 from ha_harness import send_all
-from harness import BrokerProcess, run_haqueue
+from harness import BrokerProcess, run_haqueue, wait_for
 
 
 def _publish(client: Client, queue: str, bodies: range) -> list:
@@ -64,15 +64,23 @@ def test_all_disk_confirms_only_what_every_backup_has_on_disk(ha_cluster):
 
 
 @pytest.mark.parametrize("mode", ["all", "quorum_mem"])
-def test_status_shows_the_mode_and_each_backups_confirmations(ha_cluster, mode):
+def test_status_shows_the_mode_and_what_each_backup_holds_in_memory_and_on_disk(ha_cluster, mode):
     c = ha_cluster(size=3, ha_extra={"sync": mode})
     p = c.start_cluster()
-    send_all(c.public, "q", range(20))
+    send_all(c.public, "q", [Message(body=i, durable=i < 20) for i in range(30)])
     status = c.status(p)
     assert status["sync"] == mode
     assert {b["name"]: (b["unconfirmed"], b["confirms_from"]) for b in status["backups"]} == {
         "b1": (0, "memory"), "b2": (0, "memory")}
     assert ("quorum" in status) == (mode == "quorum_mem")
+
+    def holdings() -> dict | None:  # each backup's report (every second): 30 in memory, the 20 durable on disk
+        held = {b["name"]: (b["memory"]["messages"], b["disk"]["messages"], b["disk"]["unsynced_bytes"])
+                for b in c.status(p)["backups"] if b["memory"] and b["disk"]}
+        return held if held == {"b1": (30, 20, 0), "b2": (30, 20, 0)} else None
+    wait_for(holdings, 10, message="reports of 30 messages in memory and 20 on disk from each backup")
+    backup = next(b for b in c.status(p)["backups"] if b["name"] == "b1")
+    assert backup["memory"]["bytes"] > 0 and backup["disk"]["bytes"] > 0 and backup["reported_seconds_ago"] <= 2
 
 
 def test_a_bad_sync_mode_is_a_config_error(tmp_path):
