@@ -448,7 +448,14 @@ class Queue:
         return gone
 
     def redeliver(self, seqs: set[int]) -> None:
-        """Raise the delivery-count of these messages (held by a consumer elsewhere: a replica promoted)."""
+        """Raise the delivery-count of these messages (held by a consumer elsewhere: a replica promoted).
+        Those paged are read back first, up to the newest of them: the count is in a message's bytes."""
+        pager = self.pager
+        if seqs and pager is not None and pager.count:
+            newest = max(seqs)
+            paged = sum(1 for seq in pager.paged_seqs() if seq <= newest)
+            if paged:
+                self._depage(paged)
         for seq in seqs:
             entry = self.find(seq)
             if entry is not None:

@@ -78,8 +78,10 @@ def test_queue_state_kept_across_two_failovers(ha_cluster):
     assert [m.body for m in receive(c.public, "s1", 70)] == list(range(50, 120))
 
 
-def test_acquired_not_accepted_redelivered_after_failover(ha_cluster):
-    c = ha_cluster(size=2)
+@pytest.mark.parametrize("paged", [False, True], ids=["in-memory", "paged"])
+def test_acquired_not_accepted_redelivered_after_failover(ha_cluster, paged):
+    # paged: the backup's store pages every durable body out of memory (page_above 1 byte)
+    c = ha_cluster(size=2, extra={"store": {"page_above": 1}} if paged else None)
     p = c.start_cluster()
     send_all(c.public, "acq", range(5))
     c.wait_depth(c[1], "acq", 5)
