@@ -15,7 +15,7 @@ HOT_PATH = [
     "haqueue/broker/completion.py", "haqueue/broker/flow.py",
     "haqueue/store/store.py", "haqueue/store/records.py", "haqueue/store/pager.py",
     "haqueue/ha/replicating_subscription.py", "haqueue/ha/queue_replicator.py", "haqueue/ha/quorum.py",
-    "haqueue/ha/queue_guard.py",
+    "haqueue/ha/queue_guard.py", "haqueue/ha/protocol.py",
 ]
 
 setup(ext_modules=[

@@ -1,8 +1,10 @@
 """The hot path's compiled modules (setup.py builds them with mypyc from their own .py files) are used
-only while every one of them is newer than its source. mypyc compiles them as one group whose modules
-call each other directly, so a single stale one would mix two versions of the code: if any source was
-edited since the build, all of them are imported from source (slower, same behaviour) and a warning
-says how to compile again."""
+only while the build is newer than every one of their sources. mypyc compiles them as one group whose
+modules call each other directly, so a single stale one would mix two versions of the code: if any
+source was edited since the build, all of them are imported from source (slower, same behaviour) and
+a warning says how to compile again. The build's time is that of its newest file: the group's library
+(`haqueue/_hot_path__mypyc…`) holds the code, and a rebuild leaves a module's small stub untouched
+when it has not changed."""
 from __future__ import annotations
 
 import importlib.abc
@@ -45,8 +47,13 @@ class _SourceFirst(importlib.abc.MetaPathFinder):
 
 def use_fresh_code() -> None:
     compiled = _compiled_sources()
-    stale = sorted(name for name, (binary, source) in compiled.items()
-                   if os.path.getmtime(source) > os.path.getmtime(binary))
+    if not compiled:
+        return
+    suffixes = tuple(importlib.machinery.EXTENSION_SUFFIXES)
+    groups = [os.path.join(_PACKAGE, name) for name in os.listdir(_PACKAGE)
+              if "__mypyc" in name and name.endswith(suffixes)]
+    built = max(os.path.getmtime(path) for path in groups + [binary for binary, _ in compiled.values()])
+    stale = sorted(name for name, (_, source) in compiled.items() if os.path.getmtime(source) > built)
     if stale:
         sys.meta_path.insert(0, _SourceFirst({name: source for name, (_, source) in compiled.items()}))
         warnings.warn(f"haqueue: {', '.join(stale)} changed since the hot path was compiled: running it from "

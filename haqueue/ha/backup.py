@@ -80,7 +80,8 @@ class Backup:
         if conn is not self.conn:
             return
         self._opened = True
-        self._tried.add(self._peer)
+        if self._peer is not None:
+            self._tried.add(self._peer)
         props = conn.remote_properties
         epoch = int(props.get(protocol.EPOCH) or 0)
         self.max_peer_epoch = max(self.max_peer_epoch, epoch)
@@ -103,7 +104,8 @@ class Backup:
         self.wiring = None
         self.reporter = None
         self.replicators.clear()
-        self._tried.add(self._peer)
+        if self._peer is not None:
+            self._tried.add(self._peer)
         if not self.stopped:
             # Through the peers one after another, then a pause before the next round.
             pause = RETRY_INTERVAL if self._next % len(self.candidates) == 0 else 0.0
