@@ -199,8 +199,7 @@ class Queue:
             expiry = time.monotonic() + self.default_ttl
         if seq:
             self.next_seq = max(self.next_seq, seq)
-        if durable is None:
-            durable = is_durable(data) if self.journals else False
+        durable = bool(self.journals) and (is_durable(data) if durable is None else durable)
         entry = Entry(self.next_seq, data, expiry, durable)
         self.next_seq += 1
         paging = self.pager is not None and self.pager.count > 0
