@@ -17,15 +17,15 @@ from types import ModuleType
 from typing import Sequence
 
 _PACKAGE = os.path.dirname(os.path.abspath(__file__))
+_SUFFIXES = tuple(importlib.machinery.EXTENSION_SUFFIXES)
 
 
 def _compiled_sources() -> dict[str, tuple[str, str]]:
     """Module name -> (its compiled file, its source) for every compiled module beside its source."""
     found: dict[str, tuple[str, str]] = {}
-    suffixes = tuple(importlib.machinery.EXTENSION_SUFFIXES)
     for directory, _, files in os.walk(_PACKAGE):
         for name in files:
-            if not name.endswith(suffixes):
+            if not name.endswith(_SUFFIXES):
                 continue
             stem = name.split(".", 1)[0]
             source = os.path.join(directory, stem + ".py")
@@ -49,9 +49,8 @@ def use_fresh_code() -> None:
     compiled = _compiled_sources()
     if not compiled:
         return
-    suffixes = tuple(importlib.machinery.EXTENSION_SUFFIXES)
     groups = [os.path.join(_PACKAGE, name) for name in os.listdir(_PACKAGE)
-              if "__mypyc" in name and name.endswith(suffixes)]
+              if "__mypyc" in name and name.endswith(_SUFFIXES)]
     built = max(os.path.getmtime(path) for path in groups + [binary for binary, _ in compiled.values()])
     stale = sorted(name for name, (_, source) in compiled.items() if os.path.getmtime(source) > built)
     if stale:
@@ -62,5 +61,4 @@ def use_fresh_code() -> None:
 
 def hot_path_compiled() -> bool:
     """Whether the hot path runs compiled (for the broker's start-up line and the benchmarks)."""
-    return sys.modules[__name__.rpartition(".")[0] + ".broker.queue"].__file__.endswith(
-        tuple(importlib.machinery.EXTENSION_SUFFIXES))
+    return sys.modules[__name__.rpartition(".")[0] + ".broker.queue"].__file__.endswith(_SUFFIXES)

@@ -235,16 +235,15 @@ class Store:
     def append(self, record: bytes) -> None:
         self.pending.append(record)
         self.pending_size += len(record)
-        if not self.scheduled:
-            self.flush_at_end_of_pass()
+        self._flush_at_end_of_pass()
 
     def after_sync(self, callback: Callable[[], None]) -> None:
         """`callback` once this pass's records, and all before them, are on disk (a sync of its own if
         there are none)."""
         self.waiting.append(Completion(callback))
-        self.flush_at_end_of_pass()
+        self._flush_at_end_of_pass()
 
-    def flush_at_end_of_pass(self) -> None:
+    def _flush_at_end_of_pass(self) -> None:
         if not self.scheduled:
             self.scheduled = True
             self.broker.schedule(self)
