@@ -115,7 +115,8 @@ class ZooKeeperCoordinator:
     def eligible(self) -> bool:
         """May this backup serve if elected: forced, ready, or one the promotion rule accepts (a brand-new
         cluster, or the freshest store after a total outage). A candidate contends only while it is, so a
-        win is not resigned: a resignation raises the cluster epoch, which erases the others' standing."""
+        win is rarely resigned (a resignation raises the cluster epoch, which the others only note: their
+        freshness stays what their stores hold)."""
         ha = self.ha
         return self.forced or ha.backup.state == READY or ha.promotion_refusal() is None
 

@@ -130,7 +130,7 @@ class Backup:
             log.error("refusing primary %s: its epoch %d is older than %d", name, epoch, known)
             self._give_up_on("stale primary")
             return False
-        self.ha.raise_epoch(epoch)
+        self.ha.hold_epoch(epoch)
         if self.primary != name:
             log.info("following primary %s (epoch %d)", name, epoch)
         self.primary = name

@@ -105,7 +105,7 @@ class HaBroker:
                     if state == READY and name != self.broker.name}
         self.backup.stop()
         # Above every epoch seen, ours or a peer's, so no two primaries ever share one.
-        self.raise_epoch(max(self.epoch.epoch, self.backup.max_peer_epoch) + 1 if epoch is None else epoch)
+        self.hold_epoch(max(self.epoch.epoch, self.backup.max_peer_epoch) + 1 if epoch is None else epoch)
         floor = self.epoch.epoch << EPOCH_SEQ_SHIFT
         for queue in self.broker.registry.queues():
             queue.next_seq = max(queue.next_seq, floor)
@@ -123,6 +123,11 @@ class HaBroker:
             self.context_changing()
         self.epoch.raise_to(epoch)
 
+    def hold_epoch(self, epoch: int) -> None:
+        """This broker follows, or is, the primary of `epoch` (persisted)."""
+        self.raise_epoch(epoch)
+        self.epoch.hold(epoch)
+
     def context_changing(self) -> None:
         for hook in self.context_hooks:
             hook()
@@ -133,10 +138,10 @@ class HaBroker:
 
     def freshness(self) -> tuple[int, int, int]:
         """How complete this broker's store is, to compare with its peers' after a total outage:
-        (epoch, standing in it, stream), where stream sums the replicated queues' next seqs
+        (the latest epoch it held, standing in it, stream), where stream sums the replicated queues' next seqs
         (design/store.md)."""
         stream = sum(q.next_seq - 1 for q in self.broker.registry.queues() if self.policy.replicates_messages(q))
-        return self.epoch.epoch, self.epoch.standing, stream
+        return self.epoch.held, self.epoch.standing, stream
 
     def promotion_refusal(self) -> str | None:
         """Why this backup, not ready, may not be promoted; None if it may: in a brand-new cluster, or in

@@ -14,27 +14,38 @@ OUTSIDE, WAS_READY, WAS_PRIMARY = 0, 1, 2
 
 
 class EpochStore:
-    """The highest epoch this broker has seen, and its standing in it (the primary, a ready backup, or
-    neither): after a total outage the coordinators promote the broker that stood highest in the
-    latest epoch (design/store.md). Written atomically so a crash never leaves half a file."""
+    """The highest epoch this broker has seen; the latest it held data of (served in or followed) and
+    its standing there (the primary, a ready backup, or neither): after a total outage the coordinators
+    promote the broker that stood highest in the latest epoch held (design/store.md). Seeing a newer
+    epoch go by (a ZooKeeper election) changes neither: it brings no data. Written atomically so a
+    crash never leaves half a file."""
 
     def __init__(self, data_dir: str) -> None:
         self.path = os.path.join(data_dir, "ha-epoch.json")
         self.epoch = 0
         self.had_primary = False  # has this broker ever followed or been a primary?
-        self.standing = OUTSIDE
+        self.held = 0  # the latest epoch this broker served in or followed
+        self.standing = OUTSIDE  # in `held`
         if os.path.exists(self.path):
             with open(self.path, encoding="utf-8") as f:
                 saved = json.load(f)
             self.epoch = int(saved.get("epoch", 0))
             self.had_primary = bool(saved.get("had_primary", self.epoch > 0))
+            self.held = int(saved.get("held", self.epoch))
             self.standing = int(saved.get("standing", OUTSIDE))
 
     def raise_to(self, epoch: int) -> None:
-        """A newer epoch: this broker has nothing of it yet."""
+        """A newer epoch seen: primaries of older ones are refused from now on."""
         if epoch > self.epoch or not self.had_primary:
             self.epoch = max(epoch, self.epoch)
             self.had_primary = True
+            self._save()
+
+    def hold(self, epoch: int) -> None:
+        """This broker follows or serves as the primary of `epoch`: it has nothing of it yet."""
+        self.raise_to(epoch)
+        if epoch != self.held:
+            self.held = epoch
             self.standing = OUTSIDE
             self._save()
 
@@ -46,7 +57,8 @@ class EpochStore:
     def _save(self) -> None:
         tmp = self.path + ".tmp"
         with open(tmp, "w", encoding="utf-8") as f:
-            json.dump({"epoch": self.epoch, "had_primary": self.had_primary, "standing": self.standing}, f)
+            json.dump({"epoch": self.epoch, "had_primary": self.had_primary, "held": self.held,
+                       "standing": self.standing}, f)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, self.path)

@@ -29,3 +29,17 @@ def test_another_brokers_epoch_is_recorded(tmp_path):
     c = coordinator(tmp_path, claiming=None)
     c.epoch_seen(3)
     assert (c.ha.epoch.epoch, c.ha.epoch.had_primary) == (3, True)
+
+
+def test_an_election_seen_go_by_leaves_the_stores_freshness(tmp_path):
+    """Another broker's win (even one it then resigns) raises the epoch a backup refuses primaries
+    below, not what its store holds: after a total outage the freshest store still outranks it (the
+    race made a resigned win erase every standing, and a staler store was elected)."""
+    c = coordinator(tmp_path, claiming=None)
+    c.ha.epoch.hold(4)
+    c.ha.epoch.stand(2)
+    c.epoch_seen(5)
+    reloaded = EpochStore(str(tmp_path))
+    assert (reloaded.epoch, reloaded.held, reloaded.standing) == (5, 4, 2)
+    reloaded.hold(5)  # it follows the new primary: it holds nothing of epoch 5 yet
+    assert (reloaded.held, reloaded.standing) == (5, 0)
