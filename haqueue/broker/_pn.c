@@ -8,7 +8,8 @@
  *
  *   bind(path, PN_DELIVERY)                      find the functions in the library at path
  *   drain(collector, whole, partial_links) -> list   the delivery events at the collector's head, popped
- *   send(link, tag, data, settled) -> int        a new delivery with these bytes (0 if settled)
+ *   send(link, tag, data, settled) -> int        a new delivery with these bytes, or the pieces of a
+ *                                                list of bytes one after the other (0 if settled)
  *   settle(delivery, outcome)                    give the outcome (unless 0), settle
  *   credit(link) -> int
  *   tag(delivery) -> bytes
@@ -42,6 +43,7 @@ static bool (*disposition_is_undeliverable)(void *);
 static void *(*new_delivery)(void *, pn_bytes);
 static ssize_t (*link_send)(void *, const char *, size_t);
 static void (*delivery_settle)(void *);
+static void (*delivery_abort)(void *);
 static void (*delivery_update)(void *, uint64_t);
 static int (*link_credit)(void *);
 static pn_bytes (*delivery_tag)(void *);
@@ -91,6 +93,7 @@ static PyObject *bind(PyObject *self, PyObject *args)
     FIND(new_delivery, "pn_delivery");
     FIND(link_send, "pn_link_send");
     FIND(delivery_settle, "pn_delivery_settle");
+    FIND(delivery_abort, "pn_delivery_abort");
     FIND(delivery_update, "pn_delivery_update");
     FIND(link_credit, "pn_link_credit");
     FIND(delivery_tag, "pn_delivery_tag");
@@ -188,26 +191,47 @@ static PyObject *drain(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     return items;
 }
 
+/* Hand one buffer's bytes to proton (which copies them into its own). */
+static int send_piece(void *link, PyObject *piece)
+{
+    Py_buffer data;
+    if (PyObject_GetBuffer(piece, &data, PyBUF_SIMPLE) < 0)
+        return -1;
+    link_send(link, data.buf, (size_t)data.len);
+    PyBuffer_Release(&data);
+    return 0;
+}
+
 static PyObject *send(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
-    Py_buffer tag, data;
+    Py_buffer tag;
     if (nargs != 4)
         return PyErr_Format(PyExc_TypeError, "send(link, tag, data, settled)");
     void *link = address(args[0]);
     if (PyErr_Occurred())
         return NULL;
+    PyObject *data = args[2];
+    bool pieces = PyList_Check(data);
+    if (!pieces && !PyObject_CheckBuffer(data))
+        return PyErr_Format(PyExc_TypeError, "send: data must be bytes or a list of bytes, not %s",
+                            Py_TYPE(data)->tp_name);
     if (PyObject_GetBuffer(args[1], &tag, PyBUF_SIMPLE) < 0)
         return NULL;
-    if (PyObject_GetBuffer(args[2], &data, PyBUF_SIMPLE) < 0) {
-        PyBuffer_Release(&tag);
-        return NULL;
-    }
     pn_bytes t = {(size_t)tag.len, tag.buf};
     void *delivery = new_delivery(link, t);
-    link_send(link, data.buf, (size_t)data.len);
-    link_advance(link);
     PyBuffer_Release(&tag);
-    PyBuffer_Release(&data);
+    int failed = 0;
+    if (pieces) {
+        for (Py_ssize_t i = 0; i < PyList_GET_SIZE(data) && !failed; i++)
+            failed = send_piece(link, PyList_GET_ITEM(data, i));
+    } else {
+        failed = send_piece(link, data);
+    }
+    if (failed) { /* a piece that is not bytes: the delivery goes out aborted, never half a message */
+        delivery_abort(delivery);
+        return NULL;
+    }
+    link_advance(link);
     if (PyObject_IsTrue(args[3])) {
         delivery_settle(delivery);
         return PyLong_FromLong(0);

@@ -158,8 +158,9 @@ class Link:
     def credit(self) -> int:
         return _pn.credit(self.addr)
 
-    def send(self, data: bytes, settled: bool = False, tag: bytes | None = None) -> int | None:
-        """Send one message; returns the delivery handle (None when sent pre-settled)."""
+    def send(self, data: bytes | list[bytes], settled: bool = False, tag: bytes | None = None) -> int | None:
+        """Send one message (or the pieces of one, one after the other); returns the delivery handle
+        (None when sent pre-settled)."""
         if tag is None:
             self._tag += 1
             tag = self._tag.to_bytes(8, "little")

@@ -89,7 +89,7 @@ class RemoteBackup:
     @property
     def unconfirmed(self) -> int:
         """Live enqueues sent and not yet confirmed (held in its memory, or on its disk, as the mode says)."""
-        return sum(len(sub.deliveries) for sub in self.subscriptions.values())
+        return sum(sub.unconfirmed for sub in self.subscriptions.values())
 
     def changed(self) -> None:
         """Re-judge readiness: wiring received and every message-replicated queue caught up."""

@@ -30,6 +30,7 @@ FRESHNESS = "x-ha-freshness"  # how complete its store is: [epoch, standing, str
 
 # Transfer kinds on a queue link (the tag's first byte).
 ENQUEUE = b"E"  # a live enqueue: the backup's settlement is its confirmation
+BATCH = b"B"  # live enqueues of one pass, many messages to a transfer (pack_batch); settled as one
 CATCHUP = b"C"  # a message that was on the queue before the backup subscribed (sent newest first)
 DEQUEUE = b"D"  # body: seq ranges dequeued on the primary
 ACQUIRE = b"A"  # body: seq ranges delivered to a consumer and not yet settled there
@@ -37,6 +38,7 @@ CAUGHT_UP = b"M"  # the backup now has everything; settling it tells the primary
 
 _TAG = struct.Struct(">cQQ")  # kind, seq, primary enqueue time (microseconds since the epoch)
 _RANGE = struct.Struct(">QQ")
+_COUNT = struct.Struct(">I")
 
 
 def message_tag(kind: bytes, seq: int, enqueued_us: int) -> bytes:
@@ -45,6 +47,26 @@ def message_tag(kind: bytes, seq: int, enqueued_us: int) -> bytes:
 
 def read_tag(tag: bytes) -> tuple[bytes, int, int]:
     return _TAG.unpack(tag) if len(tag) == _TAG.size else (tag[:1], 0, 0)
+
+
+def batch_index(seqs: list[int], sizes: list[int]) -> bytes:
+    """What follows a batch's messages: each one's seq, then each one's size, then their count. The
+    messages go first, untouched, as separate pieces of the transfer (no copy into one buffer here)."""
+    count = len(seqs)
+    return struct.pack(f">{count}Q{count}I", *seqs, *sizes) + _COUNT.pack(count)
+
+
+def unpack_batch(body: bytes) -> list[tuple[int, bytes]]:
+    """A batch's (seq, message) pairs, in the order the primary enqueued them."""
+    end = len(body) - _COUNT.size
+    (count,) = _COUNT.unpack_from(body, end)
+    index = struct.unpack_from(f">{count}Q{count}I", body, end - 12 * count)
+    pairs = []
+    offset = 0
+    for seq, size in zip(index[:count], index[count:]):
+        pairs.append((seq, body[offset:offset + size]))
+        offset += size
+    return pairs
 
 
 def ranges(seqs: Iterable[int]) -> list[tuple[int, int]]:

@@ -1,7 +1,7 @@
 """QueueReplicator: the backup's end of `$ha.queue/<name>`, mirroring one queue's messages and dequeues.
 
-Live enqueues are appended (the primary's seq kept) and settled: that settlement is the backup's
-confirmation. Catch-up messages arrive newest first; they are held aside and merged into the
+Live enqueues, one or a batch to a transfer, are appended (the primary's seqs kept) and the
+transfer settled: that settlement is the backup's confirmation. Catch-up messages arrive newest first; they are held aside and merged into the
 queue at their seq positions in one pass when the caught-up marker arrives (or the link goes), so
 a 100k-message catch-up costs one sort of two sorted runs rather than 100k list insertions.
 """
@@ -45,17 +45,13 @@ class QueueReplicator(LinkHandler):
 
     def on_message(self, delivery: Any, data: bytes, settled: bool) -> None:
         kind, seq, enqueued_us = protocol.read_tag(Link.tag(delivery))
+        if kind == protocol.ENQUEUE or kind == protocol.BATCH:
+            self._enqueue(delivery, [(seq, data)] if kind == protocol.ENQUEUE else protocol.unpack_batch(data),
+                          enqueued_us, settled)
+            return
         self.received[kind] = self.received.get(kind, 0) + 1
         self.backup.applied += 1
-        if kind == protocol.ENQUEUE:
-            if self.backup.from_disk and not settled:  # confirmed once the journal has it (if durable)
-                completion = Completion(lambda: self._settle(delivery))
-                self.queue.enqueue(data, self._expiry(data), completion, seq=seq)
-                self._applied(kind, seq, enqueued_us, data)
-                completion.release()
-                return
-            self.queue.enqueue(data, self._expiry(data), seq=seq)
-        elif kind == protocol.CATCHUP:
+        if kind == protocol.CATCHUP:
             self.catchup[seq] = Entry(seq, data, self._expiry(data))
             if len(self.catchup_first) < 5:
                 self.catchup_first.append(seq)
@@ -76,8 +72,24 @@ class QueueReplicator(LinkHandler):
         self._applied(kind, seq, enqueued_us, data)
         self.link.settle(delivery, 0 if settled else ACCEPTED)
 
+    def _enqueue(self, delivery: Any, messages: list[tuple[int, bytes]], enqueued_us: int, settled: bool) -> None:
+        """Live enqueues; the transfer is settled once they are in memory, or (from_disk) once the
+        journal has the durable ones on disk."""
+        self.received[protocol.ENQUEUE] += len(messages)
+        self.backup.applied += len(messages)
+        completion = Completion(lambda: self._settle(delivery)) if self.backup.from_disk and not settled else None
+        queue, hooks = self.queue, self.hooks
+        for seq, data in messages:
+            queue.enqueue(data, self._expiry(data), completion, seq=seq)
+            for hook in hooks:
+                hook(queue, protocol.ENQUEUE, seq, enqueued_us, data)
+        if completion is not None:
+            completion.release()
+        else:
+            self.link.settle(delivery, 0 if settled else ACCEPTED)
+
     def _applied(self, kind: bytes, seq: int, enqueued_us: int, data: bytes) -> None:
-        if self.hooks and (kind == protocol.ENQUEUE or kind == protocol.CATCHUP):
+        if self.hooks and kind == protocol.CATCHUP:
             for hook in self.hooks:
                 hook(self.queue, kind, seq, enqueued_us, data)
 

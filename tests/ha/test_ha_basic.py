@@ -63,6 +63,19 @@ def test_messages_and_dequeues_reach_backups(ha_cluster):
     assert c.depth(p, "mq") == 70
 
 
+def test_messages_of_every_size_reach_backups_whole_and_in_order(ha_cluster):
+    """Sent in one go, live enqueues travel many to a transfer (up to 32 KB of messages) and larger
+    ones alone: every backup holds the same bodies in the same order."""
+    c = ha_cluster()
+    p = c.start_cluster()
+    sizes = [0, 1, 100, 5_000, 31_000, 40_000, 100, 200_000, 7, 33_000] * 5 + [100] * 500
+    bodies = [bytes([i % 251]) * size for i, size in enumerate(sizes)]
+    send_all(c.public, "sq", [Message(body=body) for body in bodies])
+    for b in backups(c, p):
+        c.wait_depth(b, "sq", len(bodies))
+        assert c.bodies(b, "sq") == bodies, b.name
+
+
 def test_backup_restart_catches_up(ha_cluster):
     c = ha_cluster()
     p = c.start_cluster()
