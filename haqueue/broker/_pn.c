@@ -49,7 +49,7 @@ static int (*link_credit)(void *);
 static pn_bytes (*delivery_tag)(void *);
 
 static int PN_DELIVERY = -1;
-enum { ACCEPTED = 0x24, MODIFIED = 0x27 };
+enum { ACCEPTED = 0x24, MODIFIED = 0x27, TRANSACTIONAL = 0x34 };
 /* What drain() reports: a whole message in hand, an outcome, or a delivery for engine.py to read
  * itself (in pieces, aborted, over the read size). */
 enum { RAW = 0, TRANSFER = 1, OUTCOME = 2 };
@@ -139,7 +139,9 @@ static PyObject *item(void *delivery, Py_ssize_t whole, PyObject *partial_links,
         pieces = PySet_Contains(partial_links, key) == 1;
         Py_DECREF(key);
     }
-    if (!pieces && !delivery_aborted(delivery) && delivery_readable(delivery) && !delivery_partial(delivery)) {
+    /* A transactional transfer (its state names the transaction) is read by engine.py: a cold path. */
+    if (!pieces && !delivery_aborted(delivery) && delivery_readable(delivery) && !delivery_partial(delivery)
+        && delivery_remote_state(delivery) != TRANSACTIONAL) {
         size_t pending = delivery_pending(delivery);
         if ((Py_ssize_t)pending <= whole) {
             PyObject *data = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)pending);

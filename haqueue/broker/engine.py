@@ -33,13 +33,14 @@ from proton import Data
 
 from ..config import LimitsConfig, ListenerConfig
 from . import _pn
-from .errors import BrokerError, RESOURCE_LIMIT, UNAUTHORIZED
+from .errors import BrokerError, NOT_IMPLEMENTED, RESOURCE_LIMIT, UNAUTHORIZED
 from .sasl import AMQP_HEADER, SASL_HEADER, Authenticator, SaslClient, SaslServer
 
 log = logging.getLogger("haqueue.engine")
 
 NULL = ffi.NULL
 ACCEPTED, REJECTED, RELEASED, MODIFIED = lib.PN_ACCEPTED, lib.PN_REJECTED, lib.PN_RELEASED, lib.PN_MODIFIED
+DECLARED, TRANSACTIONAL = 0x33, 0x34  # delivery states of transactions (AMQP 1.0 part 4), not named by proton
 _PN_DELIVERY = lib.PN_DELIVERY
 _pn.bind(cproton_ffi.__file__, _PN_DELIVERY)
 _PN_LINK_FLOW = lib.PN_LINK_FLOW
@@ -59,6 +60,14 @@ class LinkHandler:
 
     def on_outcome(self, delivery: Any, outcome: int, failed: bool, undeliverable: bool) -> None:
         """The peer settled (or gave an outcome for) a message the broker sent; the engine settles it after."""
+
+    def on_txn_message(self, delivery: Any, data: bytes, settled: bool, txn_id: bytes) -> bool:
+        """A message sent under transaction `txn_id`; False: this link takes none (the engine refuses it)."""
+        return False
+
+    def on_txn_outcome(self, delivery: Any, txn_id: bytes, outcome: int) -> None:
+        """The peer gave an outcome for a message the broker sent, under transaction `txn_id`: it takes
+        effect at commit. The engine leaves the delivery unsettled: the handler settles it."""
 
     def on_credit(self) -> None:
         """The peer granted credit on a link the broker sends on."""
@@ -93,6 +102,18 @@ def _data_object(ptr: Any) -> Any:
     data = Data(ptr)
     data.rewind()
     return data.get_object() if data.next() else None
+
+
+_OUTCOMES = {"amqp:accepted:list": ACCEPTED, "amqp:rejected:list": REJECTED, "amqp:released:list": RELEASED,
+             "amqp:modified:list": MODIFIED}
+
+
+def _outcome_code(value: Any) -> int:
+    """An outcome decoded from a transactional state (described by its code or its name); 0 if none."""
+    descriptor = getattr(value, "descriptor", None)
+    if isinstance(descriptor, int):
+        return int(descriptor)
+    return _OUTCOMES.get(str(descriptor), 0) if descriptor is not None else 0
 
 
 def address(ptr: Any) -> int:
@@ -199,6 +220,15 @@ class Link:
             if failed:
                 lib.pn_disposition_set_failed(local, True)
         _pn.settle(delivery, outcome)
+        self.conn.engine.dirty.add(self.conn)
+
+    def settle_with_state(self, delivery: int, state: int, fields: list[Any]) -> None:
+        """Settle with a state proton has no name for (a transaction's `declared`, a `transactional-state`):
+        its fields are encoded through proton's Data. A cold path."""
+        data = Data(lib.pn_disposition_data(lib.pn_delivery_local(_delivery(delivery))))
+        data.clear()
+        data.put_object(fields)
+        _pn.settle(delivery, state)
         self.conn.engine.dirty.add(self.conn)
 
     # -- receiving ---------------------------------------------------------------------------
@@ -827,11 +857,15 @@ class Engine:
 
     def _on_message(self, link: Link, delivery: int, data: bytes, settled: bool) -> None:
         """A whole message from a publisher (read and advanced past by _pn.drain)."""
+        self._credit_used(link)
+        link.handler.on_message(delivery, data, settled)  # type: ignore[union-attr]
+
+    @staticmethod
+    def _credit_used(link: Link) -> None:
         link._received += 1
         if link._received >= _RECEIVE_WINDOW // 2 and not link.held:
             lib.pn_link_flow(link.ptr, link._received)
             link._received = 0
-        link.handler.on_message(delivery, data, settled)  # type: ignore[union-attr]
 
     def _on_raw_transfer(self, link: Link, handle: int) -> None:
         """A delivery _pn.drain left to be read here: aborted, in pieces, or larger than a whole read."""
@@ -865,7 +899,20 @@ class Engine:
         data = bytes(buffered)
         self._forget_partial(link, handle)
         lib.pn_link_advance(ptr)
-        self._on_message(link, handle, data, bool(lib.pn_delivery_settled(delivery)))
+        settled = bool(lib.pn_delivery_settled(delivery))
+        if lib.pn_delivery_remote_state(delivery) == TRANSACTIONAL:
+            self._on_txn_message(link, handle, data, settled)
+        else:
+            self._on_message(link, handle, data, settled)
+
+    def _on_txn_message(self, link: Link, handle: int, data: bytes, settled: bool) -> None:
+        """A transfer whose state names a transaction (AMQP 1.0 part 4): [txn-id]."""
+        fields = _data_object(lib.pn_disposition_data(lib.pn_delivery_remote(_delivery(handle))))
+        txn_id = bytes(fields[0]) if isinstance(fields, list) and fields and fields[0] is not None else b""
+        self._credit_used(link)
+        handler = link.handler
+        if handler is None or not handler.on_txn_message(handle, data, settled, txn_id):
+            link.settle(handle, REJECTED, NOT_IMPLEMENTED, "this link takes no transactional transfers")
 
     def _forget_partial(self, link: Link, handle: int) -> None:
         link._partial.pop(handle, None)
@@ -874,9 +921,19 @@ class Engine:
 
     def _on_outcome(self, link: Link, delivery: int, state: int, failed: bool, undeliverable: bool) -> None:
         """A consumer settled or gave an outcome for a message the broker sent."""
+        if state == TRANSACTIONAL:
+            self._on_txn_outcome(link, delivery)
+            return
         link.handler.on_outcome(delivery, state, failed, undeliverable)  # type: ignore[union-attr]
         _pn.settle(delivery, 0)
         self.dirty.add(link.conn)
+
+    def _on_txn_outcome(self, link: Link, delivery: int) -> None:
+        """An outcome under a transaction: [txn-id, outcome] (left unsettled: the transaction settles it)."""
+        fields = _data_object(lib.pn_disposition_data(lib.pn_delivery_remote(_delivery(delivery))))
+        if not isinstance(fields, list) or len(fields) < 2 or fields[0] is None:
+            return  # a transactional state with no outcome yet: nothing to do until it has one
+        link.handler.on_txn_outcome(delivery, bytes(fields[0]), _outcome_code(fields[1]))  # type: ignore[union-attr]
 
     def _conn_of(self, event: Any) -> Connection | None:
         return self._by_ptr.get(lib.pn_event_connection(event))

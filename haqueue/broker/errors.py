@@ -12,6 +12,8 @@ NOT_IMPLEMENTED = "amqp:not-implemented"
 INTERNAL = "amqp:internal-error"
 DECODE = "amqp:decode-error"
 CONNECTION_FORCED = "amqp:connection:forced"
+TXN_UNKNOWN = "amqp:transaction:unknown-id"
+TXN_ROLLBACK = "amqp:transaction:rollback"
 
 # The management status code for each condition (design/management.md).
 STATUS = {NOT_FOUND: 404, INVALID_FIELD: 400, RESOURCE_LOCKED: 409, RESOURCE_LIMIT: 403,

@@ -65,11 +65,7 @@ class Publisher(LinkHandler):
                 return
         durable = is_durable(data)
         try:
-            queues = [node] if type(node) is Queue and not node.deleted else self._route(node, data)
-            for queue in queues:
-                refusal = queue.refusal(durable)
-                if refusal:
-                    raise BrokerError(RESOURCE_LIMIT, refusal)
+            queues = self.queues_for(data, durable)
             self._overflow(queues, len(data))
         except BrokerError as e:
             self.link.settle(delivery, REJECTED, e.condition, e.description)
@@ -90,6 +86,20 @@ class Publisher(LinkHandler):
         for queue in queues:
             confirmation.enqueued.append((queue, queue.enqueue(data, expiry, confirmation, durable=durable)))
         confirmation.release()
+
+    def on_txn_message(self, delivery: Any, data: bytes, settled: bool, txn_id: bytes) -> bool:
+        self.broker.transactions.publish(self, delivery, data, settled, txn_id)
+        return True
+
+    def queues_for(self, data: bytes, durable: bool) -> list[Queue]:
+        """Where a publish goes; raises BrokerError if it cannot go there (a queue refuses durable messages)."""
+        node = self.node
+        queues = [node] if type(node) is Queue and not node.deleted else self._route(node, data)
+        for queue in queues:
+            refusal = queue.refusal(durable)
+            if refusal:
+                raise BrokerError(RESOURCE_LIMIT, refusal)
+        return queues
 
     def _overflow(self, queues: list[Queue], size: int) -> None:
         """Apply the overflow policy of each queue this publish would take over a limit: reject the
@@ -211,6 +221,9 @@ class Consumer(LinkHandler):
             self.broker.dead_letter(queue, entry)
         else:
             queue.release(entry)
+
+    def on_txn_outcome(self, delivery: Any, txn_id: bytes, outcome: int) -> None:
+        self.broker.transactions.outcome(self, delivery, txn_id, outcome)
 
     def on_credit(self) -> None:
         self.broker.schedule(self.queue)

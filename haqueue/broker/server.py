@@ -16,13 +16,13 @@ import os
 import signal
 import ssl
 import uuid
-from typing import Any, Callable, Protocol, Sequence
+from typing import Any, Callable, ContextManager, Protocol, Sequence
 
 from .. import __version__
 from .._compiled import hot_path_compiled
 from ..config import BrokerConfig, LimitsConfig, ListenerConfig
 from .engine import Connection, Engine, Link, LinkHandler, Listener
-from .errors import BrokerError, INVALID_FIELD, NOT_IMPLEMENTED, RESOURCE_LOCKED, RecoveryError
+from .errors import BrokerError, INVALID_FIELD, RESOURCE_LOCKED, RecoveryError
 from .exchange import Exchange
 from .flow import BLOCK, MemoryAlarm
 from .links import Consumer, Publisher
@@ -30,6 +30,7 @@ from .management import ADDRESS as MANAGEMENT, Management
 from .message import Routing
 from .queue import Entry, Queue
 from .registry import Registry
+from .transactions import Coordinator, Transactions
 
 log = logging.getLogger("haqueue.broker")
 
@@ -47,6 +48,9 @@ class Durability(Protocol):
 
     def held(self) -> dict[str, int]:
         """What the journal holds: live messages, bytes, and bytes written but not yet synced."""
+
+    def atomically(self) -> ContextManager[None]:
+        """What is journalled within is recovered whole or not at all (a transaction's commit)."""
 
 
 class Dispatchable(Protocol):
@@ -72,6 +76,7 @@ class Broker:
         self.completion_hooks: list[Callable[[Queue, Entry], None]] = []
         self.connections: set[Connection] = set()
         self.durability: Durability | None = None  # set by a store plug-in
+        self.transactions = Transactions(self)
         self._tls: ssl.SSLContext | None = None
 
     # -- set-up ------------------------------------------------------------------------------
@@ -122,7 +127,7 @@ class Broker:
 
     def link_opened(self, link: Link) -> LinkHandler:
         if link.coordinator:
-            raise BrokerError(NOT_IMPLEMENTED, "transactions are not supported")
+            return Coordinator(self.transactions, link)
         address = link.address
         special = self._special_endpoint(address)
         if special is not None:

@@ -18,6 +18,7 @@ HEAD_SIZE = _HEAD.size
 _ENQUEUE = struct.Struct(">BIQd")  # type, qid, seq, expiry (wall clock, 0: never)
 _DEQUEUE = struct.Struct(">BIQ")
 _QID = struct.Struct(">I")
+_GROUP = struct.Struct(">BI")
 MAX_RECORD = 1 << 31  # a length above this is garbage, not a record
 
 # Record types.
@@ -26,6 +27,7 @@ QUEUE, QUEUE_DELETED = ord("Q"), ord("q")  # payload: qid u32, then JSON {name, 
 EXCHANGE, EXCHANGE_DELETED = ord("X"), ord("x")  # JSON {name, type, uid, args} / {name, uid}
 BINDING, UNBOUND = ord("B"), ord("b")  # JSON {exchange, queue, key, uid, args} / {exchange, queue, key}
 ENQUEUE, DEQUEUE = ord("E"), ord("D")
+GROUP = ord("G")  # payload: count u32: the next `count` records are kept whole or not at all (a transaction)
 
 VERSION = 1
 
@@ -56,6 +58,11 @@ def message_at(record: bytes) -> bytes | None:
 
 def dequeue(qid: int, seq: int) -> bytes:
     return _frame(_DEQUEUE.pack(DEQUEUE, qid, seq))
+
+
+def group(count: int) -> bytes:
+    """The head of an atomic group; always the same size, so that it can be written before its count is known."""
+    return _frame(_GROUP.pack(GROUP, count))
 
 
 def wiring(kind: int, fields: dict[str, Any], qid: int | None = None) -> bytes:
@@ -99,6 +106,9 @@ def _decode(body: memoryview, offset: int, end: int) -> Record:
     if kind == DEQUEUE:
         _, qid, seq = _DEQUEUE.unpack_from(body)
         return Record(kind, offset, end, qid, seq)
+    if kind == GROUP:
+        _, count = _GROUP.unpack_from(body)
+        return Record(kind, offset, end, seq=count)
     if kind in (QUEUE, QUEUE_DELETED):
         qid = _QID.unpack_from(body, 1)[0]
         fields = json.loads(bytes(body[5:])) if kind == QUEUE else None
@@ -152,9 +162,11 @@ def read_segment(path: str, data: bytes, last: bool,
     Without `bodies`, message records carry no bytes (a journal larger than memory: read back later).
 
     A bad record with a valid one after it, or in a segment that is not the last, raises Corrupt: a
-    torn write can only be at the end of the newest segment."""
+    torn write can only be at the end of the newest segment. An atomic group cut short by the end of the
+    newest segment is torn off whole."""
     view = memoryview(data)
     found: list[Record | MessageRecord] = []
+    group_at, group_left, group_start = 0, 0, 0  # the open group: its offset, records to come, first in found
     pos, n = 0, len(data)
     unpack_head, crc32 = _HEAD.unpack_from, zlib.crc32
     unpack_enqueue, unpack_dequeue, skip = _ENQUEUE.unpack_from, _DEQUEUE.unpack_from, _ENQUEUE.size
@@ -173,7 +185,7 @@ def read_segment(path: str, data: bytes, last: bool,
         elif kind == DEQUEUE:
             _, qid, seq = unpack_dequeue(data, start)
             found.append((DEQUEUE, qid, seq, 0.0, b"", pos, end - pos))
-        else:  # wiring (rare), or a bad record: the careful path says which
+        else:  # wiring and groups (rare), or a bad record: the careful path says which
             record, reason = _check(view, pos)
             if record is None:
                 later = _valid_after(view, data, pos)
@@ -181,8 +193,22 @@ def read_segment(path: str, data: bytes, last: bool,
                     where = f"; a valid record follows at offset {later}" if later is not None else \
                         " in a segment that is not the newest"
                     raise Corrupt(path, pos, reason + where)
+                if group_left:
+                    del found[group_start:]
+                    return found, group_at, f"{reason}, in a transaction's group of records (dropped whole)"
                 return found, pos, reason
-            found.append(record)
             end = record.end
+            if record.type == GROUP:
+                group_at, group_left, group_start = pos, record.seq + 1, len(found)  # + 1: itself, below
+            else:
+                found.append(record)
+        if group_left:
+            group_left -= 1
         pos = end
+    if group_left:
+        if not last:
+            raise Corrupt(path, group_at, f"a transaction's group of records lacks {group_left} of them, in a "
+                                          f"segment that is not the newest")
+        del found[group_start:]
+        return found, group_at, f"a transaction's group of records cut short ({group_left} missing; dropped whole)"
     return found, None, ""

@@ -93,6 +93,24 @@ class QueueJournal:
             self.store.write_enqueue(self, entry)
 
 
+class AtomicGroup:
+    """A group's head is appended first with a count of 0 and rewritten at the end with the real one
+    (the same size, so every location taken meanwhile stays true). A group never spans two writer jobs:
+    it is made within one handler call, and jobs are made at the end of the pass."""
+
+    def __init__(self, store: "Store") -> None:
+        self.store = store
+        self.pending = store.pending
+        self.at = len(store.pending)
+
+    def __enter__(self) -> None:
+        self.store.append(records.group(0))
+
+    def __exit__(self, *exc: object) -> None:
+        assert self.store.pending is self.pending, "a writer job was made inside an atomic group"
+        self.pending[self.at] = records.group(len(self.pending) - self.at - 1)
+
+
 class Store:
     """Made by the plug-in function before the broker starts; recovers when the broker starts."""
 
@@ -236,6 +254,10 @@ class Store:
         self.pending.append(record)
         self.pending_size += len(record)
         self._flush_at_end_of_pass()
+
+    def atomically(self) -> "AtomicGroup":
+        """Records appended within form one group that recovery keeps whole or not at all."""
+        return AtomicGroup(self)
 
     def after_sync(self, callback: Callable[[], None]) -> None:
         """`callback` once this pass's records, and all before them, are on disk (a sync of its own if

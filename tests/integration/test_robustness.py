@@ -3,7 +3,7 @@ messages, clients that vanish with unsettled messages, many sessions, out-of-ord
 from __future__ import annotations
 
 import pytest
-from proton import Delivery, Endpoint, Message
+from proton import Delivery, Described, Endpoint, Message, symbol
 from proton.reactor import AtMostOnce
 
 from clients import Client, RawAmqp, bodies, make_messages
@@ -152,20 +152,14 @@ def test_consumer_on_dynamic_queue_and_reply_after_requester_left(broker):
         assert bodies(responder.receiver("q.after-reply").receive_n(1)) == ["responder still fine"]
 
 
-def test_transaction_coordinator_refused_cleanly(broker):
-    from proton import Terminus
-    with RawAmqp(broker.host, broker.port) as raw:
-        raw.open()
-        session = raw.conn.session()
-        session.open()
-        snd = session.sender("txn-ctrl")
-        snd.target.type = Terminus.COORDINATOR
-        snd.open()
-        # a refusal comes with the answering attach; give it 3 s
-        raw.pump(lambda: snd.state & Endpoint.REMOTE_CLOSED or raw.conn.state & Endpoint.REMOTE_CLOSED,
-                 timeout=3)
-        refused = snd.state & Endpoint.REMOTE_CLOSED or raw.conn.state & Endpoint.REMOTE_CLOSED
-        assert refused, "a transaction coordinator link was accepted by a broker without transactions"
+def test_a_coordinator_refuses_what_is_not_a_declare_or_discharge(broker):
+    from txn_client import control
+    for body, condition, words in [("nonsense", "amqp:decode-error", "declare and discharge"),
+                                   (Described(symbol("amqp:declare:list"), [b"global"]), "amqp:not-implemented",
+                                    "only local transactions")]:
+        reply = control(broker.url(), body)
+        assert (reply.outcome, reply.condition) == ("commit_failed", condition), reply
+        assert words in reply.description
     with Client(broker) as c:
         c.roundtrip()
 

@@ -66,6 +66,43 @@ def test_a_torn_tail_is_cut_off_at_start_and_reported_offline(tmp_path, tail):
     assert open(path, "rb").read() == b"".join(good)
 
 
+def _transaction(*members: bytes) -> list[bytes]:
+    return [records.group(len(members)), *members]
+
+
+@pytest.mark.parametrize("cut", [1, 2, 3], ids=["in-the-head", "after-the-first-record", "in-the-last-record"])
+def test_a_transaction_cut_short_is_dropped_whole(tmp_path, cut):
+    """A crash while a commit's records were written (its group cut anywhere) loses all of it, never
+    part: the messages before it stay, the torn tail starts at the group's head."""
+    before = _segment(1, _queue(1), records.enqueue(1, 1, 0, b"kept"))
+    txn = _transaction(records.enqueue(1, 2, 0, b"txn-a"), records.dequeue(1, 1), records.enqueue(1, 3, 0, b"txn-b"))
+    whole = b"".join(txn)
+    ends = {1: 5, 2: len(txn[0]) + len(txn[1]), 3: len(whole) - 3}
+    path = _write(tmp_path, 1, before + [whole[:ends[cut]]])
+    offline = read_journal(str(tmp_path), repair=False)
+    assert {seq: m[0] for seq, m in offline.queues[1].messages.items()} == {1: b"kept"}
+    assert f"offset {len(b''.join(before))}" in offline.torn[0], offline.torn
+    read_journal(str(tmp_path), repair=True)
+    assert open(path, "rb").read() == b"".join(before)
+
+
+def test_a_whole_transaction_is_applied_with_the_records_after_it(tmp_path):
+    txn = _transaction(records.enqueue(1, 2, 0, b"txn-a"), records.dequeue(1, 1), records.enqueue(1, 3, 0, b"txn-b"))
+    _write(tmp_path, 1, _segment(1, _queue(1), records.enqueue(1, 1, 0, b"one"), *txn, records.enqueue(1, 4, 0, b"four")))
+    image = read_journal(str(tmp_path), repair=False)
+    assert not image.torn
+    assert {seq: m[0] for seq, m in image.queues[1].messages.items()} == {2: b"txn-a", 3: b"txn-b", 4: b"four"}
+
+
+def test_a_transaction_cut_short_in_an_older_segment_is_corruption(tmp_path):
+    txn = _transaction(records.enqueue(1, 2, 0, b"txn-a"), records.enqueue(1, 3, 0, b"txn-b"))
+    _write(tmp_path, 1, _segment(1, _queue(1), *txn[:2]))
+    _write(tmp_path, 2, _segment(2, _queue(1), records.enqueue(1, 9, 0, b"later")))
+    with pytest.raises(Corrupt) as raised:
+        read_journal(str(tmp_path), repair=True)
+    assert "transaction's group of records lacks 1" in str(raised.value)
+
+
 def test_a_bad_record_followed_by_good_ones_is_corruption_naming_file_and_offset(tmp_path):
     chunks = _segment(1, _queue(1), records.enqueue(1, 1, 0, b"first"), records.enqueue(1, 2, 0, b"second"))
     data = bytearray(b"".join(chunks))

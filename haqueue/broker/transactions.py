@@ -1,0 +1,210 @@
+"""Local transactions (AMQP 1.0 part 4, design/transactions.md): a client's coordinator link declares
+and discharges them; transfers and outcomes that name one wait in it until it is discharged.
+
+A transaction holds its publishes (routed and checked when they arrive, enqueued at commit) and its
+consumers' outcomes (the messages stay acquired, applied at commit). Commit applies all of it in one
+go on the broker's loop, so no consumer or browser ever sees part of it, and asks the durable store to
+journal its records as one group that recovery keeps whole or not at all. The discharge is accepted
+once every guard of every message it enqueued has released it: on disk, and on the backups HA asks for.
+Rollback drops the publishes and releases the messages. A transaction lives as long as its controller
+link: a lost connection or a broker that stops (a failover) rolls it back.
+"""
+from __future__ import annotations
+
+import contextlib
+import itertools
+import logging
+import os
+import time
+from typing import TYPE_CHECKING, Any, Callable, Iterator
+
+from proton import Described, Message, symbol, ulong
+
+from .completion import Completion
+from .engine import ACCEPTED, DECLARED, REJECTED, RELEASED, TRANSACTIONAL, Connection, Link, LinkHandler
+from .errors import DECODE, NOT_IMPLEMENTED, TXN_ROLLBACK, TXN_UNKNOWN, BrokerError
+from .message import MalformedMessage, is_durable, is_message, ttl_ms
+from .queue import Entry, Queue
+
+if TYPE_CHECKING:
+    from .links import Consumer, Publisher
+    from .server import Broker
+
+log = logging.getLogger("haqueue.transactions")
+
+_DECLARE = {symbol("amqp:declare:list"), 0x31}
+_DISCHARGE = {symbol("amqp:discharge:list"), 0x32}
+_ACCEPTED_STATE = Described(ulong(ACCEPTED), [])
+
+
+class Transaction:
+    def __init__(self, txn_id: bytes, controller: Link) -> None:
+        self.id = txn_id
+        self.controller = controller
+        self.publishes: list[tuple[list[Queue], bytes, float, bool]] = []  # queues, message, expiry, durable
+        self.outcomes: list[tuple["Consumer", int, int]] = []  # consumer, delivery, outcome
+        self.doomed: str | None = None  # why it can only roll back (a publish refused in it)
+
+
+class Transactions:
+    """The broker's transactions, by id. Ids name this broker process, so that a discharge reaching a
+    broker that does not know the transaction says whether it was lost with another (rolled back) or
+    never existed here."""
+
+    def __init__(self, broker: "Broker") -> None:
+        self.broker = broker
+        self.active: dict[bytes, Transaction] = {}
+        self.prefix = f"{broker.name}:{os.getpid()}:{int(time.time())}:".encode()
+        self._numbers = itertools.count(1)
+
+    def declare(self, controller: Link) -> Transaction:
+        txn = Transaction(self.prefix + str(next(self._numbers)).encode(), controller)
+        self.active[txn.id] = txn
+        return txn
+
+    def find(self, txn_id: bytes, conn: Connection) -> Transaction:
+        txn = self.active.get(txn_id)
+        if txn is not None and txn.controller.conn is conn:
+            return txn
+        name = txn_id.decode("utf-8", "replace")
+        if txn_id.startswith(self.prefix):
+            raise BrokerError(TXN_UNKNOWN, f"transaction '{name}' is unknown on this connection "
+                                           f"(discharged already, or declared on another connection)")
+        raise BrokerError(TXN_ROLLBACK, f"transaction '{name}' was rolled back: the broker process that "
+                                        f"held it stopped (a restart or a failover)")
+
+    # -- work under a transaction -----------------------------------------------------------------
+    def publish(self, publisher: "Publisher", delivery: int, data: bytes, settled: bool, txn_id: bytes) -> None:
+        link = publisher.link
+        txn: Transaction | None = None
+        try:
+            txn = self.find(txn_id, link.conn)
+            if not is_message(data):
+                raise BrokerError(DECODE, "the transfer is not an AMQP message (no section descriptor)")
+            durable = is_durable(data)
+            queues = publisher.queues_for(data, durable)
+        except (BrokerError, MalformedMessage) as e:
+            condition, description = (e.condition, e.description) if isinstance(e, BrokerError) else (DECODE, str(e))
+            if txn is not None:  # a publish it promised cannot be kept: it can only roll back now
+                txn.doomed = txn.doomed or f"a message sent in it was refused ({condition}: {description})"
+            link.settle(delivery, REJECTED, condition, description)
+            return
+        ttl = ttl_ms(data)
+        txn.publishes.append((queues, data, time.monotonic() + ttl / 1000.0 if ttl else 0.0, durable))
+        if settled:
+            link.settle(delivery, 0)
+        else:
+            link.settle_with_state(delivery, TRANSACTIONAL, [txn.id, _ACCEPTED_STATE])
+
+    def outcome(self, consumer: "Consumer", delivery: int, txn_id: bytes, outcome: int) -> None:
+        try:
+            txn = self.find(txn_id, consumer.link.conn)
+        except BrokerError as e:  # the message stays acquired; it goes back when the link does
+            log.warning("outcome under transaction on link '%s' ignored: %s", consumer.link.name, e.description)
+            return
+        txn.outcomes.append((consumer, delivery, outcome))
+
+    # -- discharge ---------------------------------------------------------------------------------
+    def commit(self, txn: Transaction, done: Callable[[], None]) -> None:
+        """Apply it at once; `done` once everything it enqueued is as safe as a confirmed publish."""
+        del self.active[txn.id]
+        enqueued: list[tuple[Queue, Entry]] = []
+
+        def confirmed() -> None:
+            for queue, entry in enqueued:
+                for hook in self.broker.completion_hooks:
+                    hook(queue, entry)
+            done()
+        completion = Completion(confirmed)
+        with self._atomically():
+            for queues, data, expiry, durable in txn.publishes:
+                for queue in queues:
+                    if not queue.deleted:
+                        enqueued.append((queue, queue.enqueue(data, expiry, completion, durable=durable)))
+            for consumer, delivery, outcome in txn.outcomes:
+                consumer.on_outcome(delivery, outcome, False, False)
+                if not consumer.link.closed:
+                    consumer.link.settle(delivery, 0)
+        completion.release()
+
+    def rollback(self, txn: Transaction) -> None:
+        """Forget its publishes; the messages it would have settled are released, as the client's own
+        transaction code does with them after a rollback."""
+        self.active.pop(txn.id, None)
+        for consumer, delivery, _ in txn.outcomes:
+            consumer.on_outcome(delivery, RELEASED, False, False)
+            if not consumer.link.closed:
+                consumer.link.settle(delivery, 0)
+
+    def controller_gone(self, controller: Link) -> None:
+        for txn in [t for t in self.active.values() if t.controller is controller]:
+            log.info("transaction '%s' rolled back: its controller link went away", txn.id.decode("utf-8", "replace"))
+            self.rollback(txn)
+
+    @contextlib.contextmanager
+    def _atomically(self) -> Iterator[None]:
+        durability = self.broker.durability
+        if durability is None:
+            yield
+            return
+        with durability.atomically():
+            yield
+
+
+def _control(data: bytes) -> tuple[str, list[Any]]:
+    """A coordinator message: ('declare', [global-id]) or ('discharge', [txn-id, fail])."""
+    message = Message()
+    try:
+        message.decode(data)
+    except Exception as e:  # proton raises its own errors for bad encodings
+        raise ValueError(f"undecodable message ({e})") from None
+    body = message.body
+    descriptor = getattr(body, "descriptor", None)
+    fields = list(getattr(body, "value", None) or [])
+    if descriptor in _DECLARE:
+        return "declare", fields
+    if descriptor in _DISCHARGE and fields:
+        return "discharge", fields
+    raise ValueError(f"a coordinator takes declare and discharge, not {body!r:.80}")
+
+
+class Coordinator(LinkHandler):
+    """The broker's end of a client's transaction controller link (target: a coordinator)."""
+
+    def __init__(self, transactions: Transactions, link: Link) -> None:
+        self.transactions = transactions
+        self.link = link
+
+    def on_message(self, delivery: Any, data: bytes, settled: bool) -> None:
+        link = self.link
+        try:
+            kind, fields = _control(data)
+        except ValueError as e:
+            link.settle(delivery, REJECTED, DECODE, str(e))
+            return
+        if kind == "declare":
+            if fields and fields[0] is not None:
+                link.settle(delivery, REJECTED, NOT_IMPLEMENTED, "only local transactions are supported (no global-id)")
+                return
+            txn = self.transactions.declare(link)
+            link.settle_with_state(delivery, DECLARED, [txn.id])
+            return
+        txn_id = bytes(fields[0]) if fields[0] is not None else b""
+        fail = bool(fields[1]) if len(fields) > 1 else False
+        try:
+            txn = self.transactions.find(txn_id, link.conn)
+        except BrokerError as e:
+            link.settle(delivery, REJECTED, e.condition, e.description)
+            return
+        if fail:
+            self.transactions.rollback(txn)
+            link.settle(delivery, ACCEPTED)
+        elif txn.doomed:
+            self.transactions.rollback(txn)
+            link.settle(delivery, REJECTED, TXN_ROLLBACK, f"transaction '{txn_id.decode('utf-8', 'replace')}' "
+                                                          f"was rolled back: {txn.doomed}")
+        else:
+            self.transactions.commit(txn, lambda: None if link.closed else link.settle(delivery, ACCEPTED))
+
+    def on_detach(self) -> None:
+        self.transactions.controller_gone(self.link)

@@ -1,0 +1,206 @@
+"""A transactional client written as proton's tx_send/tx_recv examples are: a Container, a
+TransactionHandler, `declare_transaction`, `Transaction.send`/`accept`, `commit`/`abort`.
+
+`run_transaction` drives one transaction to its end and says how it ended, as the client saw it."""
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+
+from proton import Described, Message, Terminus, symbol
+from proton.handlers import MessagingHandler, TransactionHandler
+from proton.reactor import Container
+
+
+@dataclass
+class TxnResult:
+    declared: bool = False
+    txn_id: bytes | None = None
+    outcome: str = "none"  # committed | aborted | commit_failed | declare_failed | none
+    condition: str | None = None
+    description: str | None = None
+    received: list[Any] = field(default_factory=list)
+
+
+class _TxnClient(MessagingHandler, TransactionHandler):
+    def __init__(self, url: str, address: str, send: list[Message], receive: int, commit: bool,
+                 hold: threading.Event | None, declared: threading.Event | None, result: TxnResult,
+                 timeout: float) -> None:
+        super().__init__(prefetch=0, auto_accept=False)
+        self.timeout = timeout
+        self.url, self.address, self.to_send, self.to_receive = url, address, send, receive
+        self.commit, self.hold, self.declared_event, self.result = commit, hold, declared, result
+        self.txn: Any = None
+        self.sender: Any = None
+        self.receiver: Any = None
+        self.sent = 0
+        self.settled = 0  # transactional sends the broker has settled (taken into the transaction)
+        self.discharged = False
+
+    def on_start(self, event: Any) -> None:
+        self.timer = event.container.schedule(self.timeout, self)  # a bounded run: on_timer_task ends it
+        self.conn = event.container.connect(self.url, reconnect=False)
+        if self.to_send:
+            self.sender = event.container.create_sender(self.conn, self.address)
+        if self.to_receive:
+            self.receiver = event.container.create_receiver(self.conn, self.address)
+        event.container.declare_transaction(self.conn, handler=self)
+
+    def on_transaction_declared(self, event: Any) -> None:
+        self.txn = event.transaction
+        self.result.declared = True
+        self.result.txn_id = bytes(self.txn.id)
+        if self.declared_event is not None:
+            self.declared_event.set()
+        self._send()
+        if self.to_receive:
+            self.receiver.flow(self.to_receive)
+        self._maybe_discharge()
+
+    def _send(self) -> None:
+        while self.sent < len(self.to_send) and self.sender.credit:
+            self.txn.send(self.sender, self.to_send[self.sent])
+            self.sent += 1
+
+    def on_sendable(self, event: Any) -> None:
+        if self.txn is not None:
+            self._send()
+            self._maybe_discharge()
+
+    def on_settled(self, event: Any) -> None:
+        if self.sender is not None and event.link.name == self.sender.name:
+            self.settled += 1
+
+    def on_message(self, event: Any) -> None:
+        self.result.received.append(event.message.body)
+        self.txn.accept(event.delivery)
+        self._maybe_discharge()
+
+    def _maybe_discharge(self) -> None:
+        if self.sent < len(self.to_send) or len(self.result.received) < self.to_receive or self.discharged:
+            return
+        if self.hold is not None:  # the test decides when (or whether) it ends
+            return
+        self.discharged = True
+        self.txn.commit() if self.commit else self.txn.abort()
+
+    def on_transaction_committed(self, event: Any) -> None:
+        self.result.outcome = "committed"
+        self._end(event)
+
+    def on_transaction_aborted(self, event: Any) -> None:
+        self.result.outcome = "aborted"
+        self._end(event)
+
+    def on_transaction_commit_failed(self, event: Any) -> None:
+        self.result.outcome = "commit_failed"
+        condition = event.delivery.remote.condition
+        if condition is not None:
+            self.result.condition, self.result.description = condition.name, condition.description
+        self._end(event)
+
+    def on_transaction_declare_failed(self, event: Any) -> None:
+        self.result.outcome = "declare_failed"
+        self._end(event)
+
+    def _end(self, event: Any) -> None:
+        self.timer.cancel()
+        event.connection.close()
+
+    def on_timer_task(self, event: Any) -> None:
+        self.result.condition = self.result.condition or "timed out"
+        event.container.stop()
+
+    def on_transport_error(self, event: Any) -> None:
+        condition = event.transport.condition
+        self.result.condition = condition.name if condition else "transport error"
+        self.timer.cancel()
+        event.container.stop()
+
+
+def run_transaction(url: str, address: str, send: list[Message] = (), receive: int = 0, commit: bool = True,
+                    timeout: float = 20.0) -> TxnResult:
+    """Send `send` and receive-and-accept `receive` messages in one transaction, then commit or abort."""
+    result = TxnResult()
+    Container(_TxnClient(url, address, list(send), receive, commit, None, None, result, timeout)).run()
+    return result
+
+
+class OpenTransaction:
+    """A transaction left open on its own thread (its messages sent, not discharged): the test kills
+    the broker under it, or ends it with `finish()`."""
+
+    def __init__(self, url: str, address: str, send: list[Message], timeout: float = 20.0) -> None:
+        self.result = TxnResult()
+        self.declared = threading.Event()
+        self.client = _TxnClient(url, address, list(send), 0, True, threading.Event(), self.declared, self.result,
+                                 timeout)
+        self.thread = threading.Thread(target=Container(self.client).run, daemon=True)
+        self.thread.start()
+        if not self.declared.wait(timeout):
+            raise AssertionError(f"transaction not declared within {timeout} s")
+
+    def taken(self) -> bool:
+        """Has the broker taken every message into the transaction?"""
+        return self.client.settled == len(self.client.to_send)
+
+    def join(self, timeout: float) -> TxnResult:
+        self.thread.join(timeout)
+        return self.result
+
+
+class _Controller(MessagingHandler):
+    """A bare coordinator link: it sends one control message (a discharge, as a client that lost its
+    broker and reconnected would still send) and reads the outcome."""
+
+    def __init__(self, url: str, body: Any, result: TxnResult, timeout: float) -> None:
+        super().__init__()
+        self.url, self.body, self.result, self.timeout = url, body, result, timeout
+
+    def on_start(self, event: Any) -> None:
+        self.timer = event.container.schedule(self.timeout, self)
+        conn = event.container.connect(self.url, reconnect=False)
+        session = conn.session()
+        session.open()
+        sender = session.sender("txn-ctrl")
+        sender.target.type = Terminus.COORDINATOR
+        sender.target.capabilities.put_object(symbol("amqp:local-transactions"))
+        sender.open()
+        self.sender = sender
+        self.sent = False
+
+    def on_sendable(self, event: Any) -> None:
+        if not self.sent:
+            self.sent = True
+            event.sender.send(Message(body=self.body))
+
+    def on_accepted(self, event: Any) -> None:
+        self.result.outcome = "accepted"
+        self._end(event)
+
+    def on_rejected(self, event: Any) -> None:
+        self.result.outcome = "commit_failed"
+        condition = event.delivery.remote.condition
+        if condition is not None:
+            self.result.condition, self.result.description = condition.name, condition.description
+        self._end(event)
+
+    def _end(self, event: Any) -> None:
+        self.timer.cancel()
+        event.connection.close()
+
+    def on_timer_task(self, event: Any) -> None:
+        self.result.condition = self.result.condition or "timed out"
+        event.container.stop()
+
+
+def control(url: str, body: Any, timeout: float = 20.0) -> TxnResult:
+    """Send one message to a coordinator: outcome `accepted`, or `commit_failed` with the condition."""
+    result = TxnResult()
+    Container(_Controller(url, body, result, timeout)).run()
+    return result
+
+
+def discharge(url: str, txn_id: bytes, fail: bool = False, timeout: float = 20.0) -> TxnResult:
+    return control(url, Described(symbol("amqp:discharge:list"), [txn_id, fail]), timeout)
