@@ -26,9 +26,10 @@ class TxnResult:
 class _TxnClient(MessagingHandler, TransactionHandler):
     def __init__(self, url: str, address: str, send: list[Message], receive: int, commit: bool,
                  hold: threading.Event | None, declared: threading.Event | None, result: TxnResult,
-                 timeout: float) -> None:
+                 timeout: float, receive_from: str | None = None) -> None:
         super().__init__(prefetch=0, auto_accept=False)
         self.timeout = timeout
+        self.receive_from = receive_from or address
         self.url, self.address, self.to_send, self.to_receive = url, address, send, receive
         self.commit, self.hold, self.declared_event, self.result = commit, hold, declared, result
         self.txn: Any = None
@@ -44,7 +45,7 @@ class _TxnClient(MessagingHandler, TransactionHandler):
         if self.to_send:
             self.sender = event.container.create_sender(self.conn, self.address)
         if self.to_receive:
-            self.receiver = event.container.create_receiver(self.conn, self.address)
+            self.receiver = event.container.create_receiver(self.conn, self.receive_from)
         event.container.declare_transaction(self.conn, handler=self)
 
     def on_transaction_declared(self, event: Any) -> None:
@@ -119,11 +120,12 @@ class _TxnClient(MessagingHandler, TransactionHandler):
         event.container.stop()
 
 
-def run_transaction(url: str, address: str, send: list[Message] = (), receive: int = 0, commit: bool = True,
-                    timeout: float = 20.0) -> TxnResult:
-    """Send `send` and receive-and-accept `receive` messages in one transaction, then commit or abort."""
+def run_transaction(url: str, address: str | None, send: list[Message] = (), receive: int = 0, commit: bool = True,
+                    timeout: float = 20.0, receive_from: str | None = None) -> TxnResult:
+    """Send `send` (to `address`; None: each to its own `address`) and receive-and-accept `receive`
+    messages (from `receive_from`, else `address`) in one transaction, then commit or abort."""
     result = TxnResult()
-    Container(_TxnClient(url, address, list(send), receive, commit, None, None, result, timeout)).run()
+    Container(_TxnClient(url, address, list(send), receive, commit, None, None, result, timeout, receive_from)).run()
     return result
 
 

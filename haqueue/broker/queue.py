@@ -230,6 +230,14 @@ class Queue:
             self._schedule(self)
         return entry
 
+    def journal(self, entry: Entry) -> None:
+        """A replica's entry enqueued as not durable for now (part of a transaction not yet complete here)
+        is journalled now, if it is a durable message and still here."""
+        if self.journals and not entry.durable and entry.state != DEQUEUED and is_durable(entry.data):
+            entry.durable = True
+            for journal in self.journals:
+                journal.enqueued(self, entry)
+
     # -- settlement ------------------------------------------------------------------------
     def dequeue(self, entry: Entry) -> None:
         if entry.state == DEQUEUED:

@@ -9,6 +9,7 @@ wiring and messages it kept before anything else happens, and says when what it 
 """
 from __future__ import annotations
 
+import contextlib
 import gc
 import hmac
 import logging
@@ -180,6 +181,10 @@ class Broker:
         queue = self._temporary_queue(f"{exchange.name}.sub.{uuid.uuid4().hex[:12]}")
         self.registry.bind(exchange.name, queue.name, "#" if exchange.type == "topic" else "", {})
         return queue
+
+    def atomically(self) -> ContextManager[None]:
+        """What is journalled within is recovered whole or not at all (without a store, nothing to do)."""
+        return self.durability.atomically() if self.durability is not None else contextlib.nullcontext()
 
     def after_pass(self) -> None:
         """Dispatch what changed this pass; what is scheduled meanwhile waits for the next pass."""

@@ -11,12 +11,11 @@ link: a lost connection or a broker that stops (a failover) rolls it back.
 """
 from __future__ import annotations
 
-import contextlib
 import itertools
 import logging
 import os
 import time
-from typing import TYPE_CHECKING, Any, Callable, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Protocol
 
 from proton import Described, Message, symbol, ulong
 
@@ -37,9 +36,18 @@ _DISCHARGE = {symbol("amqp:discharge:list"), 0x32}
 _ACCEPTED_STATE = Described(ulong(ACCEPTED), [])
 
 
+class CommitObserver(Protocol):
+    """Told of a commit as it is applied (HA replicates it as one): `committing` before its enqueues and
+    dequeues, `committed` after, with every queue they touch."""
+
+    def committing(self, number: int, queues: list[Queue]) -> None: ...
+    def committed(self, number: int, queues: list[Queue]) -> None: ...
+
+
 class Transaction:
-    def __init__(self, txn_id: bytes, controller: Link) -> None:
+    def __init__(self, txn_id: bytes, number: int, controller: Link) -> None:
         self.id = txn_id
+        self.number = number  # unique in this broker process
         self.controller = controller
         self.publishes: list[tuple[list[Queue], bytes, float, bool]] = []  # queues, message, expiry, durable
         self.outcomes: list[tuple["Consumer", int, int]] = []  # consumer, delivery, outcome
@@ -54,11 +62,13 @@ class Transactions:
     def __init__(self, broker: "Broker") -> None:
         self.broker = broker
         self.active: dict[bytes, Transaction] = {}
+        self.observers: list[CommitObserver] = []
         self.prefix = f"{broker.name}:{os.getpid()}:{int(time.time())}:".encode()
         self._numbers = itertools.count(1)
 
     def declare(self, controller: Link) -> Transaction:
-        txn = Transaction(self.prefix + str(next(self._numbers)).encode(), controller)
+        number = next(self._numbers)
+        txn = Transaction(self.prefix + str(number).encode(), number, controller)
         self.active[txn.id] = txn
         return txn
 
@@ -116,7 +126,11 @@ class Transactions:
                     hook(queue, entry)
             done()
         completion = Completion(confirmed)
-        with self._atomically():
+        touched = list(dict.fromkeys([q for queues, _, _, _ in txn.publishes for q in queues if not q.deleted]
+                                     + [consumer.queue for consumer, _, _ in txn.outcomes]))
+        for observer in self.observers:
+            observer.committing(txn.number, touched)
+        with self.broker.atomically():
             for queues, data, expiry, durable in txn.publishes:
                 for queue in queues:
                     if not queue.deleted:
@@ -125,6 +139,8 @@ class Transactions:
                 consumer.on_outcome(delivery, outcome, False, False)
                 if not consumer.link.closed:
                     consumer.link.settle(delivery, 0)
+        for observer in self.observers:
+            observer.committed(txn.number, touched)
         completion.release()
 
     def rollback(self, txn: Transaction) -> None:
@@ -140,15 +156,6 @@ class Transactions:
         for txn in [t for t in self.active.values() if t.controller is controller]:
             log.info("transaction '%s' rolled back: its controller link went away", txn.id.decode("utf-8", "replace"))
             self.rollback(txn)
-
-    @contextlib.contextmanager
-    def _atomically(self) -> Iterator[None]:
-        durability = self.broker.durability
-        if durability is None:
-            yield
-            return
-        with durability.atomically():
-            yield
 
 
 def _control(data: bytes) -> tuple[str, list[Any]]:

@@ -15,6 +15,7 @@ from ..broker.engine import Connection, LinkHandler
 from ..broker.queue import Queue
 from . import protocol
 from .queue_replicator import QueueReplicator
+from .transaction_replicator import TransactionReplicator
 from .role import CATCHUP, JOINING, OUTSIDE, READY, WAS_READY
 from .wiring_replicator import WiringReplicator
 
@@ -35,6 +36,7 @@ class Backup:
         self.primary: str | None = None
         self.members: dict[str, str] = {}
         self.replicators: dict[str, QueueReplicator] = {}
+        self.transactions = TransactionReplicator(self)  # commits arriving in parts
         self.acquired: dict[str, set[int]] = {}  # queue -> seqs a consumer held on the primary
         self.applied = 0  # replication transfers applied: ranks backups by how up to date they are
         self.from_disk = False  # the primary's sync mode asks for confirmations from the journal's disk
@@ -104,6 +106,7 @@ class Backup:
         self.wiring = None
         self.reporter = None
         self.replicators.clear()
+        self.transactions.drop_incomplete()  # a new subscription is sent what the primary did commit
         if self._peer is not None:
             self._tried.add(self._peer)
         if not self.stopped:
@@ -172,6 +175,7 @@ class Backup:
         self.stopped = True
         for replicator in self.replicators.values():
             replicator.merge()
+        self.transactions.drop_incomplete()
         if self.conn is not None:
             self.conn.close()
         self._redeliver()

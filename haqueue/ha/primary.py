@@ -158,6 +158,7 @@ class Primary:
             self._guard_new_queue(queue)
         self.broker.registry.observers.append(self)
         self.broker.registry.queue_hooks.append(self._guard_new_queue)
+        self.broker.transactions.observers.append(self)
         timeout = ha.config.backup_timeout
         self.broker.engine.every(min(timeout / 4, 0.5), self._check_backups)
         if expected:
@@ -204,6 +205,22 @@ class Primary:
             for backup in self.backups.values():
                 if backup.wiring is not None:
                     backup.guard(queue)
+
+    # -- a transaction's commit: replicated in parts, one per queue, applied whole by each backup ----
+    def _subscriptions(self, backup: "RemoteBackup", queues: list[Queue]) -> list[ReplicatingSubscription]:
+        return [sub for q in queues if (sub := backup.subscriptions.get(q.name)) is not None and sub.queue is q]
+
+    def committing(self, number: int, queues: list[Queue]) -> None:
+        for backup in self.backups.values():
+            for sub in self._subscriptions(backup, queues):
+                sub.committing(number)
+
+    def committed(self, number: int, queues: list[Queue]) -> None:
+        for backup in self.backups.values():
+            subs = self._subscriptions(backup, queues)
+            names = [sub.queue.name for sub in subs]
+            for sub in subs:
+                sub.committed(number, names)
 
     # -- membership ----------------------------------------------------------------------------
     def members(self) -> dict[str, str]:

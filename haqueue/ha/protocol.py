@@ -31,6 +31,9 @@ FRESHNESS = "x-ha-freshness"  # how complete its store is: [epoch, standing, str
 # Transfer kinds on a queue link (the tag's first byte).
 ENQUEUE = b"E"  # a live enqueue: the backup's settlement is its confirmation
 BATCH = b"B"  # live enqueues of one pass, many messages to a transfer (pack_batch); settled as one
+TXN_PART = b"T"  # a live enqueue that is part of a transaction's commit (tag: seq, transaction number)
+COMMIT = b"K"  # a transaction's commit marker on each queue it touches (tag: transaction number; body: a
+# map {queues, dequeues}); settled once the backup has every queue's marker and applied it all
 CATCHUP = b"C"  # a message that was on the queue before the backup subscribed (sent newest first)
 DEQUEUE = b"D"  # body: seq ranges dequeued on the primary
 ACQUIRE = b"A"  # body: seq ranges delivered to a consumer and not yet settled there

@@ -32,7 +32,8 @@ class QueueReplicator(LinkHandler):
         self.acquired: set[int] = backup.acquired.setdefault(queue.name, set())
         self.caught_up = False
         self.received = {kind: 0 for kind in (protocol.ENQUEUE, protocol.CATCHUP, protocol.DEQUEUE,
-                                              protocol.ACQUIRE, protocol.CAUGHT_UP)}
+                                              protocol.ACQUIRE, protocol.CAUGHT_UP, protocol.TXN_PART,
+                                              protocol.COMMIT)}
         # The first and last seqs catch-up delivered, in arrival order: status shows it is newest first.
         self.catchup_first: list[int] = []
         self.catchup_last: deque[int] = deque(maxlen=5)
@@ -51,13 +52,18 @@ class QueueReplicator(LinkHandler):
             return
         self.received[kind] = self.received.get(kind, 0) + 1
         self.backup.applied += 1
-        if kind == protocol.CATCHUP:
+        if kind == protocol.TXN_PART:  # the tag's third field is the transaction's number
+            self.backup.transactions.part(self, seq, enqueued_us, data, self._expiry(data))
+        elif kind == protocol.COMMIT:  # settled once the whole transaction is applied
+            self.backup.transactions.marker(self, delivery, seq, protocol.decode_map(data))
+            return
+        elif kind == protocol.CATCHUP:
             self.catchup[seq] = Entry(seq, data, self._expiry(data))
             if len(self.catchup_first) < 5:
                 self.catchup_first.append(seq)
             self.catchup_last.append(seq)
         elif kind == protocol.DEQUEUE:
-            self._dequeue(protocol.decode_ranges(data))
+            self.apply_dequeues(protocol.decode_ranges(data))
         elif kind == protocol.ACQUIRE:
             for first, last in protocol.decode_ranges(data):
                 self.acquired.update(range(first, last + 1))
@@ -67,7 +73,7 @@ class QueueReplicator(LinkHandler):
             self.backup.check_ready()
             durability = self.backup.ha.broker.durability
             if self.backup.from_disk and durability is not None:  # the catch-up, merged, is on disk
-                durability.after_sync(lambda: self._settle(delivery))
+                durability.after_sync(lambda: self.settle(delivery))
                 return
         self._applied(kind, seq, enqueued_us, data)
         self.link.settle(delivery, 0 if settled else ACCEPTED)
@@ -77,7 +83,7 @@ class QueueReplicator(LinkHandler):
         journal has the durable ones on disk."""
         self.received[protocol.ENQUEUE] += len(messages)
         self.backup.applied += len(messages)
-        completion = Completion(lambda: self._settle(delivery)) if self.backup.from_disk and not settled else None
+        completion = Completion(lambda: self.settle(delivery)) if self.backup.from_disk and not settled else None
         queue, hooks = self.queue, self.hooks
         for seq, data in messages:
             queue.enqueue(data, self._expiry(data), completion, seq=seq)
@@ -93,7 +99,7 @@ class QueueReplicator(LinkHandler):
             for hook in self.hooks:
                 hook(self.queue, kind, seq, enqueued_us, data)
 
-    def _settle(self, delivery: Any) -> None:
+    def settle(self, delivery: Any) -> None:
         if not self.link.closed:
             self.link.settle(delivery, ACCEPTED)
 
@@ -102,7 +108,7 @@ class QueueReplicator(LinkHandler):
         ttl = ttl_ms(data)
         return time.monotonic() + ttl / 1000.0 if ttl else 0.0
 
-    def _dequeue(self, runs: list[tuple[int, int]]) -> None:
+    def apply_dequeues(self, runs: list[tuple[int, int]]) -> None:
         catchup = self.catchup
         for first, last in runs:
             # A range may be far wider than what is held (a returning backup's old seqs).

@@ -7,6 +7,11 @@ completion waits for this backup's settlement of the live enqueue).
 On one ordered link it sends, in this order of priority: live enqueues (at the end of the loop's
 pass, many to a transfer), then batched dequeue and acquire events, then catch-up messages newest
 first (skipping any dequeued meanwhile), then the caught-up marker once nothing older is left.
+
+A transaction's commit reaches the backup in parts, one per queue it touches: its enqueues as `T`
+transfers, then a `K` marker carrying its dequeues. The backup applies it once it has every queue's
+marker, and settles the markers then: a marker's settlement confirms the transaction's enqueues on
+that queue (design/transactions.md).
 """
 from __future__ import annotations
 
@@ -60,6 +65,11 @@ class ReplicatingSubscription(LinkHandler):
         self.held: dict[int, Completion] = {}  # seq -> the publisher's completion this backup holds
         self.deliveries: dict[int, list[int]] = {}  # unconfirmed live transfer -> the seqs it carries
         self.unconfirmed = 0  # messages in them
+        self.txn = 0  # the transaction being committed now: what happens to the queue meanwhile is part of it
+        self.txn_parts: dict[int, list[int]] = {}  # transaction -> its enqueues' seqs, until its marker is sent
+        self.txn_seqs: set[int] = set()  # those seqs
+        self.txn_dequeues: list[int] = []  # the current transaction's dequeues, sent with its marker
+        self.txn_pending = 0  # pending entries that are transaction parts or markers (sent one by one)
         self.sent: deque[tuple[float, int]] = deque()  # (time sent, delivery) of live transfers, oldest first
         self.closed = False
         self.caught_up = False
@@ -96,6 +106,10 @@ class ReplicatingSubscription(LinkHandler):
         if not self.pending:
             self.backup.primary.broker.schedule(self)
         self.pending.append(entry)
+        if self.txn:
+            self.txn_parts.setdefault(self.txn, []).append(entry.seq)
+            self.txn_seqs.add(entry.seq)
+            self.txn_pending += 1
 
     def acquired(self, queue: Queue, entry: Entry) -> None:
         self.acquired_seqs.append(entry.seq)
@@ -105,8 +119,23 @@ class ReplicatingSubscription(LinkHandler):
         completion = self.held.pop(entry.seq, None)
         if completion is not None:  # consumed before this backup confirmed: nothing left to protect
             completion.release()
+        if self.txn:
+            self.txn_dequeues.append(entry.seq)
+            return
         self.dequeued_seqs.append(entry.seq)
         self._events_due()
+
+    # -- a transaction's commit (Primary tells each subscription of the queues it touches) ----------
+    def committing(self, number: int) -> None:
+        self.txn = number
+
+    def committed(self, number: int, queues: list[str]) -> None:
+        """Its marker follows its enqueues: an entry of seq 0 in the pending list."""
+        marker = Entry(0, protocol.encode_map({"txn": number, "queues": queues, "dequeues": self.txn_dequeues}), 0.0)
+        self.txn, self.txn_dequeues = 0, []
+        self.txn_parts.setdefault(number, [])
+        self.enqueued(self.queue, marker)
+        self.txn_pending += 1
 
     def _events_due(self) -> None:
         """Acquire and dequeue events ride with the next live enqueue, or go after EVENT_DELAY: at
@@ -128,6 +157,8 @@ class ReplicatingSubscription(LinkHandler):
         stamp = int(time.time() * 1e6)
         now = time.monotonic()
         start, count, used = 0, len(pending), 0
+        if self.txn_pending:
+            return self._send_one_by_one(credit, stamp, now)
         while start < count and used < credit:
             entry = pending[start]
             size = len(entry.data)
@@ -151,6 +182,36 @@ class ReplicatingSubscription(LinkHandler):
             used += 1
             start = end
         del pending[:start]
+        return used
+
+    def _send_one_by_one(self, credit: int, stamp: int, now: float) -> int:
+        """The pending list holds a transaction's parts or marker: each entry its own transfer. A part is
+        confirmed by its transaction's marker (its own settlement confirms nothing)."""
+        pending, link, deliveries, sent = self.pending, self.link, self.deliveries, self.sent
+        used = 0
+        while used < min(credit, len(pending)):
+            entry = pending[used]
+            used += 1
+            if entry.seq == 0:  # a commit marker
+                number = int(protocol.decode_map(entry.data)["txn"])
+                seqs = self.txn_parts.pop(number, [])
+                self.txn_seqs.difference_update(seqs)
+                tag = protocol.message_tag(protocol.COMMIT, number, stamp)
+                self.txn_pending -= 1
+            elif entry.seq in self.txn_seqs:
+                seqs = []
+                number = next(n for n, part in self.txn_parts.items() if entry.seq in part)
+                tag = protocol.message_tag(protocol.TXN_PART, entry.seq, number)
+                self.txn_pending -= 1
+            else:
+                seqs = [entry.seq]
+                tag = protocol.message_tag(protocol.ENQUEUE, entry.seq, stamp)
+            delivery = link.send(entry.data, tag=tag)
+            assert delivery is not None  # sent unsettled
+            deliveries[delivery] = seqs
+            sent.append((now, delivery))
+            self.unconfirmed += len(seqs)
+        del pending[:used]
         return used
 
     def dispatch(self) -> None:

@@ -10,12 +10,20 @@ from txn_client import OpenTransaction, discharge, run_transaction
 
 
 def test_a_committed_transaction_is_on_every_backup_when_its_commit_is_confirmed(ha_cluster):
+    """Publishes to two queues and accepts from a third, committed at once: replicated in parts, one
+    per queue, applied whole by each backup before the commit is confirmed."""
     c = ha_cluster()
     p = c.start_cluster()
-    result = run_transaction(f"amqp://{c.public}", "tx", [Message(body=i, durable=True) for i in range(20)])
-    assert result.outcome == "committed", result
+    send_all(c.public, "src", [Message(body=f"s-{i}", durable=True) for i in range(5)])
+    for b in c.brokers:
+        c.wait_depth(b, "src", 5)
+    sent = [Message(address=f"tx{i % 2}", body=i, durable=True) for i in range(20)]
+    result = run_transaction(f"amqp://{c.public}", None, sent, receive=3, receive_from="src")
+    assert (result.outcome, result.received) == ("committed", ["s-0", "s-1", "s-2"]), result
     for b in c.brokers:  # no waiting: the commit was confirmed only once every ready backup held it all
-        assert c.bodies(b, "tx") == list(range(20)), b.name
+        assert c.bodies(b, "tx0") == list(range(0, 20, 2)), b.name
+        assert c.bodies(b, "tx1") == list(range(1, 20, 2)), b.name
+        assert c.bodies(b, "src") == ["s-3", "s-4"], b.name
     assert p.running
 
 
