@@ -4,7 +4,7 @@ Who may do what is `access` (access.py): checked here when a link attaches, and 
 for each request. Plug-ins (HA, the audit log) use the named hooks and nothing else:
 `registry.observers` / `registry.validators` / `registry.queue_hooks` (wiring and per-queue
 observers and guards), `admission` (who may connect), `endpoints` (link handlers for `$`
-addresses), `management.register` (operations), `status_hooks` (fields of the broker status),
+addresses), `management.register` (operations, each with what it needs), `status_hooks` (fields of the broker status),
 `completion_hooks` (a publisher's message confirmed) and `durability` (a durable store: loads the
 wiring and messages it kept before anything else happens, and says when what it was given is on disk).
 """

@@ -84,8 +84,8 @@ class HaBroker:
             return
         if self.primary is None:
             if self._admin_tool(conn):
-                log.info("admitted admin tool %s (%s, user %s) on this backup", conn.peer, conn.remote_container,
-                         conn.user)
+                log.debug("admitted admin tool %s (%s, user %s) on this backup", conn.peer, conn.remote_container,
+                          conn.user)
                 return
             log.info("refused client %s (%s): this broker is a backup", conn.peer, conn.remote_container)
             raise BrokerError(CONNECTION_FORCED, f"{self.broker.name} is a backup; connect to the primary")
