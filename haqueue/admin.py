@@ -6,10 +6,13 @@ import uuid
 from types import TracebackType
 from typing import Any
 
-from proton import Message, ProtonException, Timeout
+from proton import Message, ProtonException, Timeout, symbol
 from proton.utils import BlockingConnection
 
 MANAGEMENT_ADDRESS = "$management"
+# A connection property that says "an admin tool": a backup, which refuses clients, lets it in if its user
+# may run admin operations (design/permissions.md).
+ADMIN_TOOL = "x-haqueue-admin"
 
 
 class AdminError(Exception):
@@ -23,13 +26,14 @@ class AdminClient:
                  password: str | None = None) -> None:
         self.address = address
         self.timeout = timeout
-        # No user: skip SASL entirely, which any broker with `anonymous: true` accepts.
+        # No user: skip SASL entirely, which a broker that lets anonymous clients in accepts.
         auth: dict[str, Any] = ({"sasl_enabled": False} if user is None else
                                 {"allowed_mechs": "PLAIN", "user": user, "password": password or ""})
         self._conn: BlockingConnection | None = None
         self._unresponsive = False
         try:
-            self._conn = BlockingConnection(f"amqp://{address}", timeout=timeout, **auth)
+            self._conn = BlockingConnection(f"amqp://{address}", timeout=timeout,
+                                            properties={symbol(ADMIN_TOOL): True}, **auth)
             self._sender = self._conn.create_sender(MANAGEMENT_ADDRESS)
             self._receiver = self._conn.create_receiver(None, dynamic=True)
         except (ProtonException, OSError, ValueError) as e:

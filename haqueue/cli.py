@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import getpass
 import json
 import logging
 import os
@@ -247,6 +248,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_cluster(commands)
     _add_audit(commands)
     _add_store(commands)
+    _add_passwd(commands)
     return parser
 
 
@@ -280,6 +282,33 @@ def _ha_promote(client: AdminClient, args: argparse.Namespace) -> None:
 
 def _ha_ping(client: AdminClient, args: argparse.Namespace) -> None:
     _call(client, "READ", "broker")
+
+
+# ---- haqueue passwd ----------------------------------------------------------------------
+
+def _add_passwd(commands: Subparsers) -> None:
+    p = commands.add_parser("passwd", help="print a salted hash of a password, for users.NAME.password_hash",
+                            description="Read a password (asked twice on a terminal; else the first line of "
+                                        "stdin) and print a salted scrypt hash of it for the config's "
+                                        "users.NAME.password_hash. The password is never an argument: ps would "
+                                        "show it.")
+    p.set_defaults(func=_passwd)
+
+
+def _passwd(args: argparse.Namespace) -> int:
+    from haqueue.passwords import make_hash
+    if sys.stdin.isatty():
+        password = getpass.getpass("Password: ")
+        if getpass.getpass("Again: ") != password:
+            _error("passwd: the two passwords differ")
+            return EXIT_USAGE
+    else:
+        password = sys.stdin.readline().rstrip("\r\n")
+    if not password:
+        _error("passwd: the password is empty")
+        return EXIT_USAGE
+    print(make_hash(password))
+    return EXIT_OK
 
 
 # ---- haqueue cluster ---------------------------------------------------------------------

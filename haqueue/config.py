@@ -13,12 +13,15 @@ from typing import Any, Callable
 
 import yaml
 
+from .passwords import BadHash, check_hash
+
 DEFAULT_LISTEN = "127.0.0.1:5672"
 EXCHANGE_TYPES = ("direct", "topic", "fanout")
 SASL_MODES = ("optional", "required")
 OVERFLOW_POLICIES = ("block", "reject-publish", "drop-head")  # what a queue does with a publish over a limit
 SYNC_MODES = ("all", "all_disk", "quorum_mem", "quorum_disk")  # ha.sync: when a publish is confirmed
 MEMORY_SHARE = 0.4  # the default memory_limit: this share of the machine's RAM
+ANONYMOUS_USER = "anonymous"  # who a client without SASL, or with SASL ANONYMOUS, is
 
 
 def default_memory_limit() -> int:
@@ -130,6 +133,30 @@ class StoreConfig:
 
 
 @dataclass
+class AllowConfig:
+    """What a user may do (design/permissions.md): address globs per action, and the admin operations."""
+
+    send: list[str] = field(default_factory=list)
+    receive: list[str] = field(default_factory=list)  # receiving includes browsing
+    manage: list[str] = field(default_factory=list)  # declare and delete queues, exchanges, bindings
+    admin: bool = False  # the ha, store and status operations, and reading every object's attributes
+
+
+def allow_everything() -> AllowConfig:
+    """A plain-password user's, and the anonymous client's with `anonymous: true`."""
+    return AllowConfig(["*"], ["*"], ["*"], True)
+
+
+@dataclass
+class UserConfig:
+    """One `users:` entry: exactly one of password and password_hash (passwords.py)."""
+
+    allow: AllowConfig
+    password: str | None = None
+    password_hash: str | None = None
+
+
+@dataclass
 class BrokerConfig:
     name: str
     listen: list[ListenerConfig]
@@ -138,8 +165,8 @@ class BrokerConfig:
     queues: list[QueueConfig] = field(default_factory=list)
     exchanges: list[ExchangeConfig] = field(default_factory=list)
     bindings: list[BindingConfig] = field(default_factory=list)
-    users: dict[str, str] = field(default_factory=dict)
-    anonymous: bool = True
+    users: dict[str, UserConfig] = field(default_factory=dict)
+    anonymous: AllowConfig | None = field(default_factory=allow_everything)  # None: anonymous clients refused
     tls: TlsConfig | None = None
     limits: LimitsConfig = field(default_factory=LimitsConfig)
     ha: HaConfig | None = None
@@ -220,6 +247,13 @@ def _string(value: Any, path: str) -> str:
 
 def _name(value: Any, path: str) -> str:
     _expect(isinstance(value, str) and value != "", path, "a non-empty string", value)
+    return value
+
+
+def _secret(value: Any, path: str) -> str:
+    """A password: never shown in an error, which goes to the log."""
+    if not isinstance(value, str) or value == "":
+        raise _Bad(path, "must be a non-empty string (the value is not shown: it is a password)")
     return value
 
 
@@ -371,7 +405,7 @@ _ZOOKEEPER: dict[str, Check] = {
 _HA: dict[str, Check] = {
     "brokers": _list_of(_address),
     "username": _name,
-    "password": _name,
+    "password": _secret,
     "public": _address,
     "replicate": _choice("none", "configuration", "all"),
     "sync": _choice(*SYNC_MODES),
@@ -380,6 +414,62 @@ _HA: dict[str, Check] = {
     "coordinator": _choice("external", "zookeeper"),
     "zookeeper": _record(ZooKeeperConfig, _ZOOKEEPER, ("hosts",)),
 }
+
+
+_ALLOW: dict[str, Check] = {
+    "send": _list_of(_name),
+    "receive": _list_of(_name),
+    "manage": _list_of(_name),
+    "admin": _bool,
+}
+
+
+def _allow(value: Any, path: str) -> AllowConfig:
+    return AllowConfig(**_fields(value, path, _ALLOW))
+
+
+def _password_hash(value: Any, path: str) -> str:
+    _expect(isinstance(value, str), path, "a string made by `haqueue passwd`", value)
+    try:
+        check_hash(value)
+    except BadHash as e:
+        raise _Bad(path, str(e)) from None
+    return value
+
+
+_USER: dict[str, Check] = {"password": _secret, "password_hash": _password_hash, "allow": _allow}
+
+
+def _user(value: Any, path: str) -> UserConfig:
+    """A plain password (allowed everything, as before permissions existed), or a map."""
+    if isinstance(value, str):
+        return UserConfig(allow_everything(), password=_secret(value, path))
+    if not isinstance(value, dict):
+        raise _Bad(path, "must be a password string, or a map {password or password_hash, allow} "
+                         "(the value is not shown: it may be a password)")
+    fields = _fields(value, path, _USER)
+    if ("password" in fields) == ("password_hash" in fields):
+        raise _Bad(path, "needs exactly one of password and password_hash")
+    if "allow" not in fields:
+        raise _Bad(f"{path}.allow", "missing (a user given as a map lists what it may do, e.g. "
+                                    "{send: [\"orders.*\"]}; one given as a plain password may do everything)")
+    return UserConfig(**fields)
+
+
+def _users(value: Any, path: str) -> dict[str, UserConfig]:
+    users = _map_of(_user)(value, path)
+    if ANONYMOUS_USER in users:
+        raise _Bad(f"{path}.{ANONYMOUS_USER}", "is reserved for clients without a user name: give what they "
+                                               "may do under the top-level anonymous: {allow: ...}")
+    return users
+
+
+def _anonymous(value: Any, path: str) -> AllowConfig | None:
+    """true: let anonymous clients in, allowed everything; false: refuse them; {allow: ...}: let them do that."""
+    if isinstance(value, bool):
+        return allow_everything() if value else None
+    _expect(isinstance(value, dict), path, "true, false or a map {allow: {...}}", value)
+    return _fields(value, path, {"allow": _allow}, ("allow",))["allow"]
 
 
 def _ha(value: Any, path: str) -> HaConfig:
@@ -402,8 +492,8 @@ _TOP: dict[str, Check] = {
                                   ("name", "type"))),
     "bindings": _list_of(_record(BindingConfig, {"exchange": _name, "queue": _name, "key": _string, "args": _ARGS},
                                  ("exchange", "queue"))),
-    "users": _map_of(_string),
-    "anonymous": _bool,
+    "users": _users,
+    "anonymous": _anonymous,
     "tls": _record(TlsConfig, {"cert_file": _name, "key_file": _name, "ca_file": _name}, ("cert_file", "key_file")),
     "limits": _record(LimitsConfig, _LIMITS),
     "ha": _ha,
@@ -422,6 +512,18 @@ def _unique(items: list[QueueConfig] | list[ExchangeConfig], path: str) -> None:
         first[item.name] = i
 
 
+def _peer_user(ha: HaConfig | None, users: dict[str, UserConfig]) -> None:
+    """ha.username is a user of its own, whose permissions are fixed (design/permissions.md)."""
+    if ha is None:
+        return
+    if ha.username == ANONYMOUS_USER:
+        raise _Bad("ha.username", f'must not be "{ANONYMOUS_USER}", the name of clients without a user')
+    if ha.username in users:
+        raise _Bad(f"users.{ha.username}", "is also ha.username, the HA peer user: its password is ha.password "
+                                           "and it may only open HA links and run admin operations; give the "
+                                           "user of your clients another name")
+
+
 def _broker(raw: Any) -> BrokerConfig:
     if not isinstance(raw, dict):
         raise _Bad("top level", f"must be a map of the keys {', '.join(_TOP)}, got {_show(raw)}")
@@ -434,6 +536,7 @@ def _broker(raw: Any) -> BrokerConfig:
     for i, listener in enumerate(fields["listen"]):
         if listener.tls and "tls" not in fields:
             raise _Bad(f"listen[{i}].tls", "is true but there is no top-level tls section (cert_file, key_file)")
+    _peer_user(fields.get("ha"), fields.get("users", {}))
     _unique(fields.get("queues", []), "queues")
     _unique(fields.get("exchanges", []), "exchanges")
     fields.setdefault("name", socket.gethostname())

@@ -17,7 +17,7 @@ TXN_ROLLBACK = "amqp:transaction:rollback"
 
 # The management status code for each condition (design/management.md).
 STATUS = {NOT_FOUND: 404, INVALID_FIELD: 400, RESOURCE_LOCKED: 409, RESOURCE_LIMIT: 403,
-          UNAUTHORIZED: 401, NOT_ALLOWED: 403, DECODE: 400, NOT_IMPLEMENTED: 501}
+          UNAUTHORIZED: 403, NOT_ALLOWED: 403, DECODE: 400, NOT_IMPLEMENTED: 501}
 
 
 class BrokerError(Exception):

@@ -3,7 +3,7 @@ broker sends). The hot path lives here: a message in, a message out, an outcome.
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 from .completion import Completion
 from .engine import ACCEPTED, MODIFIED, REJECTED, RELEASED, Link, LinkHandler
@@ -23,10 +23,12 @@ class Publisher(LinkHandler):
     Flow control (flow.py): a publish over a queue's limits or the broker's memory_limit meets the
     queue's overflow policy; `block` accepts it and holds the link's credit until every cause lifts."""
 
-    def __init__(self, broker: "Broker", link: Link, node: Queue | Exchange | None) -> None:
+    def __init__(self, broker: "Broker", link: Link, node: Queue | Exchange | None,
+                 may_send: Callable[[str], None] | None = None) -> None:
         self.broker = broker
         self.link = link
         self.node = node
+        self.may_send = may_send  # the anonymous relay's check of each `to` (raises BrokerError); None: any
         self.completion_hooks = broker.completion_hooks
         self.memory = broker.memory
         self.holds: set[Blocker] = set()  # what this link's credit waits on
@@ -148,6 +150,8 @@ class Publisher(LinkHandler):
         routing = Routing(data)
         if not routing.to:
             raise BrokerError(INVALID_FIELD, "anonymous relay needs the message's 'to' address")
+        if self.may_send is not None:
+            self.may_send(routing.to)
         target = self.broker.registry.resolve(routing.to)
         return target.route(routing.key) if isinstance(target, Exchange) else [target]
 

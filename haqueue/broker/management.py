@@ -7,8 +7,10 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from proton import Message
 
+from .access import ADMIN, MANAGE, RECEIVE, SEE, SEND
 from .engine import ACCEPTED, REJECTED, Link, LinkHandler
 from .errors import BrokerError, INVALID_FIELD, NOT_FOUND, RESOURCE_LOCKED
+from .queue import Queue
 
 if TYPE_CHECKING:
     from .server import Broker
@@ -19,47 +21,117 @@ ADDRESS = "$management"
 
 # (name, request body) -> (status code, answer body)
 Operation = Callable[[str | None, dict[str, Any]], tuple[int, Any]]
+# (name, request body) -> the (action, address) pairs a request needs (access.py); for ADMIN the address
+# names the operation in a refusal
+Needs = Callable[[str | None, dict[str, Any]], list[tuple[str, str]]]
+# an answer's item -> the names it concerns: a QUERY lists the items whose names the caller may SEE one of
+Shows = Callable[[dict[str, Any]], list[str]]
+
+
+def _name(name: str | None) -> str:
+    if not name:
+        raise BrokerError(INVALID_FIELD, "this operation needs a 'name'")
+    return str(name)
+
+
+def _binding_fields(body: dict[str, Any]) -> tuple[str, str, str, dict[str, Any]]:
+    args = dict(body)
+    try:
+        exchange, queue = str(args.pop("exchange")), str(args.pop("queue"))
+    except KeyError as e:
+        raise BrokerError(INVALID_FIELD, f"a binding needs {e}") from None
+    return exchange, queue, str(args.pop("key", "") or ""), args
+
+
+def _admin(type_: str, operation: str) -> Needs:
+    return lambda name, body: [(ADMIN, f"{operation} {type_}")]
+
+
+def _on_name(action: str) -> Needs:
+    return lambda name, body: [(action, _name(name))]
+
+
+def _create_queue_needs(name: str | None, body: dict[str, Any]) -> list[tuple[str, str]]:
+    """A dead-letter address is sent to by the broker on the queue's behalf: its creator must be allowed to."""
+    needs = [(MANAGE, _name(name))]
+    if body.get("dead_letter_address"):
+        needs.append((SEND, str(body["dead_letter_address"])))
+    return needs
+
+
+def _binding_needs(name: str | None, body: dict[str, Any]) -> list[tuple[str, str]]:
+    """Binding a queue changes what it gets (manage on the queue) and gives it the exchange's messages
+    (receive on the exchange, as subscribing to the exchange would)."""
+    exchange, queue, _, _ = _binding_fields(body)
+    return [(MANAGE, queue), (RECEIVE, exchange)]
+
+
+def _anyone(name: str | None, body: dict[str, Any]) -> list[tuple[str, str]]:
+    return []  # a QUERY: its answer is cut to what the caller may see
 
 
 class Management:
-    """The operations by (type, operation); plug-ins (HA) add their own with `register`."""
+    """The operations by (type, operation), each with what it needs; plug-ins (HA) add their own with
+    `register`, where an operation needs `admin` unless it says otherwise."""
 
     def __init__(self, broker: "Broker") -> None:
         self.broker = broker
-        self.operations: dict[tuple[str, str], Operation] = {}
+        self.access = broker.access
+        self.operations: dict[tuple[str, str], tuple[Operation, Needs, Shows | None]] = {}
         registry = broker.registry
-        self.register("queue", "CREATE", self._create_queue)
-        self.register("queue", "DELETE", lambda name, body: (204, registry.delete(self._name(name), "queue") and None))
-        self.register("queue", "READ", lambda name, body: (200, self._node(name, "queue").info()))
-        self.register("queue", "QUERY", lambda name, body: (200, [q.info() for q in registry.queues()]))
-        self.register("exchange", "CREATE", self._create_exchange)
+        names: Shows = lambda item: [item["name"]]
+        self.register("queue", "CREATE", self._create_queue, _create_queue_needs)
+        self.register("queue", "DELETE", lambda name, body: (204, registry.delete(_name(name), "queue") and None),
+                      _on_name(MANAGE))
+        self.register("queue", "READ", lambda name, body: (200, self._node(name, "queue").info()), _on_name(SEE))
+        self.register("queue", "QUERY", lambda name, body: (200, [q.info() for q in registry.queues()]),
+                      _anyone, names)
+        self.register("exchange", "CREATE", self._create_exchange, _on_name(MANAGE))
         self.register("exchange", "DELETE",
-                      lambda name, body: (204, registry.delete(self._name(name), "exchange") and None))
-        self.register("exchange", "READ", lambda name, body: (200, self._node(name, "exchange").info()))
-        self.register("exchange", "QUERY", lambda name, body: (200, [x.info() for x in registry.exchanges()]))
-        self.register("binding", "CREATE", self._bind)
-        self.register("binding", "DELETE", self._unbind)
-        self.register("binding", "QUERY", self._query_bindings)
+                      lambda name, body: (204, registry.delete(_name(name), "exchange") and None), _on_name(MANAGE))
+        self.register("exchange", "READ", lambda name, body: (200, self._node(name, "exchange").info()),
+                      _on_name(SEE))
+        self.register("exchange", "QUERY", lambda name, body: (200, [x.info() for x in registry.exchanges()]),
+                      _anyone, names)
+        self.register("binding", "CREATE", self._bind, _binding_needs)
+        self.register("binding", "DELETE", self._unbind, _binding_needs)
+        self.register("binding", "QUERY", self._query_bindings, _anyone,
+                      lambda binding: [binding["queue"], binding["exchange"]])
         self.register("broker", "READ", lambda name, body: (200, broker.status()))
 
-    def register(self, type_: str, operation: str, handler: Operation) -> None:
-        self.operations[(type_, operation)] = handler
+    def register(self, type_: str, operation: str, handler: Operation, needs: Needs | None = None,
+                 shows: Shows | None = None) -> None:
+        self.operations[(type_, operation)] = (handler, needs or _admin(type_, operation), shows)
+
+    def check_reply_to(self, user: str | None, address: str) -> None:
+        """Answers go to a temporary queue (a dynamic receiver's: unguessable), or where the caller may send:
+        else a request could put answers into any queue."""
+        node = self.broker.registry.lookup(address)
+        if not (isinstance(node, Queue) and node.temporary):
+            self.access.check(user, SEND, address)
 
     def endpoint(self, link: Link) -> "ManagementEndpoint":
         return ManagementEndpoint(self, link)
 
-    def handle(self, request: Message) -> Message:
+    def handle(self, request: Message, user: str | None) -> Message:
         props = request.properties or {}
         operation, type_, name = props.get("operation"), props.get("type"), props.get("name")
         body = request.body if isinstance(request.body, dict) else {}
         reply = Message(correlation_id=request.id if request.id is not None else request.correlation_id,
                         address=request.reply_to)
-        handler = self.operations.get((str(type_), str(operation)))
-        if handler is None:
+        found = self.operations.get((str(type_), str(operation)))
+        if found is None:
             status, description, answer = 501, f"unknown operation {operation} on type {type_}", None
         else:
+            handler, needs, shows = found
             try:
-                status, answer = handler(name, {str(k): v for k, v in body.items()})
+                args = {str(k): v for k, v in body.items()}
+                for action, address in needs(name, args):
+                    self.access.check(user, action, address)
+                status, answer = handler(name, args)
+                if shows is not None:
+                    answer = [item for item in answer
+                              if any(self.access.may(user, SEE, n) for n in shows(item))]
                 description = "OK"
             except BrokerError as e:
                 status, description, answer = e.status, e.description, None
@@ -70,14 +142,8 @@ class Management:
         return reply
 
     # -- operations ----------------------------------------------------------------------
-    @staticmethod
-    def _name(name: str | None) -> str:
-        if not name:
-            raise BrokerError(INVALID_FIELD, "this operation needs a 'name'")
-        return str(name)
-
     def _node(self, name: str | None, kind: str) -> Any:
-        node = self.broker.registry.lookup(self._name(name))
+        node = self.broker.registry.lookup(_name(name))
         if node is None or node.kind != kind:
             raise BrokerError(NOT_FOUND, f"no {kind} named '{name}'")
         return node
@@ -90,29 +156,20 @@ class Management:
         return (201 if created else 200), node.info()
 
     def _create_queue(self, name: str | None, body: dict[str, Any]) -> tuple[int, Any]:
-        return self._created(*self.broker.registry.declare_queue(self._name(name), body), body)
+        return self._created(*self.broker.registry.declare_queue(_name(name), body), body)
 
     def _create_exchange(self, name: str | None, body: dict[str, Any]) -> tuple[int, Any]:
         args = dict(body)
         type_ = str(args.pop("type", "direct"))
-        return self._created(*self.broker.registry.declare_exchange(self._name(name), type_, args), args)
-
-    @staticmethod
-    def _binding_fields(body: dict[str, Any]) -> tuple[str, str, str, dict[str, Any]]:
-        args = dict(body)
-        try:
-            exchange, queue = str(args.pop("exchange")), str(args.pop("queue"))
-        except KeyError as e:
-            raise BrokerError(INVALID_FIELD, f"a binding needs {e}") from None
-        return exchange, queue, str(args.pop("key", "") or ""), args
+        return self._created(*self.broker.registry.declare_exchange(_name(name), type_, args), args)
 
     def _bind(self, name: str | None, body: dict[str, Any]) -> tuple[int, Any]:
-        exchange, queue, key, args = self._binding_fields(body)
+        exchange, queue, key, args = _binding_fields(body)
         binding, created = self.broker.registry.bind(exchange, queue, key, args)
         return (201 if created else 200), binding.info()
 
     def _unbind(self, name: str | None, body: dict[str, Any]) -> tuple[int, Any]:
-        exchange, queue, key, _ = self._binding_fields(body)
+        exchange, queue, key, _ = _binding_fields(body)
         self.broker.registry.unbind(exchange, queue, key)
         return 204, None
 
@@ -141,7 +198,13 @@ class ManagementEndpoint(LinkHandler):
         if not request.reply_to:
             self.link.settle(delivery, REJECTED, INVALID_FIELD, "a management request needs reply-to")
             return
-        reply = self.management.handle(request)
+        user = self.link.conn.user
+        try:
+            self.management.check_reply_to(user, str(request.reply_to))
+        except BrokerError as e:
+            self.link.settle(delivery, REJECTED, e.condition, e.description)
+            return
+        reply = self.management.handle(request, user)
         try:
             self.management.broker.deliver(request.reply_to, reply.encode())
         except BrokerError as e:

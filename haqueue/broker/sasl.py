@@ -12,6 +12,8 @@ from typing import Callable
 
 from proton import Array, Data, Described, UNDESCRIBED, symbol, ubyte, ulong
 
+from ..config import ANONYMOUS_USER
+
 SASL_HEADER = b"AMQP\x03\x01\x00\x00"
 AMQP_HEADER = b"AMQP\x00\x01\x00\x00"
 TLS_HEADER = b"AMQP\x02\x01\x00\x00"
@@ -88,7 +90,7 @@ class SaslServer:
             self.failed = f"mechanism {mechanism} not offered"
             return None
         if mechanism == "ANONYMOUS":
-            return "anonymous" if self.authenticate("ANONYMOUS", "anonymous", "") else None
+            return ANONYMOUS_USER if self.authenticate("ANONYMOUS", ANONYMOUS_USER, "") else None
         parts = response.split(b"\0")
         if len(parts) != 3:
             self.failed = "malformed PLAIN response"

@@ -1,9 +1,10 @@
 """Broker: listeners, connections, link attachment, dispatch, lifecycle.
 
-Plug-ins (HA, the audit log) use the named hooks and nothing else:
+Who may do what is `access` (access.py): checked here when a link attaches, and by the management node
+for each request. Plug-ins (HA, the audit log) use the named hooks and nothing else:
 `registry.observers` / `registry.validators` / `registry.queue_hooks` (wiring and per-queue
 observers and guards), `admission` (who may connect), `endpoints` (link handlers for `$`
-addresses), `management.register` (operations), `status_hooks` (fields of the broker status),
+addresses), `management.register` (operations, each with what it needs), `status_hooks` (fields of the broker status),
 `completion_hooks` (a publisher's message confirmed) and `durability` (a durable store: loads the
 wiring and messages it kept before anything else happens, and says when what it was given is on disk).
 """
@@ -11,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import gc
-import hmac
 import logging
 import os
 import signal
@@ -22,6 +22,7 @@ from typing import Any, Callable, ContextManager, Protocol, Sequence
 from .. import __version__
 from .._compiled import hot_path_compiled
 from ..config import BrokerConfig, LimitsConfig, ListenerConfig
+from .access import RECEIVE, SEND, Access
 from .engine import Connection, Engine, Link, LinkHandler, Listener
 from .errors import BrokerError, INVALID_FIELD, RESOURCE_LOCKED, RecoveryError
 from .exchange import Exchange
@@ -68,7 +69,8 @@ class Broker:
         self._dirty: set[Dispatchable] = set()
         self.memory = MemoryAlarm(config.limits.memory_limit)
         self.registry = Registry(config.auto_create, _queue_defaults(config.limits), self.schedule, self.memory)
-        self.engine = Engine(self, config.limits, config.name, self.authenticate, config.anonymous)
+        self.access = Access(config.users, config.anonymous)
+        self.engine = Engine(self, config.limits, config.name, self.access.authenticate, self.access.anonymous)
         self.management = Management(self)
         self.admission: list[Admission] = []
         self.endpoints: dict[str, Callable[[Link], LinkHandler]] = {}
@@ -109,12 +111,6 @@ class Broker:
         self.engine.listen(listener)
         log.info("listening on %s:%s%s", options.host, options.port, " (TLS)" if options.tls else "")
 
-    def authenticate(self, mechanism: str, user: str, password: str) -> bool:
-        if mechanism == "ANONYMOUS":
-            return self.config.anonymous
-        expected = self.config.users.get(user)
-        return expected is not None and hmac.compare_digest(expected.encode(), password.encode())
-
     # -- engine events -----------------------------------------------------------------------
     def connection_opened(self, conn: Connection) -> None:
         for admit in self.admission:
@@ -133,12 +129,18 @@ class Broker:
         special = self._special_endpoint(address)
         if special is not None:
             return special(link)
+        # A dynamic node is the client's own, whoever it is; any other address is checked before it is
+        # resolved, which may auto-create it.
+        user = link.conn.user
         if not link.is_sender:  # the client publishes
             if link.dynamic:
                 queue = self._temporary_queue()
                 link.address = queue.name
                 return Publisher(self, link, queue)
-            return Publisher(self, link, self.registry.resolve(address) if address else None)
+            if not address:  # the anonymous relay: each message's `to` is checked
+                return Publisher(self, link, None, self.access.relay(user))
+            self.access.check(user, SEND, address)
+            return Publisher(self, link, self.registry.resolve(address))
         # the client consumes
         owns = False
         if link.dynamic:
@@ -148,6 +150,7 @@ class Broker:
         elif not address:
             raise BrokerError(INVALID_FIELD, "a receiving link needs a source address (or dynamic)")
         else:
+            self.access.check(user, RECEIVE, address)
             node = self.registry.resolve(address)
             if isinstance(node, Exchange):
                 queue = self._subscription_queue(node)

@@ -12,11 +12,13 @@ import os
 import sys
 from typing import Any, Callable
 
+from ..admin import ADMIN_TOOL
+from ..broker.access import ADMIN, Permissions
 from ..broker.engine import Connection, Link, LinkHandler
 from ..broker.errors import BrokerError, CONNECTION_FORCED, NOT_ALLOWED, UNAUTHORIZED
 from ..broker.queue import Queue
 from ..broker.server import Broker
-from ..config import HaConfig, ListenerConfig
+from ..config import AllowConfig, HaConfig, ListenerConfig
 from . import protocol
 from .backup import Backup
 from .policy import Policy
@@ -28,6 +30,10 @@ log = logging.getLogger("haqueue.ha")
 # Each epoch's queue seqs start here, so a message numbered by a new primary never takes the seq
 # of one its predecessor numbered but never replicated.
 EPOCH_SEQ_SHIFT = 40
+
+# The peer user (ha.username) opens HA links and runs admin operations (the supervisor and the OCF agent
+# use it); it may not send, receive or manage queues.
+PEER_PERMISSIONS = Permissions(AllowConfig(admin=True))
 
 
 class HaBroker:
@@ -47,7 +53,7 @@ class HaBroker:
         self.promotion_hooks: list[Callable[[], None]] = []
         self.public_listener_bound = False
         self.status_hooks: list[Callable[[dict[str, Any]], None]] = []  # a coordinator adds its fields
-        broker.config.users.setdefault(config.username, config.password)
+        broker.access.add_user(config.username, config.password, PEER_PERMISSIONS)
         broker.registry.validators.append(self.policy.validate)
         broker.admission.append(self.admit)
         broker.endpoints[protocol.WIRING] = self._endpoint(lambda p, link: p.wiring_endpoint(link))
@@ -77,8 +83,18 @@ class HaBroker:
                                  protocol.FRESHNESS: list(self.freshness())})
             return
         if self.primary is None:
+            if self._admin_tool(conn):
+                log.debug("admitted admin tool %s (%s, user %s) on this backup", conn.peer, conn.remote_container,
+                          conn.user)
+                return
             log.info("refused client %s (%s): this broker is a backup", conn.peer, conn.remote_container)
             raise BrokerError(CONNECTION_FORCED, f"{self.broker.name} is a backup; connect to the primary")
+
+    def _admin_tool(self, conn: Connection) -> bool:
+        """A connection that says it is an admin tool (haqueue.admin.AdminClient does), whose user may run admin
+        operations: a backup lets it in, as Qpid's backups do a connection marked `qpid.ha-admin`. A client that
+        does not say so is refused, so a failover-capable client moves on at once."""
+        return bool(conn.remote_properties.get(ADMIN_TOOL)) and self.broker.access.may(conn.user, ADMIN)
 
     def _endpoint(self, attach: Any) -> Any:
         def endpoint(link: Link) -> LinkHandler:

@@ -5,10 +5,12 @@
               and random `ha` credentials. Brokers are created up front (every config must list
               every broker) but started only when the test says so, so a backup can join mid-stream.
               The ZooKeeper tests' `ZkCluster` is one too.
-`admin`       management calls as the `ha` user: status, promote, queue list, create/delete.
+`admin`       management calls: status and promote as the `ha` peer user (what the supervisor and the
+              OCF agent use), queues, exchanges and bindings as `ops`, an admin user allowed everything
+              (the peer user may not manage queues: design/permissions.md).
 `cluster_factory`  the body of a pytest fixture making clusters that are always stopped after the test.
 Clients       proton BlockingConnections: anonymous without SASL for clients (public address),
-              SASL PLAIN as `ha` for looking at a backup (admin, browsing its queues).
+              SASL PLAIN as `ops`, marked as an admin tool, for looking at a backup (browsing its queues).
 `Load`        a producer and a consumer thread through the public address that reconnect across
               a failover and count what was confirmed, received and received twice; the Pacemaker
               tests' `Load` (through a VIP) is one too, connecting differently.
@@ -28,7 +30,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, TypeVar
 
 import pytest
-from proton import Message, Timeout
+from proton import Message, Timeout, symbol
 from proton.handlers import MessagingHandler
 from proton.reactor import Container, Copy
 from proton.utils import BlockingConnection
@@ -38,9 +40,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from harness import (POLL_INTERVAL, BrokerProcess, can_connect, free_port, run_haqueue,  # noqa: E402
                      split_address, unexpected_exits, wait_for)
 
-from haqueue.admin import AdminClient, AdminError  # noqa: E402
+from haqueue.admin import ADMIN_TOOL, AdminClient, AdminError  # noqa: E402
 
 HA_USER = "ha"
+OPS_USER = "ops"  # an admin tool's user, allowed everything; same password as the peer user
 CLIENT_TIMEOUT = 10.0
 
 
@@ -67,10 +70,12 @@ class HaCluster:
         self.password = secrets.token_hex(8)
         self.public = f"127.0.0.1:{free_port()}" if public else None
         self.brokers: list[BrokerProcess] = []
+        ops = {"password": self.password, "allow": {"send": ["*"], "receive": ["*"], "manage": ["*"], "admin": True}}
         for i in range(size):
             name = f"b{i}"
-            self.brokers.append(BrokerProcess(self.directory / name, {"name": name, "listen": ["127.0.0.1:0"],
-                                                                       **(extra or {})}, name=name))
+            config = {"name": name, "listen": ["127.0.0.1:0"], **(extra or {})}
+            config["users"] = {OPS_USER: ops, **config.get("users", {})}
+            self.brokers.append(BrokerProcess(self.directory / name, config, name=name))
         ha: dict[str, Any] = {"brokers": [b.address for b in self.brokers], "public": self.public,
                               "username": HA_USER, "password": self.password, "backup_timeout": backup_timeout}
         if not public:
@@ -118,25 +123,25 @@ class HaCluster:
             b.stop(timeout=5)
 
     # -- admin ----------------------------------------------------------------------------------
-    def admin(self, b: BrokerProcess | str, timeout: float = 5.0) -> AdminClient:
+    def admin(self, b: BrokerProcess | str, timeout: float = 5.0, user: str = OPS_USER) -> AdminClient:
         address = b if isinstance(b, str) else b.address
-        return AdminClient(address, timeout, HA_USER, self.password)
+        return AdminClient(address, timeout, user, self.password)
 
     def request(self, b: BrokerProcess | str, operation: str, type_: str, name: str | None = None,
-                body: dict | None = None, timeout: float = 5.0) -> Any:
-        with self.admin(b, timeout) as client:
+                body: dict | None = None, timeout: float = 5.0, user: str = OPS_USER) -> Any:
+        with self.admin(b, timeout, user) as client:
             code, description, answer = client.request(operation, type_, name, body)
         if code >= 400:
             raise Refused(code, description)
         return answer
 
     def status(self, b: BrokerProcess, timeout: float = 5.0) -> dict[str, Any]:
-        return self.request(b, "READ", "ha", timeout=timeout)
+        return self.request(b, "READ", "ha", timeout=timeout, user=HA_USER)
 
     def try_status(self, b: BrokerProcess, timeout: float = 2.0) -> dict[str, Any] | None:
         """The broker's `ha` status, or None if it does not answer."""
         try:
-            return self.request(b, "READ", "ha", timeout=timeout)
+            return self.request(b, "READ", "ha", timeout=timeout, user=HA_USER)
         except (AdminError, Refused):
             return None
 
@@ -152,13 +157,13 @@ class HaCluster:
         return best
 
     def promote(self, b: BrokerProcess, force: bool = False) -> dict[str, Any]:
-        answer = self.request(b, "PROMOTE", "ha", body={"force": force})
+        answer = self.request(b, "PROMOTE", "ha", body={"force": force}, user=HA_USER)
         wait_for(lambda: can_connect(*split_address(self.public)), 10, message=f"public address {self.public}")
         return answer
 
-    def cli(self, b: BrokerProcess | str, *args: str, timeout: float = 30.0):
+    def cli(self, b: BrokerProcess | str, *args: str, timeout: float = 30.0, user: str = OPS_USER):
         address = b if isinstance(b, str) else b.address
-        return run_haqueue(["admin", "-b", address, "--user", HA_USER, "--password", self.password, *args],
+        return run_haqueue(["admin", "-b", address, "--user", user, "--password", self.password, *args],
                            timeout=timeout)
 
     def queues(self, b: BrokerProcess) -> dict[str, dict[str, Any]]:
@@ -222,14 +227,14 @@ class HaCluster:
         self.wait_state(p, "primary", "active", timeout)
         return p
 
-    # -- content on any broker (as the ha user on a backup) ----------------------------------------
+    # -- content on any broker (as an admin tool on a backup) --------------------------------------
     def browse(self, b: BrokerProcess, queue: str, n: int | None = None, timeout: float = 10.0) -> list[Message]:
-        """The messages on `queue` in order, without acquiring them (a browser as the ha user)."""
+        """The messages on `queue` in order, without acquiring them (a browser as the ops admin tool)."""
         if n is None:
             n = self.depth(b, queue) or 0
         if n > 200:
-            return fast_browse(b.address, queue, n, max(timeout, 30.0), user=HA_USER, password=self.password)
-        return browse(b.address, queue, n, timeout, user=HA_USER, password=self.password)
+            return fast_browse(b.address, queue, n, max(timeout, 30.0), user=OPS_USER, password=self.password)
+        return browse(b.address, queue, n, timeout, user=OPS_USER, password=self.password)
 
     def bodies(self, b: BrokerProcess, queue: str, n: int | None = None) -> list[Any]:
         return [m.body for m in self.browse(b, queue, n)]
@@ -272,11 +277,15 @@ def cluster_factory(new_cluster: Callable[..., Cluster], directory: Path, log_li
 # ---------------------------------------------------------------------------------------------
 # Clients
 
+def _auth(user: str | None, password: str | None) -> dict[str, Any]:
+    """Anonymous without SASL; or SASL PLAIN marked as an admin tool, which a backup lets in (design/permissions.md)."""
+    return ({"sasl_enabled": False} if user is None else
+            {"allowed_mechs": "PLAIN", "user": user, "password": password, "properties": {symbol(ADMIN_TOOL): True}})
+
+
 def connect(address: str, timeout: float = CLIENT_TIMEOUT, user: str | None = None,
             password: str | None = None) -> BlockingConnection:
-    auth: dict[str, Any] = ({"sasl_enabled": False} if user is None else
-                            {"allowed_mechs": "PLAIN", "user": user, "password": password})
-    return BlockingConnection(f"amqp://{address}", timeout=timeout, reconnect=False, **auth)
+    return BlockingConnection(f"amqp://{address}", timeout=timeout, reconnect=False, **_auth(user, password))
 
 
 def browse(address: str, queue: str, n: int, timeout: float = 10.0, **auth: Any) -> list[Message]:
@@ -383,9 +392,7 @@ class _Browser(MessagingHandler):
 
 def fast_browse(address: str, queue: str, n: int, timeout: float = 30.0, user: str | None = None,
                 password: str | None = None) -> list[Message]:
-    auth: dict[str, Any] = ({"sasl_enabled": False} if user is None else
-                            {"allowed_mechs": "PLAIN", "user": user, "password": password})
-    handler = _Browser(f"amqp://{address}", queue, n, timeout, auth)
+    handler = _Browser(f"amqp://{address}", queue, n, timeout, _auth(user, password))
     Container(handler).run()
     if handler.error:
         raise AssertionError(f"browse {queue} at {address}: {handler.error}")

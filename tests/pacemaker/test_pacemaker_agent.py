@@ -25,7 +25,7 @@ import pytest
 import yaml
 from proton import Message
 
-from ha_harness import browse, receive, send_all
+from ha_harness import OPS_USER, browse, receive, send_all
 from harness import BrokerProcess, free_port, wait_for
 
 REPO = Path(__file__).resolve().parents[2]
@@ -144,7 +144,9 @@ def agents(tmp_path):
 
 
 def ha_config(name: str, own: str, brokers: list[str], password: str, recovery_wait: float = 10) -> dict:
-    return {"name": name, "listen": [own], "data_dir": ".",
+    # OPS_USER browses backups (the peer user may not receive: design/permissions.md)
+    ops = {"password": password, "allow": {"receive": ["*"], "admin": True}}
+    return {"name": name, "listen": [own], "data_dir": ".", "users": {OPS_USER: ops},
             "ha": {"brokers": brokers, "username": "ha", "password": password, "backup_timeout": 2,
                    "recovery_wait": recovery_wait}}
 
@@ -294,7 +296,7 @@ def test_total_outage_scores_only_the_freshest_store(agents):
     print(f"b scored {waited:.1f}s after its restart (recovery_wait {wait}s)")
     for address in brokers[1:]:
         wait_for(lambda: _caught_up(address, password, "q"), 20, message=f"{address} caught up")
-        assert [m.body for m in browse(address, "q", 150, user="ha", password=password)] == list(range(150))
+        assert [m.body for m in browse(address, "q", 150, user=OPS_USER, password=password)] == list(range(150))
     assert [m.body for m in receive(brokers[0], "q", 150)] == list(range(150))
 
 

@@ -7,8 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from haqueue.config import (BindingConfig, ConfigError, ExchangeConfig, LimitsConfig, ListenerConfig, QueueConfig,
-                            TlsConfig, config_from_args, load_config)
+from haqueue.config import (AllowConfig, BindingConfig, ConfigError, ExchangeConfig, LimitsConfig, ListenerConfig,
+                            QueueConfig, TlsConfig, UserConfig, allow_everything, config_from_args, load_config)
+from haqueue.passwords import make_hash
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -53,8 +54,8 @@ def test_full_config(tmp_path: Path) -> None:
     assert config.queues == [QueueConfig("q1", {"max_depth": 10, "x-replicate": "all", "ttl": 5.0}), QueueConfig("q2")]
     assert config.exchanges == [ExchangeConfig("e1", "topic", {"durable": True})]
     assert config.bindings == [BindingConfig("e1", "q1", "a.#"), BindingConfig("undeclared", "also-undeclared")]
-    assert config.users == {"alice": "secret"}
-    assert config.anonymous is False
+    assert config.users == {"alice": UserConfig(allow_everything(), password="secret")}
+    assert config.anonymous is None
     assert config.tls == TlsConfig("c.pem", "k.pem", "ca.pem")
     assert config.limits == LimitsConfig(max_depth=100, max_frame_size=4096, idle_timeout=2.5)
     assert isinstance(config.limits.idle_timeout, float)
@@ -67,13 +68,33 @@ def test_empty_file_gives_defaults(tmp_path: Path) -> None:
     assert config.data_dir == "./data"
     assert config.auto_create == ["*"]
     assert (config.queues, config.exchanges, config.bindings, config.users) == ([], [], [], {})
-    assert config.anonymous is True and config.tls is None
+    assert config.anonymous == allow_everything() and config.tls is None
     assert config.limits == LimitsConfig()
 
 
 def test_packaged_example_loads() -> None:
     config = load_config(str(REPO_ROOT / "packaging" / "haqueue.yaml"))
     assert config.listen == [ListenerConfig("127.0.0.1", 5672)]
+    assert config.anonymous is None  # shipped closed: clients log in
+
+
+def test_users_and_their_permissions(tmp_path: Path) -> None:
+    hashed = make_hash("p4")
+    config = load_config(write(tmp_path, f"""
+        anonymous: {{allow: {{receive: ["public.*"]}}}}
+        users:
+          ops: {{password: p1, allow: {{send: ["*"], receive: ["*"], manage: ["*"], admin: true}}}}
+          app: {{password: p2, allow: {{send: ["orders.*"], receive: ["orders.*"]}}}}
+          legacy: p3
+          hashed: {{password_hash: "{hashed}", allow: {{}}}}
+        """))
+    assert config.users == {
+        "ops": UserConfig(AllowConfig(["*"], ["*"], ["*"], True), password="p1"),
+        "app": UserConfig(AllowConfig(["orders.*"], ["orders.*"]), password="p2"),
+        "legacy": UserConfig(allow_everything(), password="p3"),
+        "hashed": UserConfig(AllowConfig(), password_hash=hashed),
+    }
+    assert config.anonymous == AllowConfig(receive=["public.*"])
 
 
 def test_config_from_args() -> None:
@@ -95,6 +116,8 @@ def test_bad_args(listen: list[str], name: str | None, data_dir: str | None, exp
     with pytest.raises(ConfigError, match=expected):
         config_from_args(listen, name, data_dir)
 
+
+HASH = make_hash("x")
 
 # (YAML, the message after "FILE: "); the message must start with it.
 BAD = [
@@ -129,8 +152,31 @@ BAD = [
     ("bindings: [{exchange: e}]", "bindings[0].queue: missing"),
     ("bindings: [{exchange: e, queue: q, key: 5}]", "bindings[0].key: must be a string, got 5"),
     ("users: [alice]", "users: must be a map, got a list"),
-    ("users: {alice: 1234}", "users.alice: must be a string, got 1234"),
-    ("anonymous: 1", "anonymous: must be true or false, got 1"),
+    ("users: {alice: 1234}", "users.alice: must be a password string, or a map {password or password_hash, allow} "
+                             "(the value is not shown"),
+    ("users: {alice: ''}", "users.alice: must be a non-empty string (the value is not shown: it is a password)"),
+    ("users: {app: {password: 5, allow: {}}}", "users.app.password: must be a non-empty string (the value is not"),
+    ("users: {app: {password: p, allow: {sned: ['*']}}}",
+     "users.app.allow.sned: unknown key (known: send, receive, manage, admin)"),
+    ("users: {app: {password: p, alow: {}}}", "users.app.alow: unknown key (known: password, password_hash, allow)"),
+    ("users: {app: {password: p}}", "users.app.allow: missing (a user given as a map lists what it may do"),
+    ("users: {app: {allow: {}}}", "users.app: needs exactly one of password and password_hash"),
+    (f"users: {{app: {{password: p, password_hash: '{HASH}', allow: {{}}}}}}",
+     "users.app: needs exactly one of password and password_hash"),
+    ("users: {app: {password_hash: 'plain', allow: {}}}",
+     "users.app.password_hash: is not a hash made by `haqueue passwd`"),
+    ("users: {app: {password_hash: '$scrypt$ln=30,r=8,p=1$c2FsdA$aGFzaGhhc2hoYXNoaGFzaA', allow: {}}}",
+     "users.app.password_hash: needs more than 256 MiB to check"),
+    ("users: {app: {password: p, allow: {send: 'orders.*'}}}", 'users.app.allow.send: must be a list, got "orders.*"'),
+    ("users: {app: {password: p, allow: {send: ['']}}}", 'users.app.allow.send[0]: must be a non-empty string'),
+    ("users: {app: {password: p, allow: {admin: 1}}}", "users.app.allow.admin: must be true or false, got 1"),
+    ("users: {anonymous: p}", "users.anonymous: is reserved for clients without a user name"),
+    ("ha: {brokers: ['h:1'], username: ha, password: p}\nusers: {ha: q}", "users.ha: is also ha.username"),
+    ("ha: {brokers: ['h:1'], username: anonymous, password: p}", 'ha.username: must not be "anonymous"'),
+    ("ha: {brokers: ['h:1'], username: ha, password: 5}", "ha.password: must be a non-empty string (the value is not"),
+    ("anonymous: 1", "anonymous: must be true, false or a map {allow: {...}}, got 1"),
+    ("anonymous: {}", "anonymous.allow: missing"),
+    ("anonymous: {allow: {recieve: []}}", "anonymous.allow.recieve: unknown key (known: send, receive, manage, admin)"),
     ("tls: {cert_file: c.pem}", "tls.key_file: missing"),
     ("tls: {cert_file: c.pem, key_file: k.pem, ca: x}", "tls.ca: unknown key (known: cert_file, key_file, ca_file)"),
     ("limits: {max_depth: -1}", "limits.max_depth: must be a non-negative integer, got -1"),
