@@ -21,7 +21,7 @@ from collections import deque
 from typing import TYPE_CHECKING, Any
 
 from ..broker.completion import Completion
-from ..broker.engine import Link, LinkHandler
+from ..broker.engine import ACCEPTED, Link, LinkHandler
 from ..broker.queue import DEQUEUED, Entry, Queue
 from . import protocol
 
@@ -253,6 +253,9 @@ class ReplicatingSubscription(LinkHandler):
 
     def on_outcome(self, delivery: Any, outcome: int, failed: bool, undeliverable: bool) -> None:
         seqs = self.deliveries.pop(delivery, None)
+        if seqs is not None and outcome != ACCEPTED:  # it does not hold them: not in sync any more
+            self.backup.drop(f"it refused replicated messages of queue '{self.queue.name}' (outcome {outcome})")
+            return
         if seqs is not None:
             self.unconfirmed -= len(seqs)
             held, quorums = self.held, self.quorums
