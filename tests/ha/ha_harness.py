@@ -39,6 +39,7 @@ from harness import (POLL_INTERVAL, BrokerProcess, can_connect, free_port, run_h
                      split_address, unexpected_exits, wait_for)
 
 from haqueue.admin import AdminClient, AdminError  # noqa: E402
+from haqueue.config import TlsConfig  # noqa: E402
 
 HA_USER = "ha"
 CLIENT_TIMEOUT = 10.0
@@ -78,6 +79,7 @@ class HaCluster:
         if replicate is not None:
             ha["replicate"] = replicate
         ha.update(ha_extra or {})
+        self.tls = TlsConfig(**ha["tls"]) if "tls" in ha else None  # ha.tls: admin calls need a peer certificate
         for b in self.brokers:
             b.config["ha"] = dict(ha)
         self.stopped: set[str] = set()  # names of SIGSTOPped brokers (SIGCONT at teardown)
@@ -120,7 +122,7 @@ class HaCluster:
     # -- admin ----------------------------------------------------------------------------------
     def admin(self, b: BrokerProcess | str, timeout: float = 5.0) -> AdminClient:
         address = b if isinstance(b, str) else b.address
-        return AdminClient(address, timeout, HA_USER, self.password)
+        return AdminClient(address, timeout, HA_USER, self.password, self.tls)
 
     def request(self, b: BrokerProcess | str, operation: str, type_: str, name: str | None = None,
                 body: dict | None = None, timeout: float = 5.0) -> Any:
