@@ -32,9 +32,9 @@ from mypy_extensions import mypyc_attr
 from proton import Data
 
 from ..config import LimitsConfig, ListenerConfig
-from . import _pn
+from . import _pn, heap
 from .connection_limits import ConnectionLimits
-from .errors import BrokerError, MESSAGE_SIZE_EXCEEDED, RESOURCE_LIMIT, UNAUTHORIZED
+from .errors import BrokerError, FRAMING_ERROR, MESSAGE_SIZE_EXCEEDED, RESOURCE_LIMIT, UNAUTHORIZED
 from .sasl import AMQP_HEADER, SASL_HEADER, Authenticator, SaslClient, SaslServer
 from .tls import certificate_user
 
@@ -522,6 +522,8 @@ class Connection:
 
     def close(self, condition: str | None = None, description: str = "") -> None:
         """Close the AMQP connection (with an error if given), then the socket once written."""
+        if self.closed:
+            return
         if self.phase != "amqp":
             self.close_after_write()
             return
@@ -547,7 +549,10 @@ class Connection:
             pass
         lib.pn_transport_unbind(self.transport)
         lib.pn_decref(self.transport)
+        # release frees the connection's sessions, links and deliveries; the decref gives back our own
+        # reference (pn_connection_free does both), without which every connection's memory stayed.
         lib.pn_connection_release(self.ptr)
+        lib.pn_decref(self.ptr)
 
     def set_properties(self, properties: dict[Any, Any]) -> None:
         """Connection properties sent in our open frame (call before the open goes out)."""
@@ -617,6 +622,7 @@ class Engine:
         self.authenticate = authenticate
         self.anonymous = anonymous
         self.connection_limits = ConnectionLimits(limits)
+        self._closed_since_trim = 0  # connections gone since the heap's free memory was last given back
         self.collector = lib.pn_collector()
         self.epoll = select.epoll()
         self.listeners: dict[int, Listener] = {}
@@ -646,6 +652,7 @@ class Engine:
             lib.PN_LINK_REMOTE_CLOSE: self._on_link_remote_close,
             lib.PN_LINK_REMOTE_DETACH: self._on_link_remote_close,
             lib.PN_TRANSPORT_ERROR: self._on_transport_error,
+            lib.PN_TRANSPORT_TAIL_CLOSED: self._on_tail_closed,
         }
 
     # -- set-up ------------------------------------------------------------------------------
@@ -703,6 +710,7 @@ class Engine:
         self.epoll.register(self._wakeup_r.fileno(), select.EPOLLIN)
         old_wakeup = signal.set_wakeup_fd(self._wakeup_w.fileno())
         self.every(0.1, self._tick_connections)
+        self.every(heap.TRIM_INTERVAL, self._trim_heap)
         try:
             while self._running:
                 self._one_pass()
@@ -772,6 +780,11 @@ class Engine:
             elif conn.next_tick <= now_ms:
                 conn.tick(now_ms)
 
+    def _trim_heap(self) -> None:
+        if self._closed_since_trim >= heap.TRIM_AFTER:
+            self._closed_since_trim = 0
+            heap.release_free_memory()
+
     def _handshake_expired(self, conn: Connection) -> None:
         """limits.handshake_timeout: a client that has not opened by now is dropped, however slowly it
         was still sending (a slow-loris holds a socket and a transport for nothing)."""
@@ -829,6 +842,7 @@ class Engine:
         self.dirty.discard(conn)
         if conn.listener is not None:
             self.connection_limits.closed(conn.host, conn.user if conn.logged_in else None)
+        self._closed_since_trim += 1
         try:
             self.epoll.unregister(conn.fd)
         except (OSError, ValueError):
@@ -846,10 +860,12 @@ class Engine:
             return
         link.conn.links.pop(link.addr, None)
         self.partial_links.discard(link.addr)
+        link._partial.clear()  # a message read part way: its bytes go now
         link.closed = True
-        if link.handler is not None:
+        handler, link.handler = link.handler, None  # its handler keeps the link, not the other way: no cycle
+        if handler is not None:
             try:
-                link.handler.on_detach()
+                handler.on_detach()
             except Exception:
                 log.exception("link detach handler failed")
 
@@ -1085,6 +1101,19 @@ class Engine:
         name = _text(lib.pn_condition_get_name(cond))
         description = _text(lib.pn_condition_get_description(cond))
         log.warning("connection %s: %s: %s", conn.peer if conn else "?", name, description)
+
+    def _on_tail_closed(self, event: Any) -> None:
+        """proton stopped reading. After the peer's close, or with an error of its own, it closes the connection
+        itself; but a frame it cannot decode (a body that is no AMQP encoding, an unknown performative) only
+        stops its input, and the connection would hang open: close it."""
+        conn = self._conn_of(event)
+        if conn is None or conn.closing or conn.client is not None:
+            return
+        if lib.pn_condition_is_set(lib.pn_transport_condition(conn.transport)) or \
+                lib.pn_connection_state(conn.ptr) & lib.PN_REMOTE_CLOSED:
+            return
+        log.warning("connection %s: closed: it sent a frame that could not be read", conn.peer)
+        conn.close(FRAMING_ERROR, "a frame that could not be read")
 
     def shutdown(self) -> None:
         """Close every connection (telling clients the broker is going away) and write what is left."""

@@ -13,6 +13,7 @@ NOT_IMPLEMENTED = "amqp:not-implemented"
 INTERNAL = "amqp:internal-error"
 DECODE = "amqp:decode-error"
 CONNECTION_FORCED = "amqp:connection:forced"
+FRAMING_ERROR = "amqp:connection:framing-error"
 
 # The management status code for each condition (design/management.md).
 STATUS = {NOT_FOUND: 404, INVALID_FIELD: 400, RESOURCE_LOCKED: 409, RESOURCE_LIMIT: 403,

@@ -190,3 +190,17 @@ def test_max_connections(broker_factory):
     finally:
         for c in clients:
             c.close()
+
+
+@pytest.mark.parametrize("after_header", [
+    frame(b"\xff" * 24),  # a body that is no AMQP encoding, before any open
+    frame(b"\x00\x53\x10\xc0\x03\x01\xa1\x00") + frame(b"\x00\x53\x7f\x45"),  # an open, then an unknown performative
+], ids=["undecodable", "unknown-performative"])
+def test_unreadable_frame_closes_the_connection(broker, after_header):
+    """proton stops reading such a connection without closing it: the broker must close it, not leave it open."""
+    with socket.create_connection((broker.host, broker.port), timeout=10) as s:
+        s.sendall(AMQP_HEADER + after_header)
+        while s.recv(65536):
+            pass  # until the broker closes (a timeout fails the test)
+    assert "sent a frame that could not be read" in broker.log()
+    check_serving(broker)
