@@ -10,7 +10,7 @@ from proton import Message
 
 from ha_harness import HaCluster, receive, send_all, wait_for
 
-pytestmark = [pytest.mark.timeout(180), pytest.mark.slow]
+pytestmark = pytest.mark.timeout(180)
 
 MB = 1024 * 1024
 
