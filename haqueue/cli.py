@@ -136,9 +136,9 @@ def _add_admin(commands: Subparsers) -> None:
     p.add_argument("--password", default=os.environ.get("HAQUEUE_PASSWORD"),
                    help="SASL PLAIN password (default: $HAQUEUE_PASSWORD, which keeps it out of ps)")
     tls = p.add_argument_group("TLS (a broker's peer listener under ha.tls: give all three)")
-    tls.add_argument("--ca", metavar="FILE", help="accept the broker only with a certificate signed by this CA")
-    tls.add_argument("--cert", metavar="FILE", help="present this certificate")
-    tls.add_argument("--key", metavar="FILE", help="the certificate's private key")
+    tls.add_argument("--tls-ca", metavar="FILE", help="accept the broker only with a certificate signed by this CA")
+    tls.add_argument("--tls-cert", metavar="FILE", help="present this certificate")
+    tls.add_argument("--tls-key", metavar="FILE", help="the certificate's private key")
     actions = p.add_subparsers(dest="admin_command", metavar="COMMAND", required=True)
     _add_action(actions, "status", _status, "print the broker's status as one JSON object")
     _add_queue(actions)
@@ -153,11 +153,11 @@ def _add_admin(commands: Subparsers) -> None:
 
 def _admin(args: argparse.Namespace) -> int:
     timeout = getattr(args, "ping_timeout", None) or args.timeout
-    given = [args.ca, args.cert, args.key]
+    given = [args.tls_ca, args.tls_cert, args.tls_key]
     if any(given) and not all(given):
-        _error("admin: --ca, --cert and --key go together")
+        _error("admin: --tls-ca, --tls-cert and --tls-key go together")
         return EXIT_USAGE
-    tls = TlsConfig(args.cert, args.key, args.ca) if all(given) else None
+    tls = TlsConfig(args.tls_cert, args.tls_key, args.tls_ca) if all(given) else None
     try:
         with AdminClient(args.broker, timeout, args.user, args.password, tls) as client:
             args.action(client, args)
