@@ -160,7 +160,9 @@ class HaCluster:
 
     def cli(self, b: BrokerProcess | str, *args: str, timeout: float = 30.0):
         address = b if isinstance(b, str) else b.address
-        return run_haqueue(["admin", "-b", address, "--user", HA_USER, "--password", self.password, *args],
+        tls = [] if self.tls is None else ["--tls-ca", str(self.tls.ca_file), "--tls-cert", self.tls.cert_file,
+                                           "--tls-key", self.tls.key_file]
+        return run_haqueue(["admin", "-b", address, "--user", HA_USER, "--password", self.password, *tls, *args],
                            timeout=timeout)
 
     def queues(self, b: BrokerProcess) -> dict[str, dict[str, Any]]:

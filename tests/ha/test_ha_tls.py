@@ -55,6 +55,8 @@ def test_cluster_with_ha_tls_replicates_and_fails_over(ha_cluster, pki):
     assert report["lost"] == [], report
     assert {x["name"] for x in c.status(new)["backups"] if x["state"] == "ready"} == \
         {b.name for b in c.brokers if b is not new}
+    done = c.cli(new, "ha", "status")  # haqueue admin --tls-ca/--tls-cert/--tls-key
+    assert done.returncode == 0 and '"role": "primary"' in done.stdout, done.stderr
     # the peer listener takes no one without a certificate, even with the ha password
     with pytest.raises(AdminError):
         AdminClient(new.address, 3.0, HA_USER, c.password).close()
