@@ -38,7 +38,7 @@ def closed_by_broker(sock: socket.socket, timeout: float, dribble: bytes = b"", 
         try:
             if sock.recv(65536) == b"":
                 return time.monotonic() - started
-        except socket.timeout:
+        except TimeoutError:
             continue
         except OSError:
             return time.monotonic() - started
