@@ -6,8 +6,10 @@ import uuid
 from types import TracebackType
 from typing import Any
 
-from proton import Message, ProtonException, Timeout, symbol
+from proton import Message, ProtonException, SSLDomain, Timeout, symbol
 from proton.utils import BlockingConnection
+
+from .config import TlsConfig
 
 MANAGEMENT_ADDRESS = "$management"
 # A connection property that says "an admin tool": a backup, which refuses clients, lets it in if its user
@@ -20,19 +22,23 @@ class AdminError(Exception):
 
 
 class AdminClient:
-    """One connection to a broker; `request` sends one management request and waits for its answer."""
+    """One connection to a broker; `request` sends one management request and waits for its answer.
+    With `tls` (a broker's peer listener under ha.tls), it presents tls's certificate and accepts the
+    broker only with a certificate from tls.ca_file."""
 
     def __init__(self, address: str, timeout: float = 10.0, user: str | None = None,
-                 password: str | None = None) -> None:
+                 password: str | None = None, tls: TlsConfig | None = None) -> None:
         self.address = address
         self.timeout = timeout
         # No user: skip SASL entirely, which a broker that lets anonymous clients in accepts.
         auth: dict[str, Any] = ({"sasl_enabled": False} if user is None else
                                 {"allowed_mechs": "PLAIN", "user": user, "password": password or ""})
+        if tls is not None:
+            auth["ssl_domain"] = _ssl_domain(tls)
         self._conn: BlockingConnection | None = None
         self._unresponsive = False
         try:
-            self._conn = BlockingConnection(f"amqp://{address}", timeout=timeout,
+            self._conn = BlockingConnection(f"{'amqps' if tls else 'amqp'}://{address}", timeout=timeout,
                                             properties={symbol(ADMIN_TOOL): True}, **auth)
             self._sender = self._conn.create_sender(MANAGEMENT_ADDRESS)
             self._receiver = self._conn.create_receiver(None, dynamic=True)
@@ -94,3 +100,18 @@ class AdminClient:
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
         self.close()
+
+
+def _ssl_domain(tls: TlsConfig) -> SSLDomain:
+    """As a peer broker connects (broker/tls.py): our certificate, the broker's checked against the CA, not its name."""
+    if not tls.ca_file:
+        raise AdminError("TLS needs a CA file to verify the broker's certificate with")
+    domain = SSLDomain(SSLDomain.MODE_CLIENT)
+    try:
+        domain.set_credentials(tls.cert_file, tls.key_file, None)
+        domain.set_trusted_ca_db(tls.ca_file)
+        domain.set_peer_authentication(SSLDomain.VERIFY_PEER)
+    except ProtonException as e:
+        raise AdminError(f"cannot use the certificate {tls.cert_file}, key {tls.key_file} or CA {tls.ca_file}: {e}") \
+            from e
+    return domain

@@ -16,8 +16,8 @@ import sys
 from typing import Any, Callable
 
 from haqueue.admin import AdminClient, AdminError
-from haqueue.config import (DEFAULT_LISTEN, EXCHANGE_TYPES, SYNC_MODES, ConfigError, config_from_args, load_config,
-                            parse_address)
+from haqueue.config import (DEFAULT_LISTEN, EXCHANGE_TYPES, SYNC_MODES, ConfigError, TlsConfig, config_from_args,
+                            load_config, parse_address)
 
 EXIT_OK, EXIT_REFUSED, EXIT_USAGE = 0, 1, 2
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
@@ -136,6 +136,10 @@ def _add_admin(commands: Subparsers) -> None:
     p.add_argument("--user", help="SASL PLAIN user (default: no SASL)")
     p.add_argument("--password", default=os.environ.get("HAQUEUE_PASSWORD"),
                    help="SASL PLAIN password (default: $HAQUEUE_PASSWORD, which keeps it out of ps)")
+    tls = p.add_argument_group("TLS (a broker's peer listener under ha.tls: give all three)")
+    tls.add_argument("--tls-ca", metavar="FILE", help="accept the broker only with a certificate signed by this CA")
+    tls.add_argument("--tls-cert", metavar="FILE", help="present this certificate")
+    tls.add_argument("--tls-key", metavar="FILE", help="the certificate's private key")
     actions = p.add_subparsers(dest="admin_command", metavar="COMMAND", required=True)
     _add_action(actions, "status", _status, "print the broker's status as one JSON object")
     _add_queue(actions)
@@ -150,8 +154,13 @@ def _add_admin(commands: Subparsers) -> None:
 
 def _admin(args: argparse.Namespace) -> int:
     timeout = getattr(args, "ping_timeout", None) or args.timeout
+    given = [args.tls_ca, args.tls_cert, args.tls_key]
+    if any(given) and not all(given):
+        _error("admin: --tls-ca, --tls-cert and --tls-key go together")
+        return EXIT_USAGE
+    tls = TlsConfig(args.tls_cert, args.tls_key, args.tls_ca) if all(given) else None
     try:
-        with AdminClient(args.broker, timeout, args.user, args.password) as client:
+        with AdminClient(args.broker, timeout, args.user, args.password, tls) as client:
             args.action(client, args)
     except _Refused as e:
         _error(str(e))
@@ -328,7 +337,12 @@ def _add_cluster(commands: Subparsers) -> None:
                                                        "(design/audit-events.md)")
     up.add_argument("--sync", choices=SYNC_MODES,
                     help="ha.sync of every broker: when a publish is confirmed (design/store.md; default all)")
+    up.add_argument("--tls", metavar="DIR", help="brokers talk to each other (and the supervisor to them) over TLS "
+                                                 "with DIR/ca.pem, DIR/cert.pem and DIR/key.pem (ha.tls)")
     up.set_defaults(func=_cluster_up)
+
+
+TLS_FILES = {"ca_file": "ca.pem", "cert_file": "cert.pem", "key_file": "key.pem"}  # cluster up --tls DIR
 
 
 def _cluster_up(args: argparse.Namespace) -> int:
@@ -339,7 +353,14 @@ def _cluster_up(args: argparse.Namespace) -> int:
     from haqueue.coord.supervisor import cluster_up
     extra: dict = {"audit": {"dir": os.path.abspath(args.audit_dir)}} if args.audit_dir else {}
     if args.sync:
-        extra["ha"] = {"sync": args.sync}
+        extra.setdefault("ha", {})["sync"] = args.sync
+    if args.tls:
+        tls = {key: os.path.abspath(os.path.join(args.tls, name)) for key, name in TLS_FILES.items()}
+        missing = [path for path in tls.values() if not os.path.isfile(path)]
+        if missing:
+            _error(f"--tls {args.tls}: no {', '.join(missing)}")
+            return EXIT_USAGE
+        extra.setdefault("ha", {})["tls"] = tls
     return cluster_up(args.size, args.dir, parse_address(args.public), args.base_port, extra)
 
 

@@ -40,6 +40,7 @@ class ListenerConfig:
     max_frame_size: int = 65536
     sasl: str = "optional"  # "optional": anonymous and no-SASL clients allowed (if `anonymous`); "required"
     tls: bool = False
+    require_client_cert: bool = False  # TLS clients must present a certificate from tls.ca_file (SASL EXTERNAL)
 
 
 @dataclass
@@ -62,6 +63,10 @@ class LimitsConfig:
     max_message_size: int = 0  # 0: unbounded
     idle_timeout: float = 60.0  # seconds; 0 disables heartbeats
     output_buffer: int = 4 * 1024 * 1024
+    # What one hostile client can hold (design/security.md).
+    handshake_timeout: float = 10.0  # seconds from accept to the client's AMQP open (TLS and SASL included)
+    max_connections_per_user: int = 0  # 0: no limit; anonymous clients are limited per address only
+    max_connections_per_address: int = 0  # 0: no limit; every connection from the address counts
 
 
 @dataclass
@@ -111,6 +116,7 @@ class HaConfig:
     recovery_wait: float = 10.0
     coordinator: str = "external"  # who promotes: external (admin, supervisor, Pacemaker) | zookeeper
     zookeeper: ZooKeeperConfig | None = None
+    tls: TlsConfig | None = None  # peers talk TLS on the listener in `brokers`, certificates from tls.ca_file
 
 
 @dataclass
@@ -334,6 +340,7 @@ _LISTENER: dict[str, Check] = {
     "max_frame_size": _int(512),  # AMQP's minimum max-frame-size
     "sasl": _choice(*SASL_MODES),
     "tls": _bool,
+    "require_client_cert": _bool,
 }
 
 
@@ -349,6 +356,10 @@ def _listener(value: Any, path: str) -> dict[str, Any]:
     return fields
 
 
+def _tls(value: Any, path: str, required: tuple[str, ...]) -> TlsConfig:
+    return TlsConfig(**_fields(value, path, {"cert_file": _name, "key_file": _name, "ca_file": _name}, required))
+
+
 _LIMITS: dict[str, Check] = {
     "max_connections": _int(1),
     "max_links_per_connection": _int(1),
@@ -361,6 +372,9 @@ _LIMITS: dict[str, Check] = {
     "max_message_size": _int(0),
     "idle_timeout": _seconds,
     "output_buffer": _int(1),
+    "handshake_timeout": lambda value, path: _positive_seconds(value, path),  # defined below
+    "max_connections_per_user": _int(0),
+    "max_connections_per_address": _int(0),
 }
 
 
@@ -413,6 +427,7 @@ _HA: dict[str, Check] = {
     "recovery_wait": _seconds,
     "coordinator": _choice("external", "zookeeper"),
     "zookeeper": _record(ZooKeeperConfig, _ZOOKEEPER, ("hosts",)),
+    "tls": lambda value, path: _tls(value, path, ("cert_file", "key_file", "ca_file")),
 }
 
 
@@ -448,8 +463,9 @@ def _user(value: Any, path: str) -> UserConfig:
         raise _Bad(path, "must be a password string, or a map {password or password_hash, allow} "
                          "(the value is not shown: it may be a password)")
     fields = _fields(value, path, _USER)
-    if ("password" in fields) == ("password_hash" in fields):
-        raise _Bad(path, "needs exactly one of password and password_hash")
+    if "password" in fields and "password_hash" in fields:
+        raise _Bad(path, "takes password or password_hash, not both (with neither, the user logs in only with "
+                         "a client certificate: SASL EXTERNAL)")
     if "allow" not in fields:
         raise _Bad(f"{path}.allow", "missing (a user given as a map lists what it may do, e.g. "
                                     "{send: [\"orders.*\"]}; one given as a plain password may do everything)")
@@ -494,7 +510,7 @@ _TOP: dict[str, Check] = {
                                  ("exchange", "queue"))),
     "users": _users,
     "anonymous": _anonymous,
-    "tls": _record(TlsConfig, {"cert_file": _name, "key_file": _name, "ca_file": _name}, ("cert_file", "key_file")),
+    "tls": lambda value, path: _tls(value, path, ("cert_file", "key_file")),
     "limits": _record(LimitsConfig, _LIMITS),
     "ha": _ha,
     "audit": _record(AuditConfig, {"dir": _name, "max_bytes": _int(4096), "flush_interval": _positive_seconds},
@@ -522,6 +538,23 @@ def _peer_user(ha: HaConfig | None, users: dict[str, UserConfig]) -> None:
         raise _Bad(f"users.{ha.username}", "is also ha.username, the HA peer user: its password is ha.password "
                                            "and it may only open HA links and run admin operations; give the "
                                            "user of your clients another name")
+def _check_client_certs(listener: ListenerConfig, tls: TlsConfig | None, path: str) -> None:
+    if listener.require_client_cert and not listener.tls:
+        raise _Bad(f"{path}.require_client_cert", "is true but the listener's tls is not")
+    if listener.require_client_cert and (tls is None or not tls.ca_file):
+        raise _Bad(f"{path}.require_client_cert", "is true but there is no tls.ca_file to verify certificates with")
+
+
+def _check_peer_tls(ha: HaConfig, listen: list[ListenerConfig]) -> None:
+    """ha.tls secures the listener named in ha.brokers: it must exist, and not be a client TLS listener too."""
+    if ha.tls is None:
+        return
+    peer = next((i for i, l in enumerate(listen) if (l.host, l.port) in ha.brokers), None)
+    if peer is None:
+        raise _Bad("ha.tls", "is set but no listen address is in ha.brokers (the peers' listener it secures)")
+    if listen[peer].tls or listen[peer].require_client_cert:
+        raise _Bad(f"listen[{peer}].tls", "the peers' listener (in ha.brokers) takes its TLS from ha.tls: "
+                                          "remove tls and require_client_cert from it")
 
 
 def _broker(raw: Any) -> BrokerConfig:
@@ -536,6 +569,9 @@ def _broker(raw: Any) -> BrokerConfig:
     for i, listener in enumerate(fields["listen"]):
         if listener.tls and "tls" not in fields:
             raise _Bad(f"listen[{i}].tls", "is true but there is no top-level tls section (cert_file, key_file)")
+        _check_client_certs(listener, fields.get("tls"), f"listen[{i}]")
+    if "ha" in fields:
+        _check_peer_tls(fields["ha"], fields["listen"])
     _peer_user(fields.get("ha"), fields.get("users", {}))
     _unique(fields.get("queues", []), "queues")
     _unique(fields.get("exchanges", []), "exchanges")

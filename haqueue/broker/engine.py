@@ -32,9 +32,11 @@ from mypy_extensions import mypyc_attr
 from proton import Data
 
 from ..config import LimitsConfig, ListenerConfig
-from . import _pn
-from .errors import BrokerError, NOT_IMPLEMENTED, RESOURCE_LIMIT, UNAUTHORIZED
+from . import _pn, heap
+from .connection_limits import ConnectionLimits
+from .errors import BrokerError, FRAMING_ERROR, MESSAGE_SIZE_EXCEEDED, NOT_IMPLEMENTED, RESOURCE_LIMIT, UNAUTHORIZED
 from .sasl import AMQP_HEADER, SASL_HEADER, Authenticator, SaslClient, SaslServer
+from .tls import certificate_user
 
 log = logging.getLogger("haqueue.engine")
 
@@ -261,13 +263,15 @@ class Connection:
     """One socket: an optional TLS layer, the broker's SASL layer, then proton's transport."""
 
     def __init__(self, engine: "Engine", sock: socket.socket, peer: str, listener: "Listener | None",
-                 client: "ConnectionHandler | None" = None, sasl_client: SaslClient | None = None) -> None:
+                 client: "ConnectionHandler | None" = None, sasl_client: SaslClient | None = None,
+                 tls: ssl.SSLContext | None = None) -> None:
         self.engine = engine
         self.sock = sock
         self.fd = sock.fileno()
         self.listener = listener
         self.client = client  # set for the broker's own outgoing connections
         self.peer = peer
+        self.host = peer.rpartition(":")[0]  # the source address, as the per-address limit counts it
         self.transport = lib.pn_transport()
         if client is None:
             assert listener is not None
@@ -284,9 +288,14 @@ class Connection:
         self.sasl: SaslServer | SaslClient | None = sasl_client
         self.session: Any = None  # the one session of an outgoing connection
         self.user: str | None = None
+        self.logged_in = False  # counted against limits.max_connections_per_user until closed
+        self.handshake_deadline = 0  # ms (monotonic): closed unless the client opens by then; 0: opened
         self.tls: ssl.SSLObject | None = None
         self._tls_in: ssl.MemoryBIO | None = None
         self._tls_out: ssl.MemoryBIO | None = None
+        self._tls_ready = False  # handshake done
+        self._tls_waiting = bytearray()  # what our side wrote before the handshake was done
+        self.certificate_user: str | None = None  # the user the peer's verified certificate names
         self.raw_out = bytearray()  # bytes for the socket that did not come from proton directly
         self.writing = False  # registered for EPOLLOUT
         self.closing = False
@@ -298,14 +307,17 @@ class Connection:
         self.remote_container = ""
         self.attachment: Any = None  # the broker's per-connection state
         self.client_error: str | None = None  # why an outgoing connection failed
+        context = listener.tls_context if listener is not None else tls
+        if context is not None:
+            self._tls_in, self._tls_out = ssl.MemoryBIO(), ssl.MemoryBIO()
+            self.tls = context.wrap_bio(self._tls_in, self._tls_out, server_side=client is None)
         if sasl_client is not None:
             self.phase = "sasl"
-            self.raw_out += sasl_client.greeting()
+            if self.tls is not None:
+                self._tls_step()  # the client speaks first: its hello
+            self.write_plain(sasl_client.greeting())
             self.writing = True  # flush once the non-blocking connect completes
             engine.epoll.register(self.fd, _EPOLL_IN | _EPOLL_OUT)
-        if listener is not None and listener.tls_context is not None:
-            self._tls_in, self._tls_out = ssl.MemoryBIO(), ssl.MemoryBIO()
-            self.tls = listener.tls_context.wrap_bio(self._tls_in, self._tls_out, server_side=True)
 
     # -- input -------------------------------------------------------------------------------
     def received(self, data: bytes) -> None:
@@ -313,6 +325,8 @@ class Connection:
             return
         if self.tls is not None:
             data = self._decrypt(data)
+            if not data:
+                return
         if self.phase != "amqp":
             data = self._before_amqp(data)
         if data:
@@ -323,7 +337,7 @@ class Connection:
         self._tls_in.write(data)
         chunks = []
         try:
-            while True:
+            while self._tls_ready or self._tls_step():
                 chunk = self.tls.read(_READ_SIZE)
                 if not chunk:
                     break
@@ -331,11 +345,46 @@ class Connection:
         except ssl.SSLWantReadError:
             pass
         except ssl.SSLError as e:
-            log.warning("connection %s: TLS error: %s", self.peer, e)
-            self.abort()
+            self._tls_failed(e)
             return b""
         self._tls_pump()
         return b"".join(chunks)
+
+    def _tls_step(self) -> bool:
+        """Take the handshake as far as the bytes so far allow; once done (True), learn who a client
+        certificate names and send what waited for it. Raises SSLError if it fails."""
+        assert self.tls is not None
+        try:
+            self.tls.do_handshake()
+        except ssl.SSLWantReadError:
+            self._tls_pump()
+            return False
+        self._tls_ready = True
+        if self.client is None:
+            self.certificate_user = certificate_user(self.tls.getpeercert())
+        if self._tls_waiting:
+            self.tls.write(bytes(self._tls_waiting))
+            self._tls_waiting.clear()
+        self._tls_pump()
+        return True
+
+    def _tls_failed(self, error: ssl.SSLError) -> None:
+        """Refuse the connection, after sending TLS's alert so that the peer learns why too."""
+        what = "TLS error" if self._tls_ready else "TLS handshake failed"
+        if self.client is not None:
+            self.client_error = f"{what}: {error}"
+            log.warning("connection to %s: %s: %s", self.peer, what, error)
+        else:
+            log.warning("connection %s refused: %s: %s", self.peer, what, error)
+        self.phase = "refused"
+        self._tls_pump()
+        self.close_after_write()
+
+    def handshake_stage(self) -> str:
+        """Where a connection that has not opened yet stands, for the log."""
+        if self.tls is not None and not self._tls_ready:
+            return "the TLS handshake"
+        return {"sasl": "the SASL exchange", "amqp": "the open frame"}.get(self.phase, "the protocol header")
 
     def _tls_pump(self) -> None:
         if self._tls_out is not None and self._tls_out.pending:
@@ -344,11 +393,13 @@ class Connection:
 
     def write_plain(self, data: bytes) -> None:
         """Bytes of the pre-AMQP layers (headers, SASL frames), through TLS when it is on."""
-        if self.tls is not None:
+        if self.tls is None:
+            self.raw_out += data
+        elif not self._tls_ready:
+            self._tls_waiting += data
+        else:
             self.tls.write(data)
             self._tls_pump()
-        else:
-            self.raw_out += data
         self.engine.dirty.add(self)
 
     def _before_amqp(self, data: bytes) -> bytes:
@@ -379,7 +430,8 @@ class Connection:
         assert self.listener is not None  # only a connection the broker accepted reads a protocol header
         options = self.listener.options
         if header == SASL_HEADER and self.user is None:
-            self.sasl = SaslServer(self.listener.mechanisms(self.engine.anonymous), self.engine.authenticate)
+            self.sasl = SaslServer(self.listener.mechanisms(self.engine.anonymous), self.engine.authenticate,
+                                   self.certificate_user)
             self.phase = "sasl"
             self.write_plain(self.sasl.greeting())
             return self._before_amqp(rest) if rest else b""
@@ -500,6 +552,8 @@ class Connection:
 
     def close(self, condition: str | None = None, description: str = "") -> None:
         """Close the AMQP connection (with an error if given), then the socket once written."""
+        if self.closed:
+            return
         if self.phase != "amqp":
             self.close_after_write()
             return
@@ -525,7 +579,10 @@ class Connection:
             pass
         lib.pn_transport_unbind(self.transport)
         lib.pn_decref(self.transport)
+        # release frees the connection's sessions, links and deliveries; the decref gives back our own
+        # reference (pn_connection_free does both), without which every connection's memory stayed.
         lib.pn_connection_release(self.ptr)
+        lib.pn_decref(self.ptr)
 
     def set_properties(self, properties: dict[Any, Any]) -> None:
         """Connection properties sent in our open frame (call before the open goes out)."""
@@ -594,6 +651,8 @@ class Engine:
         self.container_id = container_id.encode()
         self.authenticate = authenticate
         self.anonymous = anonymous
+        self.connection_limits = ConnectionLimits(limits)
+        self._closed_since_trim = 0  # connections gone since the heap's free memory was last given back
         self.collector = lib.pn_collector()
         self.epoll = select.epoll()
         self.listeners: dict[int, Listener] = {}
@@ -623,6 +682,7 @@ class Engine:
             lib.PN_LINK_REMOTE_CLOSE: self._on_link_remote_close,
             lib.PN_LINK_REMOTE_DETACH: self._on_link_remote_close,
             lib.PN_TRANSPORT_ERROR: self._on_transport_error,
+            lib.PN_TRANSPORT_TAIL_CLOSED: self._on_tail_closed,
         }
 
     # -- set-up ------------------------------------------------------------------------------
@@ -631,13 +691,16 @@ class Engine:
         self.epoll.register(listener.sock.fileno(), select.EPOLLIN)
 
     def connect(self, host: str, port: int, handler: ConnectionHandler, user: str | None = None,
-                password: str | None = None, idle_timeout: float = 0.0) -> Connection:
-        """An outgoing connection (HA peers). handler.on_open once the peer has opened; on_closed when it goes."""
+                password: str | None = None, idle_timeout: float = 0.0,
+                tls: ssl.SSLContext | None = None) -> Connection:
+        """An outgoing connection (HA peers), over TLS with `tls`. handler.on_open once the peer has opened;
+        on_closed when it goes."""
         sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
         sock.setblocking(False)
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         sock.connect_ex((host, port))
-        conn = Connection(self, sock, f"{host}:{port}", None, client=handler, sasl_client=SaslClient(user, password))
+        conn = Connection(self, sock, f"{host}:{port}", None, client=handler, sasl_client=SaslClient(user, password),
+                          tls=tls)
         lib.pn_connection_set_container(conn.ptr, self.container_id)
         lib.pn_connection_set_hostname(conn.ptr, host.encode())
         if idle_timeout:
@@ -677,6 +740,7 @@ class Engine:
         self.epoll.register(self._wakeup_r.fileno(), select.EPOLLIN)
         old_wakeup = signal.set_wakeup_fd(self._wakeup_w.fileno())
         self.every(0.1, self._tick_connections)
+        self.every(heap.TRIM_INTERVAL, self._trim_heap)
         try:
             while self._running:
                 self._one_pass()
@@ -741,8 +805,22 @@ class Engine:
     def _tick_connections(self) -> None:
         now_ms = int(time.monotonic() * 1000)
         for conn in list(self.connections.values()):
-            if conn.next_tick <= now_ms:
+            if conn.handshake_deadline and conn.handshake_deadline <= now_ms:
+                self._handshake_expired(conn)
+            elif conn.next_tick <= now_ms:
                 conn.tick(now_ms)
+
+    def _trim_heap(self) -> None:
+        if self._closed_since_trim >= heap.TRIM_AFTER:
+            self._closed_since_trim = 0
+            heap.release_free_memory()
+
+    def _handshake_expired(self, conn: Connection) -> None:
+        """limits.handshake_timeout: a client that has not opened by now is dropped, however slowly it
+        was still sending (a slow-loris holds a socket and a transport for nothing)."""
+        log.info("connection %s closed: no AMQP open within %g s (limits.handshake_timeout); it was still in %s",
+                 conn.peer, self.limits.handshake_timeout, conn.handshake_stage())
+        conn.abort()
 
     def _accept(self, listener: Listener) -> None:
         while True:
@@ -762,12 +840,15 @@ class Engine:
                 sock.close()
                 continue
             conn = Connection(self, sock, peer, listener)
-            if len(self.connections) >= self.limits.max_connections:
-                conn.refusal = (RESOURCE_LIMIT, f"too many connections (limit {self.limits.max_connections})")
+            refusal = self.connection_limits.accepted(conn.host, len(self.connections))
+            if refusal is not None:
+                conn.refusal = (RESOURCE_LIMIT, refusal)
             self.connections[conn.fd] = conn
             self._by_ptr[conn.ptr] = conn
             self.epoll.register(conn.fd, _EPOLL_IN)
-            conn.tick(int(time.monotonic() * 1000))
+            now_ms = int(time.monotonic() * 1000)
+            conn.handshake_deadline = now_ms + int(self.limits.handshake_timeout * 1000)
+            conn.tick(now_ms)
 
     def _read(self, conn: Connection) -> None:
         try:
@@ -776,15 +857,22 @@ class Engine:
             return
         except OSError:
             data = b""
-        if data:
-            conn.received(data)
-        else:
+        if not data:
             conn.input_closed()
+            return
+        try:
+            conn.received(data)
+        except Exception:  # what a peer sends must never stop the loop: drop that peer alone
+            log.exception("connection %s dropped: its input could not be handled", conn.peer)
+            conn.abort()
 
     def forget_connection(self, conn: Connection) -> None:
         self.connections.pop(conn.fd, None)
         self._by_ptr.pop(conn.ptr, None)
         self.dirty.discard(conn)
+        if conn.listener is not None:
+            self.connection_limits.closed(conn.host, conn.user if conn.logged_in else None)
+        self._closed_since_trim += 1
         try:
             self.epoll.unregister(conn.fd)
         except (OSError, ValueError):
@@ -802,10 +890,12 @@ class Engine:
             return
         link.conn.links.pop(link.addr, None)
         self.partial_links.discard(link.addr)
+        link._partial.clear()  # a message read part way: its bytes go now
         link.closed = True
-        if link.handler is not None:
+        handler, link.handler = link.handler, None  # its handler keeps the link, not the other way: no cycle
+        if handler is not None:
             try:
-                link.handler.on_detach()
+                handler.on_detach()
             except Exception:
                 log.exception("link detach handler failed")
 
@@ -879,10 +969,12 @@ class Engine:
         ptr = link.ptr
         pending = lib.pn_delivery_pending(delivery)
         partial = lib.pn_delivery_partial(delivery)
-        limit = self.limits.max_message_size
+        # Clients' messages only: what a primary sends its backups (batches, events) is the broker's own.
+        limit = self.limits.max_message_size if link.conn.client is None else 0
         if limit and pending > limit and not partial and not link._partial:
             lib.pn_link_advance(ptr)  # its bytes are dropped with the settlement
-            link.settle(handle, REJECTED, RESOURCE_LIMIT, f"message of {pending} bytes is over the limit of {limit}")
+            link.settle(handle, REJECTED, MESSAGE_SIZE_EXCEEDED,
+                        f"message of {pending} bytes is over limits.max_message_size {limit}")
             return
         buffered = link._partial.setdefault(handle, bytearray())
         self.partial_links.add(link.addr)
@@ -892,7 +984,7 @@ class Engine:
             buffered += chunk
         if limit and len(buffered) > limit:
             self._forget_partial(link, handle)
-            link.close(RESOURCE_LIMIT, f"message larger than {limit} bytes")
+            link.close(MESSAGE_SIZE_EXCEEDED, f"message larger than limits.max_message_size {limit} bytes")
             return
         if partial:
             return
@@ -946,7 +1038,13 @@ class Engine:
         if conn.client is not None:
             conn.client.on_open(conn)
             return
+        conn.handshake_deadline = 0
         lib.pn_connection_set_container(conn.ptr, self.container_id)
+        if conn.refusal is None and conn.user is not None:
+            refusal = self.connection_limits.logged_in(conn.user)
+            if refusal is not None:
+                conn.refusal = (RESOURCE_LIMIT, refusal)
+            conn.logged_in = refusal is None
         if conn.refusal is None:
             try:
                 self.handler.connection_opened(conn)
@@ -1060,6 +1158,19 @@ class Engine:
         name = _text(lib.pn_condition_get_name(cond))
         description = _text(lib.pn_condition_get_description(cond))
         log.warning("connection %s: %s: %s", conn.peer if conn else "?", name, description)
+
+    def _on_tail_closed(self, event: Any) -> None:
+        """proton stopped reading. After the peer's close, or with an error of its own, it closes the connection
+        itself; but a frame it cannot decode (a body that is no AMQP encoding, an unknown performative) only
+        stops its input, and the connection would hang open: close it."""
+        conn = self._conn_of(event)
+        if conn is None or conn.closing or conn.client is not None:
+            return
+        if lib.pn_condition_is_set(lib.pn_transport_condition(conn.transport)) or \
+                lib.pn_connection_state(conn.ptr) & lib.PN_REMOTE_CLOSED:
+            return
+        log.warning("connection %s: closed: it sent a frame that could not be read", conn.peer)
+        conn.close(FRAMING_ERROR, "a frame that could not be read")
 
     def shutdown(self) -> None:
         """Close every connection (telling clients the broker is going away) and write what is left."""

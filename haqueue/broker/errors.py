@@ -5,6 +5,7 @@ NOT_FOUND = "amqp:not-found"
 INVALID_FIELD = "amqp:invalid-field"
 RESOURCE_LOCKED = "amqp:resource-locked"
 RESOURCE_LIMIT = "amqp:resource-limit-exceeded"
+MESSAGE_SIZE_EXCEEDED = "amqp:link:message-size-exceeded"
 RESOURCE_DELETED = "amqp:resource-deleted"
 UNAUTHORIZED = "amqp:unauthorized-access"
 NOT_ALLOWED = "amqp:not-allowed"
@@ -14,6 +15,7 @@ DECODE = "amqp:decode-error"
 CONNECTION_FORCED = "amqp:connection:forced"
 TXN_UNKNOWN = "amqp:transaction:unknown-id"
 TXN_ROLLBACK = "amqp:transaction:rollback"
+FRAMING_ERROR = "amqp:connection:framing-error"
 
 # The management status code for each condition (design/management.md).
 STATUS = {NOT_FOUND: 404, INVALID_FIELD: 400, RESOURCE_LOCKED: 409, RESOURCE_LIMIT: 403,

@@ -34,11 +34,13 @@ def _frame(descriptor: int, fields: list) -> bytes:
 
 
 class SaslServer:
-    """Feeds on the bytes after the SASL header; says when the exchange is over and who logged in."""
+    """Feeds on the bytes after the SASL header; says when the exchange is over and who logged in.
+    `certificate_user`: the user the client's verified TLS certificate names, who may log in with EXTERNAL."""
 
-    def __init__(self, mechanisms: list[str], authenticate: Authenticator) -> None:
-        self.mechanisms = mechanisms
+    def __init__(self, mechanisms: list[str], authenticate: Authenticator, certificate_user: str | None = None) -> None:
+        self.mechanisms = (["EXTERNAL"] if certificate_user is not None else []) + mechanisms
         self.authenticate = authenticate
+        self.certificate_user = certificate_user
         self.user: str | None = None
         self.done = False
         self.failed: str | None = None  # why authentication failed
@@ -61,7 +63,11 @@ class SaslServer:
                 break
             body = self._buffer[doff * 4:size]
             self._buffer = self._buffer[size:]
-            out += self._on_frame(body)
+            try:
+                out += self._on_frame(body)
+            except Exception as e:  # a hostile client's bytes: whatever decoding them raises refuses it alone
+                self.failed = f"malformed SASL frame ({type(e).__name__}: {e})"
+                return out + _frame(_OUTCOME, [ubyte(SYS_ERROR)]), b""
         rest = self._buffer if self.done else b""
         return out, rest
 
@@ -91,6 +97,8 @@ class SaslServer:
             return None
         if mechanism == "ANONYMOUS":
             return ANONYMOUS_USER if self.authenticate("ANONYMOUS", ANONYMOUS_USER, "") else None
+        if mechanism == "EXTERNAL":
+            return self._external(response.decode("utf-8", "replace"))
         parts = response.split(b"\0")
         if len(parts) != 3:
             self.failed = "malformed PLAIN response"
@@ -100,6 +108,14 @@ class SaslServer:
             self.failed = f"wrong user name or password for '{user}'"
             return None
         return user
+
+    def _external(self, wanted: str) -> str | None:
+        """The TLS layer has verified the certificate (its CA vouches for the name): the client is that user.
+        It may name the identity it wants (RFC 4422's authzid), but only the certificate's own."""
+        if wanted and wanted != self.certificate_user:
+            self.failed = f"EXTERNAL: the certificate of '{self.certificate_user}' cannot log in as '{wanted}'"
+            return None
+        return self.certificate_user
 
 
 class SaslClient:

@@ -5,8 +5,9 @@ for each request. Plug-ins (HA, the audit log) use the named hooks and nothing e
 `registry.observers` / `registry.validators` / `registry.queue_hooks` (wiring and per-queue
 observers and guards), `admission` (who may connect), `endpoints` (link handlers for `$`
 addresses), `management.register` (operations, each with what it needs), `status_hooks` (fields of the broker status),
-`completion_hooks` (a publisher's message confirmed) and `durability` (a durable store: loads the
-wiring and messages it kept before anything else happens, and says when what it was given is on disk).
+`completion_hooks` (a publisher's message confirmed), `durability` (a durable store: loads the
+wiring and messages it kept before anything else happens, and says when what it was given is on disk)
+and `listener_tls` (a plug-in's own TLS for one listener: HA's peer listener).
 """
 from __future__ import annotations
 
@@ -32,6 +33,7 @@ from .management import ADDRESS as MANAGEMENT, Management
 from .message import Routing
 from .queue import Entry, Queue
 from .registry import Registry
+from .tls import server_context
 from .transactions import Coordinator, Transactions
 
 log = logging.getLogger("haqueue.broker")
@@ -80,7 +82,9 @@ class Broker:
         self.connections: set[Connection] = set()
         self.durability: Durability | None = None  # set by a store plug-in
         self.transactions = Transactions(self)
-        self._tls: ssl.SSLContext | None = None
+        # A plug-in's TLS for the listener on (host, port), in place of the listener's own `tls`.
+        self.listener_tls: dict[tuple[str, int], ssl.SSLContext] = {}
+        self._tls: dict[bool, ssl.SSLContext] = {}  # the config's tls, by whether client certificates are required
 
     # -- set-up ------------------------------------------------------------------------------
     def declare_configured(self) -> None:
@@ -93,23 +97,24 @@ class Broker:
             self.registry.resolve(b.queue)
             self.registry.bind(b.exchange, b.queue, b.key, dict(b.args))
 
-    def _tls_context(self) -> ssl.SSLContext | None:
-        if self.config.tls is None:
-            return None
-        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-        context.load_cert_chain(self.config.tls.cert_file, self.config.tls.key_file)
-        if self.config.tls.ca_file:
-            context.load_verify_locations(self.config.tls.ca_file)
-            context.verify_mode = ssl.CERT_OPTIONAL
-        return context
+    def _tls_context(self, options: ListenerConfig) -> ssl.SSLContext | None:
+        context = self.listener_tls.get((options.host, options.port))
+        if context is not None or not options.tls:
+            return context
+        assert self.config.tls is not None  # the config checked that a tls listener has a tls section
+        required = options.require_client_cert
+        if required not in self._tls:
+            self._tls[required] = server_context(self.config.tls, required, "tls")
+        return self._tls[required]
 
     def listen(self, options: ListenerConfig) -> None:
         """Open a listener (at start, or later: HA binds the public address on promotion)."""
-        if options.tls and self._tls is None:
-            self._tls = self._tls_context()
-        listener = Listener(options, self._tls if options.tls else None)
+        context = self._tls_context(options)
+        listener = Listener(options, context)
         self.engine.listen(listener)
-        log.info("listening on %s:%s%s", options.host, options.port, " (TLS)" if options.tls else "")
+        tls = "" if context is None else " (TLS, client certificates required)" \
+            if context.verify_mode == ssl.CERT_REQUIRED else " (TLS)"
+        log.info("listening on %s:%s%s", options.host, options.port, tls)
 
     # -- engine events -----------------------------------------------------------------------
     def connection_opened(self, conn: Connection) -> None:

@@ -23,6 +23,7 @@ from typing import Any
 import yaml
 
 from ..admin import AdminClient, AdminError
+from ..config import TlsConfig
 
 log = logging.getLogger("haqueue.cluster")
 
@@ -52,6 +53,8 @@ class Supervisor:
         self.public = public
         self.username = "ha"
         self.password = secrets.token_hex(16)
+        tls = (extra or {}).get("ha", {}).get("tls")
+        self.tls = TlsConfig(**tls) if tls else None  # ha.tls: the brokers' peer listeners take TLS only
         self.members = [self._member(i, host, base_port + i, size, backup_timeout, extra or {}) for i in range(size)]
         self.primary: Member | None = None
         self._stopping = False
@@ -77,7 +80,7 @@ class Supervisor:
         return Member(name, (host, port), path, os.path.join(self.directory, f"{name}.log"))
 
     def admin(self, member: Member, timeout: float = 5.0) -> AdminClient:
-        return AdminClient(member.endpoint, timeout, self.username, self.password)
+        return AdminClient(member.endpoint, timeout, self.username, self.password, self.tls)
 
     def request(self, member: Member, operation: str, type_: str, body: dict | None = None,
                 timeout: float = 5.0) -> Any:

@@ -68,7 +68,7 @@ class Backup:
         self._peer = (host, port)
         config = self.ha.config
         conn = self.conn = self.ha.broker.engine.connect(host, port, self, config.username, config.password,
-                                                         idle_timeout=HEARTBEAT)
+                                                         idle_timeout=HEARTBEAT, tls=self.ha.client_tls)
         self._opened = False
         # A hung peer accepts TCP connections (the kernel does) but never answers: give up on it.
         self.ha.broker.engine.call_later(HEARTBEAT, lambda: self._open_timeout(conn))

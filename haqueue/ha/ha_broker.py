@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
+import ssl
 import sys
 from typing import Any, Callable
 
@@ -18,6 +19,7 @@ from ..broker.engine import Connection, Link, LinkHandler
 from ..broker.errors import BrokerError, CONNECTION_FORCED, NOT_ALLOWED, UNAUTHORIZED
 from ..broker.queue import Queue
 from ..broker.server import Broker
+from ..broker.tls import client_context, server_context
 from ..config import AllowConfig, HaConfig, ListenerConfig
 from . import protocol
 from .backup import Backup
@@ -54,6 +56,16 @@ class HaBroker:
         self.public_listener_bound = False
         self.status_hooks: list[Callable[[dict[str, Any]], None]] = []  # a coordinator adds its fields
         broker.access.add_user(config.username, config.password, PEER_PERMISSIONS)
+        broker.engine.connection_limits.exempt_users.add(config.username)  # per-user limits are for clients
+        # ha.tls: the peer listener (this broker's address in ha.brokers) takes only peers with a certificate
+        # from ha.tls.ca_file, and this broker connects to its peers with its own (design/security.md).
+        self.peer_tls: ssl.SSLContext | None = None
+        self.client_tls: ssl.SSLContext | None = None
+        if config.tls is not None:
+            assert self.config_address is not None  # the config checked that a listener is in ha.brokers
+            self.peer_tls = server_context(config.tls, True, "ha.tls")
+            self.client_tls = client_context(config.tls, "ha.tls")
+            broker.listener_tls[(self.config_address.host, self.config_address.port)] = self.peer_tls
         broker.registry.validators.append(self.policy.validate)
         broker.admission.append(self.admit)
         broker.endpoints[protocol.WIRING] = self._endpoint(lambda p, link: p.wiring_endpoint(link))
@@ -73,7 +85,10 @@ class HaBroker:
         return self.primary.state if self.primary is not None else self.backup.state
 
     def is_peer(self, conn: Connection) -> bool:
-        return conn.user == self.config.username
+        """Logged in as the ha user, and with ha.tls, through the peer listener (so with a certificate from its CA)."""
+        if conn.user != self.config.username:
+            return False
+        return self.peer_tls is None or (conn.listener is not None and conn.listener.tls_context is self.peer_tls)
 
     # -- admission and the HA links ------------------------------------------------------------
     def admit(self, conn: Connection) -> None:

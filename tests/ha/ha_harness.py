@@ -41,6 +41,7 @@ from harness import (POLL_INTERVAL, BrokerProcess, can_connect, free_port, run_h
                      split_address, unexpected_exits, wait_for)
 
 from haqueue.admin import ADMIN_TOOL, AdminClient, AdminError  # noqa: E402
+from haqueue.config import TlsConfig  # noqa: E402
 
 HA_USER = "ha"
 OPS_USER = "ops"  # an admin tool's user, allowed everything; same password as the peer user
@@ -83,6 +84,7 @@ class HaCluster:
         if replicate is not None:
             ha["replicate"] = replicate
         ha.update(ha_extra or {})
+        self.tls = TlsConfig(**ha["tls"]) if "tls" in ha else None  # ha.tls: admin calls need a peer certificate
         for b in self.brokers:
             b.config["ha"] = dict(ha)
         self.stopped: set[str] = set()  # names of SIGSTOPped brokers (SIGCONT at teardown)
@@ -125,7 +127,7 @@ class HaCluster:
     # -- admin ----------------------------------------------------------------------------------
     def admin(self, b: BrokerProcess | str, timeout: float = 5.0, user: str = OPS_USER) -> AdminClient:
         address = b if isinstance(b, str) else b.address
-        return AdminClient(address, timeout, user, self.password)
+        return AdminClient(address, timeout, user, self.password, self.tls)
 
     def request(self, b: BrokerProcess | str, operation: str, type_: str, name: str | None = None,
                 body: dict | None = None, timeout: float = 5.0, user: str = OPS_USER) -> Any:
@@ -163,7 +165,9 @@ class HaCluster:
 
     def cli(self, b: BrokerProcess | str, *args: str, timeout: float = 30.0, user: str = OPS_USER):
         address = b if isinstance(b, str) else b.address
-        return run_haqueue(["admin", "-b", address, "--user", user, "--password", self.password, *args],
+        tls = [] if self.tls is None else ["--tls-ca", str(self.tls.ca_file), "--tls-cert", self.tls.cert_file,
+                                           "--tls-key", self.tls.key_file]
+        return run_haqueue(["admin", "-b", address, "--user", user, "--password", self.password, *tls, *args],
                            timeout=timeout)
 
     def queues(self, b: BrokerProcess) -> dict[str, dict[str, Any]]:

@@ -14,8 +14,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from ha_harness import HA_USER, AdminClient, Load, can_connect, free_port, receive, send_all, split_address, wait_for
+from ha_harness import (HA_USER, AdminClient, AdminError, Load, can_connect, free_port, receive, send_all,
+                        split_address, wait_for)
 from harness import REPO_ROOT
+from haqueue.config import TlsConfig
+from tls_certs import CertificateAuthority
 
 
 def _free_run(n: int) -> int:
@@ -71,16 +74,18 @@ def _alive(pid: int) -> bool:
 
 
 class Supervised:
-    def __init__(self, directory: Path, size: int = 3) -> None:
+    def __init__(self, directory: Path, size: int = 3, tls: TlsConfig | None = None,
+                 args: tuple[str, ...] = ()) -> None:
         self.directory = directory
         self.size = size
+        self.tls = tls  # what the test's admin calls present (cluster up --tls)
         self.base = _free_run(size)
         self.public = f"127.0.0.1:{free_port()}"
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")]))
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "haqueue", "cluster", "up", "--size", str(size), "--dir", str(directory),
-             "--public", self.public, "--base-port", str(self.base)],
+             "--public", self.public, "--base-port", str(self.base), *args],
             stdout=subprocess.PIPE, stderr=open(directory.parent / "supervisor.err", "wb"), text=True,
             env=env, cwd=REPO_ROOT, start_new_session=True)
         self.lines: queue.Queue[str | None] = queue.Queue()
@@ -116,7 +121,7 @@ class Supervised:
             return yaml.safe_load(f)["ha"]["password"]
 
     def admin(self, address: str) -> AdminClient:
-        return AdminClient(address, 3.0, HA_USER, self.password())
+        return AdminClient(address, 3.0, HA_USER, self.password(), self.tls)
 
     def status(self, address: str):
         try:
@@ -150,8 +155,8 @@ class Supervised:
 def supervised(tmp_path):
     made: list[Supervised] = []
 
-    def make(size: int = 3) -> Supervised:
-        s = Supervised(tmp_path / f"cluster{len(made)}", size)
+    def make(size: int = 3, **kw) -> Supervised:
+        s = Supervised(tmp_path / f"cluster{len(made)}", size, **kw)
         made.append(s)
         return s
 
@@ -237,3 +242,22 @@ def test_cluster_up_replaces_hung_primary(supervised):
         if _alive(pid):
             os.kill(pid, signal.SIGCONT)
     assert not _alive(pid), "the hung primary was not killed"
+
+
+def test_cluster_up_with_tls_between_brokers(supervised, tmp_path):
+    """cluster up --tls DIR: every broker's peer listener takes TLS only, with DIR's CA, and the supervisor
+    and the backups present DIR's certificate."""
+    d = tmp_path / "tls"
+    ca = CertificateAuthority(d, "ca")
+    peer, admin = ca.issue("peer"), ca.issue("admin")
+    for name, source in (("ca.pem", ca.ca_file), ("cert.pem", peer.cert_file), ("key.pem", peer.key_file)):
+        (d / name).write_bytes(Path(source).read_bytes())
+    s = supervised(3, tls=TlsConfig(admin.cert_file, admin.key_file, ca.ca_file), args=("--tls", str(d)))
+    s.read_until("public ", 40)
+    send_all(s.public, "tq", range(3))
+    addresses = [f"127.0.0.1:{s.base + i}" for i in range(3)]
+    wait_for(lambda: sorted((s.status(a) or {}).get("state", "") for a in addresses) == ["active", "ready", "ready"],
+             20, message="a primary and two ready backups, over TLS")
+    assert [m.body for m in receive(s.public, "tq", 3)] == [0, 1, 2]
+    with pytest.raises(AdminError):  # no certificate, no entry
+        AdminClient(addresses[0], 3.0, HA_USER, s.password()).close()

@@ -146,10 +146,30 @@ def test_message_over_max_message_size_refused(broker_factory):
         except LinkDetached as e:
             cond = e.condition
         name = getattr(cond, "name", cond)
-        assert name == "amqp:resource-limit-exceeded", cond
+        assert name == "amqp:link:message-size-exceeded", cond
+        assert "limits.max_message_size 1000" in getattr(cond, "description", ""), cond
     with Client(b) as c:
         assert c.queue_depth("q.size") == 1
         assert bodies(c.receiver("q.size").receive_n(1)) == [b"x" * 100]
+
+
+def test_large_message_over_max_message_size_refused_in_pieces(broker_factory):
+    """A message larger than a read arrives in pieces: it is refused once past the limit, the broker
+    holds none of it, and the client can publish again on a new link."""
+    from proton import Message
+    from proton.utils import LinkDetached
+    b = broker_factory(limits={"max_message_size": 1_000_000})
+    with Client(b, timeout=30) as c:
+        try:
+            d = c.send_one("q.size.big", Message(body=b"y" * 3_000_000))
+            cond = d.remote.condition
+        except LinkDetached as e:
+            cond = e.condition
+        assert getattr(cond, "name", cond) == "amqp:link:message-size-exceeded", cond
+        c.send("q.size.big", [b"z" * 900_000])
+        assert c.queue_depth("q.size.big") == 1
+        assert [bytes(g.body) for g in c.receiver("q.size.big").receive_n(1)] == [b"z" * 900_000]
+    assert b.running
 
 
 def test_max_connections(broker_factory):
@@ -170,3 +190,17 @@ def test_max_connections(broker_factory):
     finally:
         for c in clients:
             c.close()
+
+
+@pytest.mark.parametrize("after_header", [
+    frame(b"\xff" * 24),  # a body that is no AMQP encoding, before any open
+    frame(b"\x00\x53\x10\xc0\x03\x01\xa1\x00") + frame(b"\x00\x53\x7f\x45"),  # an open, then an unknown performative
+], ids=["undecodable", "unknown-performative"])
+def test_unreadable_frame_closes_the_connection(broker, after_header):
+    """proton stops reading such a connection without closing it: the broker must close it, not leave it open."""
+    with socket.create_connection((broker.host, broker.port), timeout=10) as s:
+        s.sendall(AMQP_HEADER + after_header)
+        while s.recv(65536):
+            pass  # until the broker closes (a timeout fails the test)
+    assert "sent a frame that could not be read" in broker.log()
+    check_serving(broker)

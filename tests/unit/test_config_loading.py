@@ -133,7 +133,8 @@ BAD = [
     ("listen: ['h:x']", "listen[0]: must be HOST:PORT"),
     ("listen: [5672]", 'listen[0]: must be "HOST:PORT" or a map, got 5672'),
     ("listen: [{max_frame_size: 1024}]", "listen[0].address: missing"),
-    ("listen: [{address: 'h:1', port: 2}]", "listen[0].port: unknown key (known: address, max_frame_size, sasl, tls)"),
+    ("listen: [{address: 'h:1', port: 2}]",
+     "listen[0].port: unknown key (known: address, max_frame_size, sasl, tls, require_client_cert)"),
     ("listen: ['h:1', {address: 'h:2', sasl: always}]", 'listen[1].sasl: must be optional or required, got "always"'),
     ("listen: [{address: 'h:1', max_frame_size: 100}]", "listen[0].max_frame_size: must be an integer >= 512, got 100"),
     ("listen: [{address: 'h:1', tls: yes please}]", 'listen[0].tls: must be true or false, got "yes please"'),
@@ -160,9 +161,8 @@ BAD = [
      "users.app.allow.sned: unknown key (known: send, receive, manage, admin)"),
     ("users: {app: {password: p, alow: {}}}", "users.app.alow: unknown key (known: password, password_hash, allow)"),
     ("users: {app: {password: p}}", "users.app.allow: missing (a user given as a map lists what it may do"),
-    ("users: {app: {allow: {}}}", "users.app: needs exactly one of password and password_hash"),
     (f"users: {{app: {{password: p, password_hash: '{HASH}', allow: {{}}}}}}",
-     "users.app: needs exactly one of password and password_hash"),
+     "users.app: takes password or password_hash, not both"),
     ("users: {app: {password_hash: 'plain', allow: {}}}",
      "users.app.password_hash: is not a hash made by `haqueue passwd`"),
     ("users: {app: {password_hash: '$scrypt$ln=30,r=8,p=1$c2FsdA$aGFzaGhhc2hoYXNoaGFzaA', allow: {}}}",
@@ -213,3 +213,51 @@ def test_invalid_yaml(tmp_path: Path) -> None:
     with pytest.raises(ConfigError) as info:
         load_config(path)
     assert str(info.value).startswith(f"{path}: invalid YAML:") and "line 2" in str(info.value)
+
+
+def test_security_keys(tmp_path: Path) -> None:
+    config = load_config(write(tmp_path, """
+        listen:
+          - "127.0.0.1:5672"
+          - {address: "127.0.0.1:5671", tls: true, require_client_cert: true}
+        tls: {cert_file: c.pem, key_file: k.pem, ca_file: ca.pem}
+        limits: {handshake_timeout: 2.5, max_connections_per_user: 10, max_connections_per_address: 20}
+        ha:
+          brokers: ["127.0.0.1:5672", "127.0.0.1:5772"]
+          username: ha
+          password: pw
+          tls: {cert_file: peer.pem, key_file: peer.key, ca_file: cluster-ca.pem}
+        """))
+    assert config.listen[1] == ListenerConfig("127.0.0.1", 5671, tls=True, require_client_cert=True)
+    assert config.limits == LimitsConfig(handshake_timeout=2.5, max_connections_per_user=10,
+                                         max_connections_per_address=20)
+    assert config.ha is not None and config.ha.tls == TlsConfig("peer.pem", "peer.key", "cluster-ca.pem")
+    defaults = LimitsConfig()
+    assert (defaults.handshake_timeout, defaults.max_connections_per_user, defaults.max_connections_per_address) == \
+        (10.0, 0, 0)
+
+
+HA = "ha: {brokers: ['h:1', 'h:2'], username: ha, password: pw, tls: %s}\nlisten: [%s]"
+BAD_SECURITY = [
+    ("listen: [{address: 'h:1', require_client_cert: true}]",
+     "listen[0].require_client_cert: is true but the listener's tls is not"),
+    ("tls: {cert_file: c, key_file: k}\nlisten: [{address: 'h:1', tls: true, require_client_cert: true}]",
+     "listen[0].require_client_cert: is true but there is no tls.ca_file to verify certificates with"),
+    ("limits: {handshake_timeout: 0}", "limits.handshake_timeout: must be a positive number of seconds, got 0"),
+    ("limits: {max_connections_per_user: -1}", "limits.max_connections_per_user: must be a non-negative integer"),
+    ("limits: {max_connections_per_address: x}", 'limits.max_connections_per_address: must be a non-negative'),
+    (HA % ("{cert_file: c, key_file: k}", "'h:1'"), "ha.tls.ca_file: missing"),
+    (HA % ("{cert_file: c, key_file: k, ca_file: a}", "'h:3'"),
+     "ha.tls: is set but no listen address is in ha.brokers"),
+    ("tls: {cert_file: c, key_file: k}\n" + HA % ("{cert_file: c, key_file: k, ca_file: a}",
+                                                   "{address: 'h:1', tls: true}"),
+     "listen[0].tls: the peers' listener (in ha.brokers) takes its TLS from ha.tls"),
+]
+
+
+@pytest.mark.parametrize("text, expected", BAD_SECURITY, ids=[b[1].split(":")[0] for b in BAD_SECURITY])
+def test_bad_security_config(tmp_path: Path, text: str, expected: str) -> None:
+    path = write(tmp_path, text)
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    assert str(info.value).startswith(f"{path}: {expected}"), str(info.value)
