@@ -108,7 +108,10 @@ class HaBroker:
     def _admin_tool(self, conn: Connection) -> bool:
         """A connection that says it is an admin tool (haqueue.admin.AdminClient does), whose user may run admin
         operations: a backup lets it in, as Qpid's backups do a connection marked `qpid.ha-admin`. A client that
-        does not say so is refused, so a failover-capable client moves on at once."""
+        does not say so is refused, so a failover-capable client moves on at once. Under ha.tls the ha user
+        is one only through the peer listener: its password alone admits nothing."""
+        if conn.user == self.config.username and not self.is_peer(conn):
+            return False
         return bool(conn.remote_properties.get(ADMIN_TOOL)) and self.broker.access.may(conn.user, ADMIN)
 
     def _endpoint(self, attach: Any) -> Any:

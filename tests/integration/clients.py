@@ -438,6 +438,13 @@ AMQP_HEADER = b"AMQP\x00\x01\x00\x00"
 SASL_HEADER = b"AMQP\x03\x01\x00\x00"
 
 
+def _wait(sock: socket.socket, events: int, timeout: float) -> bool:
+    """Whether the socket is ready within timeout (poll, not select: a test may hold over 1024 sockets)."""
+    poller = select.poll()
+    poller.register(sock, events)
+    return bool(poller.poll(timeout * 1000))
+
+
 class RawAmqp:
     """A proton Connection + Transport pumped by hand over a blocking socket.
 
@@ -477,7 +484,7 @@ class RawAmqp:
             try:
                 sent = self.sock.send(data)
             except (BlockingIOError, InterruptedError):
-                select.select([], [self.sock], [], 0.05)
+                _wait(self.sock, select.POLLOUT, 0.05)
                 continue
             except OSError:
                 self.transport.close_head()
@@ -485,8 +492,7 @@ class RawAmqp:
             self.transport.pop(sent)
 
     def _read(self, wait: float) -> None:
-        r, _, _ = select.select([self.sock], [], [], wait)
-        if not r:
+        if not _wait(self.sock, select.POLLIN, wait):
             return
         try:
             data = self.sock.recv(65536)
@@ -546,7 +552,7 @@ class RawAmqp:
         """Read raw bytes (into `received`, without the transport) until EOF; True if EOF came."""
         deadline = time.monotonic() + timeout
         while not self.eof and time.monotonic() < deadline:
-            r, _, _ = select.select([self.sock], [], [], 0.05)
+            r = _wait(self.sock, select.POLLIN, 0.05)
             if not r:
                 continue
             try:
