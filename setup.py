@@ -12,7 +12,7 @@ from setuptools import Extension, setup
 
 HOT_PATH = [
     "haqueue/broker/engine.py", "haqueue/broker/links.py", "haqueue/broker/queue.py", "haqueue/broker/message.py",
-    "haqueue/broker/completion.py", "haqueue/broker/flow.py",
+    "haqueue/broker/completion.py", "haqueue/broker/flow.py", "haqueue/broker/selector.py",
     "haqueue/store/store.py", "haqueue/store/records.py", "haqueue/store/pager.py",
     "haqueue/ha/replicating_subscription.py", "haqueue/ha/queue_replicator.py", "haqueue/ha/quorum.py",
     "haqueue/ha/queue_guard.py", "haqueue/ha/protocol.py",

@@ -20,6 +20,7 @@ MESSAGE = b"\x00\x53\x70\xc0\x02\x01\x42" + b"\x00\x53\x75\xa0\x64" + b"x" * 100
 class _Consumer:
     browse = False
     cursor = 0
+    selector = None
 
     def __init__(self) -> None:
         self.got: list = []

@@ -139,7 +139,7 @@ class Link:
 
     __slots__ = ("ptr", "addr", "conn", "name", "is_sender", "address", "dynamic", "browse", "handler",
                  "_tag", "_received", "_partial", "settle_first", "_properties_ptr",
-                 "closed", "coordinator", "held")
+                 "closed", "coordinator", "held", "honoured_filters")
 
     def __init__(self, ptr: Any, conn: "Connection", outgoing_address: str | None = None) -> None:
         self.ptr = ptr
@@ -153,6 +153,9 @@ class Link:
         self._partial: dict[int, bytearray] = {}  # a message read in pieces so far, by delivery
         self.closed = False
         self.held = False  # receiving: credit is not topped up (flow control)
+        # sending: the source filters the broker applies, echoed in its attach (the others are left out, so
+        # the client knows they are not applied); the handler sets them at attach
+        self.honoured_filters: dict[Any, Any] = {}
         self.address: str | None
         if outgoing_address is not None:  # a link the broker opens: nothing remote to read yet
             self.address, self.dynamic, self.browse, self.settle_first = outgoing_address, False, False, False
@@ -172,6 +175,14 @@ class Link:
     def properties(self) -> dict[Any, Any]:
         value = _data_object(self._properties_ptr)
         return {str(k): v for k, v in value.items()} if isinstance(value, dict) else {}
+
+    @property
+    def source_filters(self) -> dict[Any, Any]:
+        """The filters of the source the peer gave (a link the broker sends on): key -> described value."""
+        if not self.is_sender:
+            return {}
+        value = _data_object(lib.pn_terminus_filter(lib.pn_link_remote_source(self.ptr)))
+        return dict(value) if isinstance(value, dict) else {}
 
     @property
     def remote_container(self) -> str:
@@ -1125,6 +1136,11 @@ class Engine:
             lib.pn_terminus_set_address(terminus, link.address.encode())
         if link.is_sender:
             lib.pn_link_set_snd_settle_mode(ptr, lib.pn_link_remote_snd_settle_mode(ptr))
+            # the copied source echoed every filter: only those the handler applies stay
+            filters = Data(lib.pn_terminus_filter(lib.pn_link_source(ptr)))
+            filters.clear()
+            if link.honoured_filters:
+                filters.put_object(link.honoured_filters)
         else:
             lib.pn_link_set_rcv_settle_mode(ptr, lib.PN_RCV_FIRST)
             if self.limits.max_message_size:

@@ -11,7 +11,8 @@ from .errors import DECODE, BrokerError, INVALID_FIELD, NOT_FOUND, RESOURCE_DELE
 from .exchange import Exchange
 from .flow import BLOCK, DROP_HEAD, REJECT_PUBLISH, Blocker
 from .message import MalformedMessage, Routing, is_durable, is_message, ttl_ms
-from .queue import Entry, Queue
+from .queue import Entry, Queue, Returned
+from .selector import Selector
 
 if TYPE_CHECKING:
     from .server import Broker
@@ -177,14 +178,24 @@ class _Confirmation(Completion):
 
 
 class Consumer(LinkHandler):
-    """A client's receiving link on a queue: acquires (or, as a browser, copies) messages."""
+    """A client's receiving link on a queue: acquires (or, as a browser, copies) messages, all of them or
+    those its selector matches.
 
-    def __init__(self, broker: "Broker", link: Link, queue: Queue, browse: bool, owns_queue: bool) -> None:
+    Deliveries are settled as the link's snd-settle-mode says, a browser's as a consumer's: pre-settled
+    only if the client asked for that (`settled`); else unsettled, and the client's outcome settles them.
+    A browser's outcome never touches the queue. (Browsing once sent pre-settled whatever the mode, which
+    an `unsettled` link forbids and which proton's BlockingReceiver cannot accept: its accept() looks for
+    an unsettled delivery and raises.)"""
+
+    def __init__(self, broker: "Broker", link: Link, queue: Queue, browse: bool, owns_queue: bool,
+                 selector: Selector | None = None) -> None:
         self.broker = broker
         self.link = link
         self.queue = queue
         self.browse = browse
-        self.cursor = 0
+        self.selector = selector
+        self.cursor = 0  # a browser's or selector consumer's place in the queue (queue.py)
+        self.returned: list[Returned] = []  # a selector consumer's released entries (queue.py)
         self.owns_queue = owns_queue  # a dynamic or private queue that goes with this link
         self.presettled = link.settle_first
         self.unsettled: dict[Any, Entry] = {}
@@ -197,11 +208,12 @@ class Consumer(LinkHandler):
         return link.credit()
 
     def deliver(self, entry: Entry) -> None:
-        if self.browse:
+        if self.presettled:
             self.link.send(entry.data, settled=True)
-        elif self.presettled:
-            self.link.send(entry.data, settled=True)
-            self.queue.dequeue(entry)
+            if not self.browse:
+                self.queue.dequeue(entry)
+        elif self.browse:
+            self.link.send(entry.data)  # its outcome is ignored (on_outcome knows no entry for it)
         else:
             self.unsettled[self.link.send(entry.data)] = entry
 

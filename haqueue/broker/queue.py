@@ -3,6 +3,12 @@
 Consumers acquire entries (one holder at a time) and settle them; browsers read without
 acquiring. Released entries go back to their place, ahead of newer ones. Observers (HA, the
 audit log) are told of every enqueue and dequeue; guards may hold a publisher's completion.
+
+A consumer or browser may have a selector (selector.py): it is handed only the messages its selector
+matches, and the others stay for other consumers, in order. Consumers without one share the queue's
+cursor; each selector consumer has its own, and released messages behind it come back to it through
+its own heap. Dispatch runs the plain loop while the queue has no selector consumer
+(design/selectors.md).
 """
 from __future__ import annotations
 
@@ -15,6 +21,7 @@ from typing import Any, Callable, Protocol
 from .completion import Completion
 from .flow import BLOCK, LOW_WATER, Blocker, MemoryAlarm, ceiling
 from .message import delivery_count, is_durable, with_delivery_count
+from .selector import MessageFields, Selector
 
 log = logging.getLogger("haqueue.broker")
 
@@ -36,16 +43,44 @@ def _seq(entry: Entry) -> int:
     return entry.seq
 
 
+# A released entry in a heap: (seq, push, entry). The queue numbers its pushes, so that two items of one
+# entry (an entry may be released again before a heap it went to is rid of it) never compare their entries.
+Returned = tuple[int, int, Entry]
+
+
+# Messages a queue's selector consumers and browsers may look at in one dispatch pass (each costs a
+# decode of its properties, once per pass, and an evaluation per selector); past it, the next pass goes on.
+SCAN_BUDGET = 2048
+
+
 class Subscriber(Protocol):
     """A consumer or browser link end, as the queue sees it."""
 
     browse: bool
-    cursor: int  # browsers: absolute log index of the next entry to look at
+    cursor: int  # browsers and selector consumers: absolute log index of the next entry to look at
+    selector: Selector | None  # only the messages it matches
+    returned: list[Returned]  # a selector consumer's: entries released behind its cursor, by seq
 
     def credit(self) -> int: ...
     def deliver(self, entry: Entry) -> None: ...
     def after_dispatch(self) -> None: ...  # the queue has nothing more for it now
     def queue_deleted(self) -> None: ...
+
+
+def _fields(views: dict[int, MessageFields], entry: Entry) -> MessageFields:
+    """The entry's fields for selectors, decoded at most once a dispatch pass."""
+    fields = views.get(entry.seq)
+    if fields is None:
+        fields = views[entry.seq] = MessageFields(entry.data)
+    return fields
+
+
+def _push_returned(heap: list[Returned], entry: Entry, push: int) -> None:
+    """Add a released entry to a heap of them; one that grew large is rid of those no longer available."""
+    heapq.heappush(heap, (entry.seq, push, entry))
+    if len(heap) >= 1024 and not len(heap) & 1023:
+        live = {item[0]: item for item in heap if item[2].state == AVAILABLE}
+        heap[:] = sorted(live.values())  # a sorted list is a heap; seqs are unique in it now
 
 
 class Pager(Protocol):
@@ -119,7 +154,8 @@ class Queue:
         self._base = 0  # absolute index of _log[0]
         self._head = 0  # index in _log of the first entry that may be live
         self._cursor = 0  # absolute index of the first entry never handed to a consumer
-        self._returned: list[tuple[int, Entry]] = []  # released entries, back in seq order
+        self._returned: list[Returned] = []  # released entries, back in seq order
+        self._pushes = 0  # items pushed on heaps of released entries
         self.next_seq = 1
         self.depth = 0
         self.bytes = 0  # message data held: the bytes of the live entries
@@ -127,6 +163,12 @@ class Queue:
         self.expiring = 0  # entries with an expiry, so the TTL sweep can skip queues without
         self.consumers: list[Subscriber] = []
         self.browsers: list[Subscriber] = []
+        self.selective = 0  # consumers with a selector: dispatch leaves the plain loop while there are any
+        self.discard_unmatched = False  # one link's own subscription queue: what its selector skips is dropped
+        # a selector consumer has acquired here: an acquired entry may lie ahead of the shared cursor, so a
+        # release looks where it is (_return_selective) even once the selector consumers are gone
+        self._scattered = False
+        self._budget = 0  # what selector scans may still look at this pass (SCAN_BUDGET)
         self._rotation = 0
         self.observers: list[QueueObserver] = []
         self.guards: list[Guard] = []
@@ -268,8 +310,23 @@ class Queue:
         if failed:
             self._raise_delivery_count(entry)
         entry.state = AVAILABLE
-        heapq.heappush(self._returned, (entry.seq, entry))
+        self._pushes += 1
+        if self._scattered:
+            self._return_selective(entry)
+        else:
+            heapq.heappush(self._returned, (entry.seq, self._pushes, entry))
         self._schedule(self)
+
+    def _return_selective(self, entry: Entry) -> None:
+        """A released entry on a queue selector consumers took from: it goes back to whoever's cursor has
+        passed it (consumers without a selector share the queue's); one ahead of a cursor is found there."""
+        position = self._base + bisect.bisect_left(self._log, entry.seq, lo=self._head, key=_seq)
+        push = self._pushes
+        if position < self._cursor:
+            _push_returned(self._returned, entry, push)
+        for consumer in self.consumers:
+            if consumer.selector is not None and position < consumer.cursor:
+                _push_returned(consumer.returned, entry, push)
 
     def _raise_delivery_count(self, entry: Entry) -> None:
         data = with_delivery_count(entry.data, delivery_count(entry.data) + 1)
@@ -283,7 +340,7 @@ class Queue:
     def _next_available(self, now: float) -> Entry | None:
         returned = self._returned
         while returned:
-            entry = heapq.heappop(returned)[1]
+            entry = heapq.heappop(returned)[2]
             if entry.state == AVAILABLE and not self._expired(entry, now):
                 return entry
         log = self._log
@@ -292,7 +349,11 @@ class Queue:
         while i < n:
             entry = log[i]
             i += 1
-            if entry.state == AVAILABLE and not self._expired(entry, now):
+            if entry.state == AVAILABLE:
+                if entry.expiry and entry.expiry <= now:
+                    i = max(i - self._drop(entry), 0)
+                    n = len(log)
+                    continue
                 self._cursor = self._base + i
                 return entry
         self._cursor = self._base + n
@@ -304,6 +365,14 @@ class Queue:
             return True
         return False
 
+    def _drop(self, entry: Entry) -> int:
+        """Dequeue an entry met by a scan of the log (expired, or unmatched on a selector's own subscription);
+        how many entries that dropped from the log's front (dequeue compacts it): the scan's index moves back
+        as many."""
+        base = self._base
+        self.dequeue(entry)
+        return self._base - base
+
     def dispatch(self) -> None:
         """Hand available entries to consumers with credit (round robin), then feed browsers."""
         pager = self.pager
@@ -311,7 +380,11 @@ class Queue:
             self._depage(DEPAGE_BATCH)
         now = time.monotonic() if self.expiring else 0.0
         consumers = self.consumers
-        if consumers:
+        self._budget = SCAN_BUDGET
+        views: dict[int, MessageFields] = {}  # each message's fields, decoded once this pass for every selector
+        if consumers and self.selective:
+            self._dispatch_selective(now, views)
+        elif consumers:
             exhausted = True
             if self.depth:
                 credits = [c.credit() for c in consumers]
@@ -338,22 +411,133 @@ class Queue:
                 for consumer in consumers:
                     consumer.after_dispatch()
         for browser in self.browsers:
-            self._browse(browser, now)
+            self._browse(browser, now, views)
+        if self._budget <= 0:  # a selector's scan stopped short: go on next pass
+            self._schedule(self)
 
-    def _browse(self, browser: Subscriber, now: float) -> None:
+    def _dispatch_selective(self, now: float, views: dict[int, MessageFields]) -> None:
+        """Round robin as in dispatch, each consumer handed the next entry it may take: a consumer without
+        a selector the next available one, a selector consumer the next it matches, from its own cursor.
+        A consumer that finds nothing is done for this pass (and told, for a drain); one that ran out of
+        the pass's budget is not: the next pass goes on from its cursor."""
+        consumers = self.consumers
+        n = len(consumers)
+        credits = [c.credit() for c in consumers]
+        dry = [False] * n
+        remaining = sum(credits)
+        i = self._rotation % n
+        while remaining:
+            while not credits[i]:
+                i = (i + 1) % n
+            consumer = consumers[i]
+            selector = consumer.selector
+            if selector is None:
+                entry = self._next_available(now)
+            else:
+                entry = self._next_match(consumer, selector, now, views) if self._budget > 0 else None
+                self._scattered = True
+            if entry is None:
+                dry[i] = selector is None or self._budget > 0
+                remaining -= credits[i]
+                credits[i] = 0
+            else:
+                entry.state = ACQUIRED
+                for observer in self.observers:
+                    observer.acquired(self, entry)
+                credits[i] -= 1
+                remaining -= 1
+                consumer.deliver(entry)
+            i = (i + 1) % n
+        self._rotation = i
+        for k in range(n):
+            if dry[k]:
+                consumers[k].after_dispatch()
+
+    def _next_match(self, consumer: Subscriber, selector: Selector, now: float,
+                    views: dict[int, MessageFields]) -> Entry | None:
+        """The oldest available entry this selector consumer matches: first among those released behind its
+        cursor, then from the cursor on (which moves past everything it looks at: an entry it does not
+        match now it never will, unless released again). Each look costs the pass's budget."""
+        returned = consumer.returned
+        while returned:
+            entry = heapq.heappop(returned)[2]
+            if entry.state == AVAILABLE and not self._expired(entry, now) \
+                    and selector.matches(_fields(views, entry)):
+                return entry
+        log = self._log
+        i = max(consumer.cursor - self._base, self._head)
+        n = len(log)
+        budget = self._budget
+        found: Entry | None = None
+        while True:
+            while i < n and budget > 0:
+                entry = log[i]
+                i += 1
+                if entry.state != AVAILABLE:
+                    continue
+                budget -= 1
+                if entry.expiry and entry.expiry <= now:
+                    i = max(i - self._drop(entry), 0)
+                    n = len(log)
+                    continue
+                if selector.matches(_fields(views, entry)):
+                    found = entry
+                    break
+                if self.discard_unmatched:
+                    i = max(i - self._drop(entry), 0)
+                    n = len(log)
+            if found is not None or i < n or budget <= 0 or not self._more_paged():
+                break
+            n = len(log)
+        self._budget = budget
+        consumer.cursor = self._base + i
+        return found
+
+    def _browse(self, browser: Subscriber, now: float, views: dict[int, MessageFields]) -> None:
         credit = browser.credit()
+        selector = browser.selector
         log = self._log
         i = max(browser.cursor - self._base, 0)
         n = len(log)
-        while credit and i < n:
+        paged = False
+        while credit:
+            if i >= n:
+                if paged or not self._more_paged():
+                    break
+                paged = True  # one batch a pass for a browser: the next pass goes on
+                n = len(log)
+                continue
             entry = log[i]
             i += 1
-            if entry.state != DEQUEUED and not self._expired(entry, now):
-                browser.deliver(entry)
-                credit -= 1
+            if entry.state == DEQUEUED:
+                continue
+            if entry.expiry and entry.expiry <= now:
+                i = max(i - self._drop(entry), 0)
+                n = len(log)
+                continue
+            if selector is not None:
+                if self._budget <= 0:
+                    i -= 1
+                    break
+                self._budget -= 1
+                if not selector.matches(_fields(views, entry)):
+                    continue
+            browser.deliver(entry)
+            credit -= 1
         browser.cursor = self._base + i
-        if i >= n:
+        if i >= n and not (self.pager is not None and self.pager.count):
             browser.after_dispatch()
+        elif paged and credit:
+            self._schedule(self)
+
+    def _more_paged(self) -> bool:
+        """A browser or a selector consumer reached the end of what is in memory with credit left: the next
+        paged messages come back into memory (as a consumer's would), if any are paged."""
+        pager = self.pager
+        if pager is None or not pager.count:
+            return False
+        self._depage(DEPAGE_BATCH)
+        return True
 
     def expire(self) -> None:
         """Drop expired entries that no consumer has looked at (called by a periodic sweep)."""
@@ -382,6 +566,10 @@ class Queue:
             subscriber.cursor = self._base
             self.browsers.append(subscriber)
         else:
+            if subscriber.selector is not None:
+                subscriber.cursor = self._base + self._head
+                subscriber.returned = []
+                self.selective += 1
             self.consumers.append(subscriber)
         self._schedule(self)
 
@@ -389,6 +577,8 @@ class Queue:
         group = self.browsers if subscriber.browse else self.consumers
         if subscriber in group:
             group.remove(subscriber)
+            if not subscriber.browse and subscriber.selector is not None:
+                self.selective -= 1
 
     # -- paging ----------------------------------------------------------------------------
     def page_out(self, wanted: int) -> int:
@@ -398,7 +588,8 @@ class Queue:
         if pager is None or pager.count:
             return 0
         log = self._log
-        floor = max([self._head, self._cursor - self._base] + [b.cursor - self._base for b in self.browsers])
+        floor = max([self._head, self._cursor - self._base] + [b.cursor - self._base for b in self.browsers]
+                    + [c.cursor - self._base for c in self.consumers if c.selector is not None])
         taken: list[Entry] = []
         while len(taken) < wanted and len(log) > floor and log[-1].state == AVAILABLE and pager.can_page(log[-1]):
             taken.append(log.pop())
@@ -515,6 +706,7 @@ class Queue:
         for subscriber in self.consumers + self.browsers:
             subscriber.queue_deleted()
         self.consumers, self.browsers = [], []
+        self.selective = 0
         if self.pager is not None and self.pager.count:
             self.depth -= self.pager.count
             self.bytes -= self.pager.bytes

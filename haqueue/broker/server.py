@@ -33,6 +33,7 @@ from .management import ADDRESS as MANAGEMENT, Management
 from .message import Routing
 from .queue import Entry, Queue
 from .registry import Registry
+from .selector import Selector, SelectorError, compile_selector, selector_filter
 from .tls import server_context
 from .transactions import Coordinator, Transactions
 
@@ -147,6 +148,7 @@ class Broker:
             self.access.check(user, SEND, address)
             return Publisher(self, link, self.registry.resolve(address))
         # the client consumes
+        selector = self._selector(link)
         owns = False
         if link.dynamic:
             queue = self._temporary_queue()
@@ -160,13 +162,33 @@ class Broker:
             if isinstance(node, Exchange):
                 queue = self._subscription_queue(node)
                 owns = True
+                # the link's own subscription: what its selector does not match would stay there for good
+                queue.discard_unmatched = selector is not None and not link.browse
             else:
                 queue = node
         if queue.exclusive and not link.browse and (queue.consumers or queue.browsers):
             raise BrokerError(RESOURCE_LOCKED, f"queue '{queue.name}' is exclusive and already has a consumer")
-        consumer = Consumer(self, link, queue, link.browse, owns)
+        consumer = Consumer(self, link, queue, link.browse, owns, selector)
         queue.subscribe(consumer)
         return consumer
+
+    @staticmethod
+    def _selector(link: Link) -> Selector | None:
+        """The link's selector filter compiled, and marked to be echoed in the attach; an invalid one refused
+        (amqp:invalid-field, naming the error and where it is). Other filters are not applied, nor echoed."""
+        try:
+            found = selector_filter(link.source_filters)
+        except SelectorError as e:
+            raise BrokerError(INVALID_FIELD, f"invalid selector filter: {e.message}") from None
+        if found is None:
+            return None
+        key, text = found
+        try:
+            selector = compile_selector(text)
+        except SelectorError as e:
+            raise BrokerError(INVALID_FIELD, f"invalid selector {text!r}: {e}") from None
+        link.honoured_filters = {key: link.source_filters[key]}
+        return selector
 
     def _special_endpoint(self, address: str | None) -> Callable[[Link], LinkHandler] | None:
         if not address or not address.startswith("$"):

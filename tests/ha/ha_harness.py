@@ -299,7 +299,7 @@ def browse(address: str, queue: str, n: int, timeout: float = 10.0, **auth: Any)
         got = []
         for _ in range(n):
             got.append(r.receive(timeout=timeout))
-            if r.fetcher.unsettled:  # browsed messages normally arrive settled
+            if r.fetcher.unsettled:  # browsed messages arrive unsettled unless the link asked otherwise
                 r.accept()
         return got
     finally:

@@ -63,6 +63,30 @@ def test_messages_and_dequeues_reach_backups(ha_cluster):
     assert c.depth(p, "mq") == 70
 
 
+def test_a_selector_consumer_leaves_the_backups_consistent(ha_cluster):
+    """Backups replicate queues, not consumers: a selector consumer on the primary takes messages out of
+    queue order, and every backup drops the same ones (by seq), keeping the rest in order."""
+    from proton.reactor import Selector
+    c = ha_cluster()
+    p = c.start_cluster()
+    send_all(c.public, "selq", [Message(body=i, durable=True, properties={"colour": "green" if i % 3 else "red"})
+                                 for i in range(60)])
+    conn = connect(c.public)
+    try:
+        r = conn.create_receiver("selq", credit=10, options=Selector("colour = 'red'"))
+        got = []
+        for _ in range(20):
+            got.append(r.receive().body)
+            r.accept()
+    finally:
+        conn.close()
+    assert got == list(range(0, 60, 3))
+    for b in backups(c, p):
+        c.wait_depth(b, "selq", 40)
+        assert c.bodies(b, "selq") == [i for i in range(60) if i % 3], b.name
+    assert [m.body for m in receive(c.public, "selq", 40)] == [i for i in range(60) if i % 3]
+
+
 def test_messages_of_every_size_reach_backups_whole_and_in_order(ha_cluster):
     """Sent in one go, live enqueues travel many to a transfer (up to 32 KB of messages) and larger
     ones alone: every backup holds the same bodies in the same order."""

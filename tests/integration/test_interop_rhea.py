@@ -169,3 +169,50 @@ def test_encoders_agree_offline():
     assert out.returncode == 0, out.stderr
     for spec, seen in zip(expected, json.loads(out.stdout)):
         assert not mismatches(spec, seen), (spec["body"], mismatches(spec, seen))
+
+
+def test_rhea_browser_gets_every_message_and_leaves_them(broker):
+    """Issue #12, point 1, as rhea's examples write a receiver (auto-accepting), with distribution-mode
+    copy: every message, with a credit window or one credit at a time, and none taken off the queue. A link
+    that asks for unsettled deliveries (snd-settle-mode unsettled) gets them unsettled: browsing used to send
+    pre-settled ones whatever the link asked."""
+    from clients import make_messages
+    address = "interop.browse"
+    with Client(broker) as c:
+        c.send(address, make_messages(10, prefix="b"))
+    base = {"host": broker.host, "port": broker.port, "address": address, "count": 10,
+            "distribution_mode": "copy", "quiet_ms": 200}
+    for options in ({}, {"one_at_a_time": True}, {"snd_settle_mode": 0}):
+        out = node("receive.js", {**base, **options})
+        assert out["returncode"] == 0, (options, out)
+        assert [r["canonical"]["body"]["v"]["v"] for r in out["received"]] == [f"b-{i}" for i in range(10)]
+        assert out["extra"] == 0, (options, out)
+        if options.get("snd_settle_mode") == 0:
+            assert not any(r["settled"] for r in out["received"]), out
+    with Client(broker) as c:
+        assert c.queue_depth(address) == 10
+
+
+def test_rhea_selector(broker):
+    """Issue #12, point 2, with rhea's filter.selector (the numeric descriptor): a consumer gets its matches
+    only, the rest stay; the broker echoes the filter; a browser with a selector takes nothing; an invalid
+    selector is refused with amqp:invalid-field."""
+    from proton import Message
+    address = "interop.select"
+    with Client(broker) as c:
+        c.send(address, [Message(body=f"m-{i}", properties={"colour": "green" if i % 3 else "red", "i": i})
+                         for i in range(9)])
+    base = {"host": broker.host, "port": broker.port, "address": address, "quiet_ms": 300}
+    out = node("receive.js", {**base, "count": 3, "distribution_mode": "copy", "selector": "colour = 'red'"})
+    assert out["returncode"] == 0, out
+    assert [r["canonical"]["body"]["v"]["v"] for r in out["received"]] == ["m-0", "m-3", "m-6"]
+    out = node("receive.js", {**base, "count": 6, "selector": "colour = 'green' AND i BETWEEN 1 AND 8"})
+    assert out["returncode"] == 0, out
+    assert out["filter"] == {"jms-selector": "colour = 'green' AND i BETWEEN 1 AND 8"}, out
+    assert [r["canonical"]["body"]["v"]["v"] for r in out["received"]] == [f"m-{i}" for i in (1, 2, 4, 5, 7, 8)]
+    assert out["extra"] == 0, out
+    with Client(broker) as c:
+        assert c.queue_depth(address) == 3  # the red ones, for someone else
+    out = node("receive.js", {**base, "count": 1, "selector": "colour = 'green' AND"})
+    assert out["returncode"] == 2 and "amqp:invalid-field" in out["error"], out
+    assert "unexpected the end of the selector at position 20" in out["error"], out

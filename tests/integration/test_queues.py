@@ -3,9 +3,10 @@ credit, dispositions, TTL, limits, exclusive and auto-delete queues."""
 from __future__ import annotations
 
 import pytest
-from proton import Delivery, Message
-from proton.reactor import Copy
-from proton.utils import LinkDetached
+from proton import Delivery, Message, Timeout
+from proton.handlers import MessagingHandler
+from proton.reactor import Container, Copy
+from proton.utils import BlockingConnection, LinkDetached
 
 from clients import Client, bodies, make_messages
 from harness import wait_for
@@ -97,6 +98,89 @@ def test_browser_leaves_messages_on_queue(broker):
         got = c.receiver("q.browse").receive_n(5)
         assert bodies(got) == [f"b-{i}" for i in range(5)]
         assert c.queue_depth("q.browse") == 0
+
+
+def test_blocking_browser_that_accepts_gets_every_message(broker):
+    """Issue #12, point 1: a browser written as proton's blocking examples are (receive(), then accept())
+    gets every message, with a credit window or with credit granted one at a time, and leaves them all on
+    the queue. (Browse deliveries used to go pre-settled on a link that had not asked for that: the
+    BlockingReceiver keeps only unsettled deliveries for accept(), whose first call then raised.)"""
+    with Client(broker) as c:
+        c.send("q.browse.accept", make_messages(10, prefix="a"))
+    for credit in (20, None):  # None: the BlockingReceiver grants 1 at each receive()
+        conn = BlockingConnection(broker.url(), timeout=10)
+        try:
+            browser = conn.create_receiver("q.browse.accept", options=Copy(), credit=credit)
+            got = []
+            for _ in range(10):
+                got.append(browser.receive().body)
+                browser.accept()
+            assert got == [f"a-{i}" for i in range(10)], credit
+            with pytest.raises(Timeout):
+                browser.receive(timeout=0.3)  # browsed to the end: nothing more
+        finally:
+            conn.close()
+    with Client(broker) as c:
+        assert c.queue_depth("q.browse.accept") == 10
+        # whatever a browser settles with, nothing leaves the queue
+        browser = c.receiver("q.browse.accept", options=Copy())
+        for outcome, r in zip(["reject", "release", "modify", "accept"] * 3, browser.receive_n(10, settle=None)):
+            browser.settle(r, outcome, failed=True, undeliverable=True) if outcome == "modify" else \
+                browser.settle(r, outcome)
+        c.roundtrip()
+        assert c.queue_depth("q.browse.accept") == 10
+        assert bodies(c.receiver("q.browse.accept").receive_n(10)) == [f"a-{i}" for i in range(10)]
+
+
+def test_browse_deliveries_settle_as_the_link_asks(broker):
+    """An `unsettled` link gets unsettled deliveries (pre-settled ones would break the snd-settle-mode it
+    asked for), a `settled` one pre-settled; a drained browser gets what is left, then an empty drain."""
+    from proton import Link
+    from proton.reactor import AtLeastOnce, AtMostOnce
+    with Client(broker) as c:
+        c.send("q.browse.modes", make_messages(6, prefix="s"))
+        unsettled = c.receiver("q.browse.modes", options=[Copy(), AtLeastOnce()])
+        assert unsettled.link.remote_snd_settle_mode == Link.SND_UNSETTLED
+        got = unsettled.receive_n(6, settle=None)
+        assert [r.delivery.settled for r in got] == [False] * 6
+        settled = c.receiver("q.browse.modes", options=[Copy(), AtMostOnce()])
+        assert all(r.delivery.settled for r in settled.receive_n(6, settle=None))
+        drained = c.receiver("q.browse.modes", options=Copy())
+        assert bodies(drained.drain(4)) == [f"s-{i}" for i in range(4)]
+        assert bodies(drained.drain(10)) == [f"s-{i}" for i in range(4, 6)]
+        assert drained.drain(5) == [] and drained.credit == 0
+        for r in got:
+            unsettled.accept(r)
+        c.roundtrip()
+        assert c.queue_depth("q.browse.modes") == 6
+
+
+def test_event_driven_browser_gets_every_message(broker):
+    """The event-driven equivalent (proton's MessagingHandler, auto-accepting) browses the queue whole."""
+    with Client(broker) as c:
+        c.send("q.browse.events", make_messages(10, prefix="e"))
+
+    class Browser(MessagingHandler):
+        def __init__(self):
+            super().__init__()
+            self.got = []
+
+        def on_start(self, event):
+            conn = event.container.connect(broker.url())
+            event.container.create_receiver(conn, "q.browse.events", options=Copy())
+
+        def on_message(self, event):
+            self.got.append(event.message.body)
+            if len(self.got) == 10:
+                event.connection.close()
+
+    handler = Browser()
+    container = Container(handler)
+    container.timeout = 10
+    container.run()
+    assert handler.got == [f"e-{i}" for i in range(10)]
+    with Client(broker) as c:
+        assert c.queue_depth("q.browse.events") == 10
 
 
 # ---- anonymous relay ----------------------------------------------------------------------

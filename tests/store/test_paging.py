@@ -84,3 +84,22 @@ def test_backups_page_too_and_a_promoted_backup_serves_its_paged_messages_in_ord
     c.promote(c[1])
     rest = [m.body["i"] for m in receive(c.public, "big", n - n // 3, timeout=30)]
     assert rest == list(range(n // 3, n))
+
+
+def test_browsers_and_selector_consumers_reach_paged_messages(broker_factory):
+    """A browser, or a selector consumer, that reaches the end of what a paging queue holds in memory reads
+    the paged messages back: it sees every message, and a drain is answered only at the real end."""
+    from proton.reactor import Copy, Selector
+    n = 4000
+    b = broker_factory(store={"page_above": 300_000, "segment_bytes": 1024 * 1024})
+    send_all(b.address, "paged", [Message(body={"i": i, "pad": BODY}, durable=True, properties={"i": i})
+                                  for i in range(n)], timeout=60)
+    with Client(b) as c:
+        wait_for(lambda: c.mgmt("READ", "store").body["paged_messages"] > n // 2, 10, message="paging")
+        browser = c.receiver("paged", options=Copy())
+        assert [r.body["i"] for r in browser.drain(n + 10, timeout=30)] == list(range(n))
+        last = c.receiver("paged", options=Selector(f"i >= {n - 2}"))
+        assert [r.body["i"] for r in last.drain(10, timeout=30)] == [n - 2, n - 1]
+        assert c.queue_depth("paged") == n
+    # the selector consumer's two went back with its connection, to their place
+    assert [m.body["i"] for m in receive(b.address, "paged", n, timeout=30)] == list(range(n))
