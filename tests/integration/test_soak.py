@@ -138,35 +138,41 @@ def open_and_drop(b, count: int) -> None:
     """`count` opened connections: a tenth hold messages of QUEUE unsettled, a fifth are part way through
     sending a 1 MB message; then every socket is reset without a word (SO_LINGER 0)."""
     raws: list[RawAmqp] = []
-    try:
-        for i in range(count):
-            raw = RawAmqp(b.host, b.port)
-            raw.open()
-            if i % 10 == 0:
-                session = raw.conn.session()
-                session.open()
-                rcv = session.receiver(f"holder-{i}")
-                rcv.source.address = QUEUE
-                rcv.open()
-                rcv.flow(3)
-            elif i % 5 == 1:
-                session = raw.conn.session()
-                session.open()
-                snd = session.sender(f"partial-{i}")
-                snd.target.address = "soak.partial"
-                snd.open()
-                raw.pump(lambda: snd.credit > 0, timeout=10)
-                snd.delivery(f"d-{i}")
-                snd.stream(Message(body=b"p" * 1_000_000).encode()[:300_000])
-            raw.pump(lambda: raw.conn.state & Endpoint.REMOTE_ACTIVE and raw.transport.pending() <= 0, timeout=10)
-            raws.append(raw)
-        with Client(b) as c:
-            wait_for(lambda: c.mgmt("READ", "broker").body["connections"] >= count, 30,
+    # The counting client first: proton's blocking client waits with select(), which takes no socket
+    # numbered past 1023, and the raw connections below take a thousand numbers.
+    with Client(b) as c:
+        try:
+            _open(b, count, raws)
+            wait_for(lambda: c.mgmt("READ", "broker").body["connections"] >= count + 1, 30,
                      message=f"{count} connections open at once")
-    finally:
-        for raw in raws:
-            raw.sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-            raw.close()
+        finally:
+            for raw in raws:
+                raw.sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                raw.close()
+
+
+def _open(b, count: int, raws: list[RawAmqp]) -> None:
+    for i in range(count):
+        raw = RawAmqp(b.host, b.port)
+        raw.open()
+        if i % 10 == 0:
+            session = raw.conn.session()
+            session.open()
+            rcv = session.receiver(f"holder-{i}")
+            rcv.source.address = QUEUE
+            rcv.open()
+            rcv.flow(3)
+        elif i % 5 == 1:
+            session = raw.conn.session()
+            session.open()
+            snd = session.sender(f"partial-{i}")
+            snd.target.address = "soak.partial"
+            snd.open()
+            raw.pump(lambda: snd.credit > 0, timeout=10)
+            snd.delivery(f"d-{i}")
+            snd.stream(Message(body=b"p" * 1_000_000).encode()[:300_000])
+        raw.pump(lambda: raw.conn.state & Endpoint.REMOTE_ACTIVE and raw.transport.pending() <= 0, timeout=10)
+        raws.append(raw)
 
 
 def test_soak_hostile_clients_while_serving(broker_factory):
