@@ -17,7 +17,7 @@ pytestmark = pytest.mark.slow
 def test_kill9_failover_audits_with_zero_loss(ha_cluster, tmp_path):
     pytest.importorskip("pyspark")
     events, out = tmp_path / "events", tmp_path / "audit"
-    c = ha_cluster(extra={"audit": {"dir": str(events), "flush_interval": 0.1}})
+    c = ha_cluster(extra={"audit": {"dir": str(events)}})
     old = c.start_cluster()
     load = Load(c.public, "audited").start()
     try:
