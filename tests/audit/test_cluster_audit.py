@@ -19,7 +19,8 @@ def test_kill9_failover_audits_with_zero_loss(ha_cluster, tmp_path):
     events, out = tmp_path / "events", tmp_path / "audit"
     c = ha_cluster(extra={"audit": {"dir": str(events)}})
     old = c.start_cluster()
-    load = Load(c.public, "audited").start()
+    ledger = tmp_path / "ledger.jsonl"
+    load = Load(c.public, "audited", ledger=ledger).start()
     try:
         wait_for(lambda: load.confirmed_count() >= 300 and load.received_count() >= 100, 30,
                  message="traffic before the failover")
@@ -41,7 +42,7 @@ def test_kill9_failover_audits_with_zero_loss(ha_cluster, tmp_path):
     c.shutdown()
 
     result = run_haqueue(["audit", "lag", "--events", str(events), "--out", str(out), "--master", "local[2]",
-                          "--fail-on-loss"], timeout=600)
+                          "--fail-on-loss", "--ledger", str(ledger)], timeout=600)
     print(result.stdout, result.stderr[-3000:])
     assert result.returncode == 0, result.stderr[-3000:]
     assert "no loss: every confirmed message reached every backup that was ready" in result.stdout
@@ -65,3 +66,10 @@ def test_kill9_failover_audits_with_zero_loss(ha_cluster, tmp_path):
     assert bad["lines"].sum() <= 1  # at most the killed primary's torn last line
     assert json.dumps(sorted(set(bad["problem"]))) in ('[]', '["unparsable"]')
     assert (out / "lag.png").stat().st_size > 10_000
+    # What the clients saw, from their ledger: nothing lost, nothing unexpected; a send retried across
+    # the failover may have been received twice.
+    ledgers = pd.read_csv(out / "ledgers.csv").set_index("queue")
+    assert ledgers.loc["audited", "confirmed"] == load.confirmed_count()
+    assert ledgers.loc["audited", "received"] == len(set(load.received))
+    assert ledgers.loc["audited", ["lost", "unexpected"]].tolist() == [0, 0]
+    assert ledgers.loc["audited", "duplicated"] == len(load.report()["duplicates"])
