@@ -21,6 +21,7 @@ from pyspark.sql import Column, DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
 from haqueue.audit import schema
+from haqueue.audit.command import EXIT_CANNOT_TELL, EXIT_LOSS, EXIT_OK, EXIT_USAGE
 
 PERCENTILES = (0.5, 0.95, 0.99)
 # A primary's dequeue counts as not mirrored on a backup only if that backup kept logging at least
@@ -47,12 +48,12 @@ class Audit:
     # Per queue, from the clients' ledgers (empty without --ledger), and one row per message behind a count.
     ledgers: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=LEDGER_COLUMNS))
     ledger_problems: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=LEDGER_PROBLEM_COLUMNS))
-    tables: dict[str, pd.DataFrame] = field(init=False)
 
-    def __post_init__(self) -> None:
-        self.tables = {"queues": self.queues, "backups": self.backups, "epochs": self.epochs,
-                       "lag_timeline": self.timeline, "problems": self.problems, "bad_input": self.bad_input,
-                       "ledgers": self.ledgers, "ledger_problems": self.ledger_problems}
+    @property
+    def tables(self) -> dict[str, pd.DataFrame]:
+        return {"queues": self.queues, "backups": self.backups, "epochs": self.epochs,
+                "lag_timeline": self.timeline, "problems": self.problems, "bad_input": self.bad_input,
+                "ledgers": self.ledgers, "ledger_problems": self.ledger_problems}
 
     @property
     def missing(self) -> int:
@@ -86,39 +87,42 @@ def session(master: str | None = None) -> SparkSession:
 
 # ---- reading -----------------------------------------------------------------------------------
 
+_CORRUPT = "_corrupt_record"  # Spark puts a line here, and nulls in the fields, when it is not JSON
+
+
 def read_events(spark: SparkSession, directory: str) -> tuple[DataFrame, DataFrame]:
     """(valid events, typed; bad lines with their problem). A bad line is counted, never fatal."""
-    corrupt = "_corrupt_record"  # Spark puts a line here, and nulls in the fields, when it is not JSON
-    lines = (spark.read.schema(f"{schema.DDL}, `{corrupt}` STRING").option("mode", "PERMISSIVE")
-             .option("columnNameOfCorruptRecord", corrupt).option("recursiveFileLookup", "true")
-             .option("pathGlobFilter", "*.jsonl").json(directory)
-             .withColumn("file", F.col("_metadata.file_name")))
-    problem = F.when(F.col(corrupt).isNotNull(), F.lit("unparsable"))
+    lines = (_json_reader(spark, schema.DDL).option("recursiveFileLookup", "true")
+             .option("pathGlobFilter", "*.jsonl").json(directory))
+    problem = F.when(F.col(_CORRUPT).isNotNull(), F.lit("unparsable"))
     problem = problem.when(_any_null(F.col(name) for name in schema.REQUIRED), F.lit("missing field"))
     problem = problem.when(~F.col("event").isin(*schema.EVENTS), F.lit("unknown event"))
     for kind, names in schema.REQUIRED_FOR.items():
         problem = problem.when((F.col("event") == kind) & _any_null(F.col(name) for name in names),
                                F.lit("missing field"))
-    checked = lines.withColumn("problem", problem)
-    events = checked.filter(F.col("problem").isNull()).select(*schema.FIELDS)
-    bad = checked.filter(F.col("problem").isNotNull()).select(
-        "file", "problem", F.coalesce(F.col(corrupt), F.to_json(F.struct(*schema.FIELDS))).alias("line"))
-    return events, bad
+    return _checked(lines, problem, schema.FIELDS)
 
 
 def read_ledgers(spark: SparkSession, paths: Sequence[str]) -> tuple[DataFrame, DataFrame]:
     """(valid ledger lines, typed; bad lines with their problem), as read_events."""
-    corrupt = "_corrupt_record"
-    lines = (spark.read.schema(f"{schema.LEDGER_DDL}, `{corrupt}` STRING").option("mode", "PERMISSIVE")
-             .option("columnNameOfCorruptRecord", corrupt).json(list(paths))
-             .withColumn("file", F.col("_metadata.file_name")))
-    problem = F.when(F.col(corrupt).isNotNull(), F.lit("unparsable"))
+    lines = _json_reader(spark, schema.LEDGER_DDL).json(list(paths))
+    problem = F.when(F.col(_CORRUPT).isNotNull(), F.lit("unparsable"))
     problem = problem.when(_any_null(F.col(name) for name in schema.LEDGER_FIELDS), F.lit("missing field"))
     problem = problem.when(~F.col("op").isin(*schema.LEDGER_OPS), F.lit("unknown op"))
-    checked = lines.withColumn("problem", problem)
-    valid = checked.filter(F.col("problem").isNull()).select(*schema.LEDGER_FIELDS)
+    return _checked(lines, problem, schema.LEDGER_FIELDS)
+
+
+def _json_reader(spark: SparkSession, ddl: str) -> Any:
+    return (spark.read.schema(f"{ddl}, `{_CORRUPT}` STRING").option("mode", "PERMISSIVE")
+            .option("columnNameOfCorruptRecord", _CORRUPT))
+
+
+def _checked(lines: DataFrame, problem: Column, fields: Sequence[str]) -> tuple[DataFrame, DataFrame]:
+    """(the lines without a problem, typed; the others as file, problem, line)."""
+    checked = lines.withColumn("file", F.col("_metadata.file_name")).withColumn("problem", problem)
+    valid = checked.filter(F.col("problem").isNull()).select(*fields)
     bad = checked.filter(F.col("problem").isNotNull()).select(
-        "file", "problem", F.coalesce(F.col(corrupt), F.to_json(F.struct(*schema.LEDGER_FIELDS))).alias("line"))
+        "file", "problem", F.coalesce(F.col(_CORRUPT), F.to_json(F.struct(*fields))).alias("line"))
     return valid, bad
 
 
@@ -144,7 +148,6 @@ def analyse(spark: SparkSession, directory: str, since: int | None = None, until
             audit.ledgers, audit.ledger_problems = _ledger_tables(events, entries)
             audit.bad_input = pd.concat([audit.bad_input, _bad_table(bad_entries)], ignore_index=True)
             audit.totals["bad_lines"] = int(audit.bad_input["lines"].sum())
-            audit.__post_init__()
         return audit
     finally:
         events.unpersist()
@@ -456,7 +459,6 @@ def run_audit(events: str, out: str, master: str | None, since: int | None, unti
               fail_on_loss: bool, ledgers: Sequence[str] = ()) -> int:
     """`haqueue audit lag`: analyse, write the tables and the chart, print the summary; the exit code."""
     from haqueue.audit import report
-    from haqueue.audit.command import EXIT_CANNOT_TELL, EXIT_LOSS, EXIT_OK, EXIT_USAGE
 
     if not os.path.isdir(events):
         print(f"haqueue: audit: no such directory: {events}", file=sys.stderr)
