@@ -26,6 +26,7 @@ times: time from the process start to the port accepting connections and to the 
     python bench/interleave.py --setups single,rabbit-classic --durable --rounds 5
     python bench/interleave.py --setups cluster:quorum_disk,cluster:all_disk,rabbit-quorum --durable
     python bench/interleave.py --setups single,old:/tmp/hq-old --no-latency --target-ratio 0.95
+    python bench/interleave.py --setups single,old:/tmp/hq-old --audit --no-latency   # the audit's cost
     python bench/interleave.py --recovery 1000000
 """
 from __future__ import annotations
@@ -51,6 +52,10 @@ HOST = R.HOST
 log = R.log
 OLD_CMD = ("sh -c 'cd {tree} && exec {{python}} -m haqueue broker --listen 127.0.0.1:{{port}} --name {{name}} "
            "--data-dir {{data_dir}}'")
+# --audit: the same broker from a config file with `audit: {dir: DATA_DIR/audit}`.
+AUDIT_CMD = ("sh -c 'cd {tree} && printf \"name: %s\\nlisten:\\n  - 127.0.0.1:%s\\ndata_dir: %s\\naudit:\\n  dir: %s/audit\\n\" "
+             "{{name}} {{port}} {{data_dir}} {{data_dir}} > {{data_dir}}/b.yaml && "
+             "exec {{python}} -m haqueue broker --config {{data_dir}}/b.yaml'")
 
 
 # ---------------------------------------------------------------- set-ups
@@ -63,8 +68,12 @@ def default_label(spec: str) -> str:
             "rabbit-quorum": "RabbitMQ 3-node cluster, quorum queue"}.get(kind, spec)
 
 
-def make_setup(spec: str, startup_timeout: float) -> R.Broker:
+def make_setup(spec: str, startup_timeout: float, audit: bool = False) -> R.Broker:
     kind, _, arg = spec.partition(":")
+    if audit and kind in ("single", "old"):
+        tree = arg if kind == "old" else str(R.REPO)
+        return R.CommandBroker(AUDIT_CMD.format(tree=shlex.quote(tree)), default_label(spec) + " + audit", None,
+                               startup_timeout)
     if kind == "single":
         return R.CommandBroker(R.DEFAULT_HAQUEUE_CMD, default_label(spec), None, startup_timeout)
     if kind == "old" and arg:
@@ -83,7 +92,7 @@ def start_all(specs: list[str], args) -> dict[str, R.Broker]:
     brokers: dict[str, R.Broker] = {}
     try:
         for spec in specs:
-            b = make_setup(spec, args.startup_timeout)
+            b = make_setup(spec, args.startup_timeout, args.audit)
             brokers[spec] = b
             b.start()
             s = R.smoke(b)
@@ -402,6 +411,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--size", type=int, default=100, help="body bytes (default 100)")
     ap.add_argument("--durable", action="store_true", help="header.durable=true on every message")
     ap.add_argument("--no-latency", dest="latency", action="store_false", help="saturation runs only")
+    ap.add_argument("--audit", action="store_true", help="single and old:DIR set-ups write audit events "
+                                                          "(`audit: {dir: DATA_DIR/audit}`)")
     ap.add_argument("--rate", type=float, default=1000, help="msg/s of the latency run (default 1000)")
     ap.add_argument("--duration", type=float, default=10, help="seconds of the latency run (default 10)")
     ap.add_argument("--inflight", type=int, default=1000)

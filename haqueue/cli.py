@@ -7,7 +7,6 @@ that runs it, so new subcommands are one more `_add_*` call.
 from __future__ import annotations
 
 import argparse
-import datetime
 import getpass
 import json
 import logging
@@ -16,6 +15,7 @@ import sys
 from typing import Any, Callable
 
 from haqueue.admin import AdminClient, AdminError
+from haqueue.audit.command import add_lag_arguments, run_lag  # argparse only: PySpark loads when the audit runs
 from haqueue.config import (DEFAULT_LISTEN, EXCHANGE_TYPES, SYNC_MODES, ConfigError, TlsConfig, config_from_args,
                             load_config, parse_address)
 
@@ -391,40 +391,11 @@ def _add_audit(commands: Subparsers) -> None:
     lag = sub.add_parser("lag", help="replication lag, loss, duplicates and order per queue and backup",
                          description="Read a directory of audit events with PySpark and report, per queue and "
                                      "backup, replication lag, confirmed messages missing on a ready backup, "
-                                     "duplicates, order violations and dequeues not mirrored. Writes Parquet and "
+                                     "duplicates, order violations and dequeues not mirrored; with --ledger, what "
+                                     "clients confirmed and received: lost, duplicated, unexpected. Writes Parquet and "
                                      "CSV tables and a PNG chart to --out and a summary to stdout.")
-    lag.add_argument("--events", metavar="DIR", required=True, help="the audit directory (files *.jsonl)")
-    lag.add_argument("--out", metavar="DIR", required=True, help="where the tables and the chart go")
-    lag.add_argument("--master", metavar="URL", help="Spark master (default local[*], or spark-submit's)")
-    lag.add_argument("--since", metavar="T", type=_instant, help="only events from T (ISO 8601, UTC unless "
-                                                                 "it says; or seconds since the epoch)")
-    lag.add_argument("--until", metavar="T", type=_instant, help="only events before T")
-    lag.add_argument("--fail-on-loss", action="store_true", help="exit 1 if a confirmed message is missing")
-    lag.set_defaults(func=_audit_lag)
-
-
-def _instant(text: str) -> int:
-    """A time as microseconds since the epoch."""
-    try:
-        return int(float(text) * 1e6)
-    except ValueError:
-        pass
-    try:
-        moment = datetime.datetime.fromisoformat(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected ISO 8601 or seconds since the epoch, got {text!r}") from None
-    if moment.tzinfo is None:
-        moment = moment.replace(tzinfo=datetime.timezone.utc)
-    return int(moment.timestamp() * 1e6)
-
-
-def _audit_lag(args: argparse.Namespace) -> int:
-    try:
-        from haqueue.audit.lag import run_audit
-    except ImportError as e:
-        _error(f"audit needs PySpark and matplotlib: pip install 'haqueue[spark]' ({e})")
-        return EXIT_USAGE
-    return run_audit(args.events, args.out, args.master, args.since, args.until, args.fail_on_loss)
+    add_lag_arguments(lag)
+    lag.set_defaults(func=run_lag)
 
 
 if __name__ == "__main__":

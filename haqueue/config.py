@@ -125,7 +125,6 @@ class AuditConfig:
 
     dir: str
     max_bytes: int = 64 * 1024 * 1024  # a file is closed and the next one started past this size
-    flush_interval: float = 0.2  # seconds between writes; a crash loses at most this much
 
 
 @dataclass
@@ -513,7 +512,7 @@ _TOP: dict[str, Check] = {
     "tls": lambda value, path: _tls(value, path, ("cert_file", "key_file")),
     "limits": _record(LimitsConfig, _LIMITS),
     "ha": _ha,
-    "audit": _record(AuditConfig, {"dir": _name, "max_bytes": _int(4096), "flush_interval": _positive_seconds},
+    "audit": _record(AuditConfig, {"dir": _name, "max_bytes": _int(4096)},
                      ("dir",)),
     "store": _record(StoreConfig, {"enabled": _bool, "segment_bytes": _int(4096), "compact_ratio": _ratio,
                                     "page_above": _int(0)}),

@@ -1,5 +1,6 @@
 'use strict';
 // Shared helpers for the benchmark's rhea clients (producer.js, consumer.js).
+const fs = require('fs');
 
 // Microseconds on CLOCK_MONOTONIC (Node's hrtime), comparable between processes
 // on the same machine: the producer stamps it into the body, the consumer
@@ -72,4 +73,28 @@ function connectWatched(container, opts, role, st, isFinished, finish, exitNow) 
     return container.connect(connOpts);
 }
 
-module.exports = { nowUs, parseArgs, emit, cpuUs, connectWatched, BODY_TS, BODY_SEQ, BODY_MIN };
+// A client ledger for `haqueue audit lag --ledger` (design/audit-events.md): a JSON line per message
+// the broker confirmed (producer) or the client received (consumer). Lines are appended every
+// 50 ms and when the process exits, so a run cut short keeps what it saw.
+class Ledger {
+    constructor(path, client) {
+        this.fd = fs.openSync(path, 'a');
+        this.client = client;
+        this.lines = [];
+        setInterval(() => this.flush(), 50).unref();
+        process.on('exit', () => this.flush());
+    }
+
+    add(queue, id, op) {
+        id = Buffer.isBuffer(id) ? id.toString('hex') : String(id);  // as the audit's events write ids
+        this.lines.push(JSON.stringify({ client: this.client, queue, id, op, t: Math.round(Date.now() * 1000) }));
+    }
+
+    flush() {
+        if (this.lines.length === 0) return;
+        fs.writeSync(this.fd, this.lines.join('\n') + '\n');
+        this.lines = [];
+    }
+}
+
+module.exports = { nowUs, parseArgs, emit, cpuUs, connectWatched, Ledger, BODY_TS, BODY_SEQ, BODY_MIN };

@@ -7,7 +7,7 @@
 // message as receive time minus the send time the producer wrote into the body.
 // Exit 0 on success, 1 on error, 2 on timeout/stall.
 const rhea = require('rhea');
-const { nowUs, parseArgs, emit, cpuUs, BODY_TS, BODY_SEQ, connectWatched } = require('./common');
+const { nowUs, parseArgs, emit, cpuUs, BODY_TS, BODY_SEQ, connectWatched, Ledger } = require('./common');
 
 const opts = parseArgs(process.argv.slice(2), {
     host: '127.0.0.1',
@@ -22,7 +22,10 @@ const opts = parseArgs(process.argv.slice(2), {
     seq_base: 0,        // the producer's --seq-base; other sequence numbers are strays (left by an earlier run)
     username: '',
     password: '',
+    ledger: '',         // append a ledger line per message received (its message-id) to this file
+    client: '',         // the ledger's client name (default consumer-PID)
 });
+const ledger = opts.ledger ? new Ledger(opts.ledger, opts.client || 'consumer-' + process.pid) : null;
 
 if (!['127.0.0.1', 'localhost', '::1'].includes(opts.host)) {
     throw new Error('this benchmark only talks to the loopback address');
@@ -111,6 +114,7 @@ container.on('receiver_close', () => { if (finished && connection) connection.cl
 container.on('connection_close', () => { if (finished) process.exit(exitCode); });
 container.on('message', (ctx) => {
     const t = nowUs();
+    if (ledger && ctx.message.message_id !== undefined) ledger.add(opts.address, ctx.message.message_id, 'received');
     const body = ctx.message.body;
     const buf = body && body.content;
     if (!Buffer.isBuffer(buf) || buf.length < 12) {

@@ -7,7 +7,7 @@
 // the send time and sequence number into the body (see common.js).
 // Prints one JSON line with the result; exit 0 on success, 1 on error, 2 on timeout.
 const rhea = require('rhea');
-const { nowUs, parseArgs, emit, cpuUs, BODY_TS, BODY_SEQ, BODY_MIN, connectWatched } = require('./common');
+const { nowUs, parseArgs, emit, cpuUs, BODY_TS, BODY_SEQ, BODY_MIN, connectWatched, Ledger } = require('./common');
 
 const opts = parseArgs(process.argv.slice(2), {
     host: '127.0.0.1',
@@ -23,6 +23,8 @@ const opts = parseArgs(process.argv.slice(2), {
     username: '',       // SASL PLAIN if given; otherwise no SASL layer at all
     password: '',
     seq_base: 0,        // added to each sequence number (the warm-up uses its own range)
+    ledger: '',         // append a ledger line per confirmed message to this file; messages get ids CLIENT-SEQ
+    client: '',         // the ledger's client name (default producer-PID)
 });
 
 if (!['127.0.0.1', 'localhost', '::1'].includes(opts.host)) {
@@ -36,9 +38,16 @@ const target = opts.rate > 0 ? Math.round(opts.rate * opts.duration) : opts.mess
 const proto = Buffer.alloc(opts.size, 'x'.charCodeAt(0));
 const tmplMsg = { body: rhea.message.data_section(proto) };
 if (opts.durable) tmplMsg.durable = true;
+// With a ledger each message has a message-id, CLIENT-SEQ (SEQ 10 digits, written into a copy of the
+// encoding like the body's fields).
+const ledger = opts.ledger ? new Ledger(opts.ledger, opts.client || 'producer-' + process.pid) : null;
+const ID_DIGITS = 10;
+if (ledger) tmplMsg.message_id = ledger.client + '-' + '0'.repeat(ID_DIGITS);
 const template = rhea.message.encode(tmplMsg);
 const bodyOff = template.length - opts.size;
 if (!template.subarray(bodyOff).equals(proto)) throw new Error('cannot locate body in encoded message');
+const idOff = ledger ? template.indexOf(Buffer.from(tmplMsg.message_id)) + ledger.client.length + 1 : -1;
+if (ledger && idOff <= ledger.client.length) throw new Error('cannot locate message-id in encoded message');
 
 const st = {
     sent: 0, settled: 0, accepted: 0, released: 0, rejected: 0, modified: 0, other: 0,
@@ -89,7 +98,11 @@ function sendOne() {
     const t = nowUs();
     b.writeDoubleLE(t, bodyOff + BODY_TS);
     b.writeUInt32LE((st.sent + opts.seq_base) >>> 0, bodyOff + BODY_SEQ);
-    sender.send(b, undefined, 0);
+    const delivery = sender.send(b, undefined, 0);
+    if (ledger) {
+        delivery.ledger_id = String(st.sent + opts.seq_base).padStart(ID_DIGITS, '0');
+        b.write(delivery.ledger_id, idOff, 'latin1');
+    }
     if (st.sent === 0) st.firstSendUs = t;
     st.lastSendUs = t;
     st.sent++;
@@ -128,7 +141,10 @@ function onOutcome(kind) {
 
 const container = rhea.create_container({ id: 'bench-producer-' + process.pid });
 container.on('sendable', () => pump());
-container.on('accepted', onOutcome('accepted'));
+container.on('accepted', (ctx) => {
+    st.accepted++;
+    if (ledger) ledger.add(opts.address, ledger.client + '-' + ctx.delivery.ledger_id, 'confirmed');
+});
 container.on('released', onOutcome('released'));
 container.on('rejected', (ctx) => {
     st.rejected++;

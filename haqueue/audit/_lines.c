@@ -1,7 +1,9 @@
 /* The audit log's per-record work (events.py, lines.py).
  *
  * Recorder: one per logged queue; the hot path's hooks append (time, seq, message bytes[, the
- * primary's enqueue time]) to a C array per kind of event: no Python frame, no int objects.
+ * primary's enqueue time]) to a C array per kind of event: no Python frame, no int objects. Its
+ * first record since the audit last took its records lists it in the audit's `pending` list, so
+ * the end of a loop pass visits only the queues that recorded something.
  * Batch: a kind's records taken from a Recorder, handed to the writer thread.
  * write(): formats batches into JSON lines and writes them with the GIL released, reading each
  * message's id from its bytes when it has the usual encoding (every offset checked against the
@@ -168,13 +170,28 @@ static PyTypeObject BatchType = {
 typedef struct {
     PyObject_HEAD
     struct records kinds[KINDS];
+    PyObject *pending; /* a list, or NULL: where the first record since unlist() lists this recorder */
+    int listed;
 } Recorder;
 
 static void recorder_dealloc(Recorder *self)
 {
     for (int k = 0; k < KINDS; k++)
         release(&self->kinds[k]);
+    Py_XDECREF(self->pending);
     Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static int recorder_init(Recorder *self, PyObject *args, PyObject *kwds)
+{
+    static char *names[] = {"pending", NULL};
+    PyObject *pending = NULL;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "|O!:Recorder", names, &PyList_Type, &pending))
+        return -1;
+    Py_XINCREF(pending);
+    Py_XSETREF(self->pending, pending);
+    self->listed = 0;
+    return 0;
 }
 
 /* Appends a record; data is borrowed (a reference is taken). -1 with an exception set on failure. */
@@ -194,6 +211,11 @@ static int add(Recorder *self, int kind, long long t, long long seq, PyObject *d
         }
         r->items = items;
         r->capacity = capacity;
+    }
+    if (!self->listed && self->pending != NULL) {
+        if (PyList_Append(self->pending, (PyObject *)self) < 0)
+            return -1;
+        self->listed = 1;
     }
     Py_INCREF(data);
     r->items[r->count++] = (struct record){t ? t : now_ns(), seq, enqueued, data};
@@ -288,6 +310,12 @@ static PyObject *recorder_take(Recorder *self, PyObject *arg)
     return (PyObject *)batch;
 }
 
+static PyObject *recorder_unlist(Recorder *self, PyObject *unused)
+{
+    self->listed = 0;
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef recorder_methods[] = {
     {"enqueued", (PyCFunction)(void (*)(void))recorder_enqueued, METH_FASTCALL,
      "enqueued(queue, entry): the queue observer's enqueue (ENQUEUE)"},
@@ -298,16 +326,20 @@ static PyMethodDef recorder_methods[] = {
     {"add", (PyCFunction)recorder_add, METH_VARARGS,
      "add(kind, seq, data, enqueued=0, t=0): a record of any kind; t = time.time_ns(), 0 for now"},
     {"take", (PyCFunction)recorder_take, METH_O, "take(kind) -> Batch | None: the kind's records, leaving none"},
+    {"unlist", (PyCFunction)recorder_unlist, METH_NOARGS,
+     "unlist(): its records were taken (and it left `pending`): the next record lists it again"},
     {NULL, NULL, 0, NULL},
 };
 
 static PyTypeObject RecorderType = {
     PyVarObject_HEAD_INIT(NULL, 0)
     .tp_name = "haqueue.audit._lines.Recorder",
-    .tp_doc = "One logged queue's records since they were last taken, by kind (lines.Kind).",
+    .tp_doc = "Recorder(pending=None): one logged queue's records since they were last taken, by kind\n"
+              "(lines.Kind); its first record after unlist() appends it to the list `pending`.",
     .tp_basicsize = sizeof(Recorder),
     .tp_flags = Py_TPFLAGS_DEFAULT,
     .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)recorder_init,
     .tp_dealloc = (destructor)recorder_dealloc,
     .tp_methods = recorder_methods,
 };

@@ -2,23 +2,23 @@
 
 The hot path appends (time, seq, message bytes) to the queue's `_lines.Recorder`, in C, and
 returns: on a primary (or standalone broker) the recorder is the queue's observer; completions and
-a backup's replication reach it through the hooks below. Every `flush_interval` the engine's timer
-takes the recorders' records (under the current context: role, epoch, the backups ready for the
-queue), numbers their lines and hands them to the writer thread, which formats and writes them in
-C with the GIL released (`_lines.write`), so the broker's thread goes on meanwhile. A change of
-context (a promotion, a newer epoch, a backup becoming ready for a queue or dropped) takes the
-records first, through HA's context hooks, so every line carries the context its event happened in.
+a backup's replication reach it through the hooks below. At the end of every loop pass, before the
+engine writes the pass's output to the sockets (`broker.flush_hooks`), the recorders that recorded
+something are taken (under the current context: role, epoch, the backups ready for the queue),
+numbered, formatted and written with one `write` (`_lines.write`, in C, the GIL released). So an
+event is in its file before the confirmation or settlement it records leaves the broker: a kill -9
+loses none; only a machine crash can lose what the page cache held. A change of context (a
+promotion, a newer epoch, a backup becoming ready for a queue or dropped) writes the records first,
+through HA's context hooks, so every line carries the context its event happened in.
 
-A crash loses at most the records not yet written; it cannot tear an earlier line, and a new
-process starts a new file, so a torn last line is never followed by more data.
+A crash cannot tear an earlier line, and a new process starts a new file, so a torn last line is
+never followed by more data.
 """
 from __future__ import annotations
 
 import atexit
 import logging
-import threading
 import time
-from queue import SimpleQueue
 from typing import TYPE_CHECKING
 
 from ..broker.queue import Entry, Queue
@@ -34,7 +34,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("haqueue.audit")
 
-MARK_INTERVAL_NS = 1_000_000_000  # see schema.MARK
+MARK_INTERVAL = 1.0  # seconds between marks (schema.MARK)
 _now = time.time_ns
 # A backup's replication hook: the kind of record for the primary's delivery tag (else a dequeue).
 _REPLICATED = {b"E": _lines.LIVE, b"C": _lines.CATCHUP}
@@ -46,6 +46,9 @@ class AuditLog:
     def __init__(self, broker: "Broker", config: AuditConfig, ha: "HaBroker | None") -> None:
         self.ha = ha
         self.queues: dict[Queue, Recorder] = {}
+        self.owners: dict[Recorder, Queue] = {}
+        self.pending: list[Recorder] = []  # recorders with records, listed by their first (in C)
+        self.mark_due = True  # the next write ends with a mark (the run starts)
         self.lines = LineFormatter(broker.name)
         self.writer = Writer(config.dir, broker.name, config.max_bytes)
         self.primary_side = ha is None or ha.primary is not None  # what this broker logs: clients' doings
@@ -57,11 +60,8 @@ class AuditLog:
             ha.replication_hooks.append(self.replicated)
             ha.context_hooks.append(self.context_changing)
             ha.promotion_hooks.append(self.promoted)
-        self.jobs: SimpleQueue[list[bytes | Group] | None] = SimpleQueue()  # to the writer thread, in order
-        self.thread = threading.Thread(target=self._run_writer, name="audit-writer", daemon=True)
-        self.thread.start()
-        self.jobs.put([self._mark()])  # the run starts
-        broker.engine.every(config.flush_interval, self.flush)
+        broker.flush_hooks.append(self.write)
+        broker.engine.every(MARK_INTERVAL, self.tick)
         atexit.register(self.close)
         log.info("audit events to %s", self.writer.directory)
 
@@ -74,7 +74,8 @@ class AuditLog:
         """Queues whose messages are replicated (all but temporary ones on a broker without HA)."""
         replicated = self.ha.policy.replicates_messages(queue) if self.ha is not None else not queue.temporary
         if replicated:
-            recorder = self.queues[queue] = Recorder()
+            recorder = self.queues[queue] = Recorder(self.pending)
+            self.owners[recorder] = queue
             if self.primary_side:
                 queue.observers.append(recorder)
 
@@ -97,53 +98,50 @@ class AuditLog:
             recorder.add(_REPLICATED.get(kind, _lines.MIRRORED), seq, data, enqueued_us)
 
     # -- off the hot path ----------------------------------------------------------------------
-    def flush(self) -> None:
-        """The engine's timer: hand what was buffered to the writer thread."""
-        job = self.take()
-        if _now() - self.last_mark >= MARK_INTERVAL_NS:
-            job.append(self._mark())
-        if job:
-            self.jobs.put(job)
-        for queue in [q for q in self.queues if q.deleted]:  # its last records are taken
-            del self.queues[queue]
+    def write(self) -> None:
+        """The broker's flush hook (the end of a pass) and HA's context hook: what was recorded goes
+        into the file, with one write, under the context it happened in."""
+        if self.pending or self.mark_due:
+            job = self.take()
+            self.writer.write(job)
 
-    def context_changing(self) -> None:
-        """HA's context hook: what was buffered goes out under the context it happened in."""
-        job = self.take()
-        if job:
-            self.jobs.put(job)
+    context_changing = write
+
+    def tick(self) -> None:
+        """The engine's timer: a mark (the log is complete up to now), and deleted queues forgotten."""
+        self.mark_due = True
+        self.write()
+        for queue in [q for q in self.queues if q.deleted]:  # their last records are written
+            del self.owners[self.queues.pop(queue)]
 
     def take(self) -> list[bytes | Group]:
-        """Every recorder's records, numbered, under the current context."""
+        """The records of every recorder listed as pending, numbered, under the current context; then
+        a mark if one is due."""
         ha = self.ha
         epoch = ha.epoch.epoch if ha is not None else 0
         role, lines = self.role, self.lines
         job: list[bytes | Group] = []
-        for queue, recorder in self.queues.items():
+        for recorder in self.pending:
+            queue = self.owners[recorder]
+            recorder.unlist()
             for kind in PRIMARY_KINDS if self.primary_side else BACKUP_KINDS:
                 batch = recorder.take(kind.index)
                 if batch is not None:
                     backups = ha.ready_backups(queue) if ha is not None and kind is Kind.COMPLETE else ()
                     job.append(lines.group(lines.parts(kind, role, epoch, queue.name, queue.uid, backups), batch))
+        self.pending.clear()
+        if self.mark_due:
+            job.append(self._mark())
+            self.mark_due = False
         return job
 
     def _mark(self) -> bytes:
         """A mark: the log is complete up to now."""
         ha = self.ha
-        self.last_mark = _now()
-        return self.lines.mark(self.last_mark, self.role, ha.epoch.epoch if ha is not None else 0)
-
-    def _run_writer(self) -> None:
-        """The writer thread: formats and writes each job (in C, without the GIL)."""
-        while (job := self.jobs.get()) is not None:
-            try:
-                self.writer.write(job)
-            except Exception:  # noqa: BLE001 - the thread must go on; the gap shows in the audit
-                log.exception("audit: writing %d groups failed", len(job))
+        return self.lines.mark(_now(), self.role, ha.epoch.epoch if ha is not None else 0)
 
     def close(self) -> None:
         """At exit: write everything left, and a mark."""
-        self.jobs.put([*self.take(), self._mark()])
-        self.jobs.put(None)
-        self.thread.join(timeout=10)
+        self.mark_due = True
+        self.write()
         self.writer.close()

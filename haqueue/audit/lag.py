@@ -14,13 +14,14 @@ from __future__ import annotations
 import os
 import sys
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Sequence
 
 import pandas as pd
 from pyspark.sql import Column, DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
 from haqueue.audit import schema
+from haqueue.audit.command import EXIT_CANNOT_TELL, EXIT_LOSS, EXIT_OK, EXIT_USAGE
 
 PERCENTILES = (0.5, 0.95, 0.99)
 # A primary's dequeue counts as not mirrored on a backup only if that backup kept logging at least
@@ -44,15 +45,27 @@ class Audit:
     timeline: pd.DataFrame
     problems: pd.DataFrame
     bad_input: pd.DataFrame
-    tables: dict[str, pd.DataFrame] = field(init=False)
+    # Per queue, from the clients' ledgers (empty without --ledger), and one row per message behind a count.
+    ledgers: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=LEDGER_COLUMNS))
+    ledger_problems: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=LEDGER_PROBLEM_COLUMNS))
 
-    def __post_init__(self) -> None:
-        self.tables = {"queues": self.queues, "backups": self.backups, "epochs": self.epochs,
-                       "lag_timeline": self.timeline, "problems": self.problems, "bad_input": self.bad_input}
+    @property
+    def tables(self) -> dict[str, pd.DataFrame]:
+        return {"queues": self.queues, "backups": self.backups, "epochs": self.epochs,
+                "lag_timeline": self.timeline, "problems": self.problems, "bad_input": self.bad_input,
+                "ledgers": self.ledgers, "ledger_problems": self.ledger_problems}
 
     @property
     def missing(self) -> int:
         return int(self.backups["missing"].sum()) if len(self.backups) else 0
+
+    @property
+    def unattested(self) -> int:
+        return int(self.queues["unattested"].sum()) if len(self.queues) else 0
+
+    @property
+    def lost(self) -> int:
+        return int(self.ledgers["lost"].sum()) if len(self.ledgers) else 0
 
 
 def session(master: str | None = None) -> SparkSession:
@@ -74,24 +87,43 @@ def session(master: str | None = None) -> SparkSession:
 
 # ---- reading -----------------------------------------------------------------------------------
 
+_CORRUPT = "_corrupt_record"  # Spark puts a line here, and nulls in the fields, when it is not JSON
+
+
 def read_events(spark: SparkSession, directory: str) -> tuple[DataFrame, DataFrame]:
     """(valid events, typed; bad lines with their problem). A bad line is counted, never fatal."""
-    corrupt = "_corrupt_record"  # Spark puts a line here, and nulls in the fields, when it is not JSON
-    lines = (spark.read.schema(f"{schema.DDL}, `{corrupt}` STRING").option("mode", "PERMISSIVE")
-             .option("columnNameOfCorruptRecord", corrupt).option("recursiveFileLookup", "true")
-             .option("pathGlobFilter", "*.jsonl").json(directory)
-             .withColumn("file", F.col("_metadata.file_name")))
-    problem = F.when(F.col(corrupt).isNotNull(), F.lit("unparsable"))
+    lines = (_json_reader(spark, schema.DDL).option("recursiveFileLookup", "true")
+             .option("pathGlobFilter", "*.jsonl").json(directory))
+    problem = F.when(F.col(_CORRUPT).isNotNull(), F.lit("unparsable"))
     problem = problem.when(_any_null(F.col(name) for name in schema.REQUIRED), F.lit("missing field"))
     problem = problem.when(~F.col("event").isin(*schema.EVENTS), F.lit("unknown event"))
     for kind, names in schema.REQUIRED_FOR.items():
         problem = problem.when((F.col("event") == kind) & _any_null(F.col(name) for name in names),
                                F.lit("missing field"))
-    checked = lines.withColumn("problem", problem)
-    events = checked.filter(F.col("problem").isNull()).select(*schema.FIELDS)
+    return _checked(lines, problem, schema.FIELDS)
+
+
+def read_ledgers(spark: SparkSession, paths: Sequence[str]) -> tuple[DataFrame, DataFrame]:
+    """(valid ledger lines, typed; bad lines with their problem), as read_events."""
+    lines = _json_reader(spark, schema.LEDGER_DDL).json(list(paths))
+    problem = F.when(F.col(_CORRUPT).isNotNull(), F.lit("unparsable"))
+    problem = problem.when(_any_null(F.col(name) for name in schema.LEDGER_FIELDS), F.lit("missing field"))
+    problem = problem.when(~F.col("op").isin(*schema.LEDGER_OPS), F.lit("unknown op"))
+    return _checked(lines, problem, schema.LEDGER_FIELDS)
+
+
+def _json_reader(spark: SparkSession, ddl: str) -> Any:
+    return (spark.read.schema(f"{ddl}, `{_CORRUPT}` STRING").option("mode", "PERMISSIVE")
+            .option("columnNameOfCorruptRecord", _CORRUPT))
+
+
+def _checked(lines: DataFrame, problem: Column, fields: Sequence[str]) -> tuple[DataFrame, DataFrame]:
+    """(the lines without a problem, typed; the others as file, problem, line)."""
+    checked = lines.withColumn("file", F.col("_metadata.file_name")).withColumn("problem", problem)
+    valid = checked.filter(F.col("problem").isNull()).select(*fields)
     bad = checked.filter(F.col("problem").isNotNull()).select(
-        "file", "problem", F.coalesce(F.col(corrupt), F.to_json(F.struct(*schema.FIELDS))).alias("line"))
-    return events, bad
+        "file", "problem", F.coalesce(F.col(_CORRUPT), F.to_json(F.struct(*fields))).alias("line"))
+    return valid, bad
 
 
 def _any_null(columns: Any) -> Column:
@@ -103,12 +135,20 @@ def _any_null(columns: Any) -> Column:
 
 # ---- the analysis ------------------------------------------------------------------------------
 
-def analyse(spark: SparkSession, directory: str, since: int | None = None, until: int | None = None) -> Audit:
-    """The whole audit of the events under `directory`; since/until (µs) bound the events judged."""
+def analyse(spark: SparkSession, directory: str, since: int | None = None, until: int | None = None,
+            ledgers: Sequence[str] = ()) -> Audit:
+    """The whole audit of the events under `directory`; since/until (µs) bound the events judged (the
+    ledgers, if any, are judged whole)."""
     events, bad = read_events(spark, directory)
     events = events.withColumn("judged", _window(F.col("t"), since, until)).persist()
     try:
-        return _analyse(events, bad)
+        audit = _analyse(events, bad)
+        if ledgers:
+            entries, bad_entries = read_ledgers(spark, ledgers)
+            audit.ledgers, audit.ledger_problems = _ledger_tables(events, entries)
+            audit.bad_input = pd.concat([audit.bad_input, _bad_table(bad_entries)], ignore_index=True)
+            audit.totals["bad_lines"] = int(audit.bad_input["lines"].sum())
+        return audit
     finally:
         events.unpersist()
 
@@ -137,23 +177,33 @@ def _analyse(ev: DataFrame, bad: DataFrame) -> Audit:
 
     totals = _totals(ev)
     lag = _lag(replicas, origin)
-    problems = _problems(completes, dequeues, replicas, mirrored, runs).persist()
+    unattested = _unattested(primary_side, replicas).persist()
+    problems = _problems(completes, dequeues, replicas, mirrored, runs).unionByName(
+        _as_problem(unattested, UNATTESTED, "t")).persist()
     try:
         counts = (problems.groupBy("queue", "backup", "problem").agg(F.sum("weight").alias("n")).toPandas()
                   .pivot_table(index=["queue", "backup"], columns="problem", values="n", aggfunc="sum"))
         detail = (problems.orderBy("problem", "queue", "seq", "backup").limit(DETAIL_LIMIT)
                   .select("problem", "queue", "seq", "message_id", "backup", F.timestamp_micros("t").alias("time"))
                   .toPandas())
+        unattested_by_queue = unattested.groupBy("queue").agg(F.count("*").alias("unattested")).toPandas()
+        unattested_by_epoch = unattested.groupBy("epoch").agg(F.count("*").alias("unattested")).toPandas()
     finally:
         problems.unpersist()
+        unattested.unpersist()
     backups = _backup_table(_per_backup(replicas, lag), counts)
-    bad_input = (bad.groupBy("file", "problem").agg(F.count("*").alias("lines"), F.first("line").alias("example"))
-                 .orderBy("file", "problem").toPandas())
-    bad_input["example"] = bad_input["example"].str.slice(0, 200)
+    bad_input = _bad_table(bad)
     totals["bad_lines"] = int(bad_input["lines"].sum())
-    return Audit(totals=totals, queues=_queue_table(primary_side, completes, origin, backups), backups=backups,
-                 epochs=_epochs(primary_side, dequeues, origin), timeline=_timeline(lag, totals),
-                 problems=detail, bad_input=bad_input)
+    return Audit(totals=totals, queues=_queue_table(primary_side, completes, origin, backups, unattested_by_queue),
+                 backups=backups, epochs=_epochs(primary_side, dequeues, origin, unattested_by_epoch),
+                 timeline=_timeline(lag, totals), problems=detail, bad_input=bad_input)
+
+
+def _bad_table(bad: DataFrame) -> pd.DataFrame:
+    table = (bad.groupBy("file", "problem").agg(F.count("*").alias("lines"), F.first("line").alias("example"))
+             .orderBy("file", "problem").toPandas())
+    table["example"] = table["example"].str.slice(0, 200)
+    return table
 
 
 def _lag(replicas: DataFrame, origin: DataFrame) -> DataFrame:
@@ -184,8 +234,8 @@ def _per_backup(replicas: DataFrame, lag: DataFrame) -> DataFrame:
 
 # The problems table: one row per message and backup behind a count; weight is what it adds to it.
 _PROBLEM_COLUMNS = ("problem", "queue", "seq", "message_id", "backup", "t", "weight")
-MISSING, UNVERIFIED, DUPLICATE, OUT_OF_ORDER, NOT_MIRRORED = (
-    "missing", "unverified", "duplicate", "out of order", "dequeue not mirrored")
+MISSING, UNVERIFIED, DUPLICATE, OUT_OF_ORDER, NOT_MIRRORED, UNATTESTED = (
+    "missing", "unverified", "duplicate", "out of order", "dequeue not mirrored", "unattested")
 _COUNT_COLUMNS = {MISSING: "missing", UNVERIFIED: "unverified", DUPLICATE: "duplicates",
                   OUT_OF_ORDER: "order_violations", NOT_MIRRORED: "dequeues_not_mirrored"}
 
@@ -227,6 +277,19 @@ def _missing(completes: DataFrame, dequeues: DataFrame, replicas: DataFrame,
     return absent.join(F.broadcast(r), covered, "left_semi"), absent.join(F.broadcast(r), covered, "left_anti")
 
 
+def _unattested(primary_side: DataFrame, replicas: DataFrame) -> DataFrame:
+    """Messages backups hold that no primary's log records (no enqueue, no confirmation): the log of the
+    primary that sent them lost its tail (a machine crash), so what happened to them there is unknown.
+    One row per message, under the epoch of its first replica; judged if any replica is."""
+    attested = (primary_side.filter(F.col("event").isin(schema.ENQUEUE, schema.COMPLETE))
+                .select("uid", "seq").distinct())
+    held = replicas.groupBy("queue", "uid", "seq").agg(
+        F.min("epoch").alias("epoch"), F.min("t").alias("t"), F.first("message_id").alias("message_id"),
+        F.max(F.col("judged").cast("int")).alias("judged"))
+    return (held.filter(F.col("judged") == 1).join(attested, ["uid", "seq"], "left_anti")
+            .withColumn("backup", F.lit(None).cast("string")))
+
+
 def _unmirrored(dequeues: DataFrame, replicas: DataFrame, mirrored: DataFrame, runs: DataFrame) -> DataFrame:
     """Messages dequeued on a primary that a backup holding them never removed (while it kept logging)."""
     holders = replicas.select("uid", "seq", "backup", "run").distinct()
@@ -266,7 +329,7 @@ def _backup_table(per_backup: DataFrame, counts: pd.DataFrame) -> pd.DataFrame:
 
 
 def _queue_table(primary_side: DataFrame, completes: DataFrame, origin: DataFrame,
-                 backups: pd.DataFrame) -> pd.DataFrame:
+                 backups: pd.DataFrame, unattested: pd.DataFrame) -> pd.DataFrame:
     judged = primary_side.filter(F.col("judged"))
     counts = judged.groupBy("queue").agg(*(F.sum((F.col("event") == kind).cast("int")).alias(name) for kind, name in
                                            ((schema.ENQUEUE, "enqueued"), (schema.COMPLETE, "completed"),
@@ -277,15 +340,19 @@ def _queue_table(primary_side: DataFrame, completes: DataFrame, origin: DataFram
     result = counts.filter(F.col("queue").isNotNull()).join(latency, "queue", "left").toPandas()
     sums = backups.groupby("queue")[list(_COUNT_COLUMNS.values())].sum()
     result = result.merge(sums, left_on="queue", right_index=True, how="outer")
+    result = result.merge(unattested, on="queue", how="outer")
     result["backups"] = result["queue"].map(backups.groupby("queue")["backup"].nunique())
-    numbers = ["enqueued", "completed", "dequeued", "backups", *_COUNT_COLUMNS.values()]
+    numbers = ["enqueued", "completed", "dequeued", "backups", *_COUNT_COLUMNS.values(), "unattested"]
     result[numbers] = result[numbers].fillna(0).astype("int64")
     return result[["queue", "enqueued", "completed", "dequeued", "completion_p50_ms", "completion_p95_ms",
                    "completion_p99_ms", "completion_max_ms", *numbers[3:]]].sort_values("queue", ignore_index=True)
 
 
-def _epochs(primary_side: DataFrame, dequeues: DataFrame, origin: DataFrame) -> pd.DataFrame:
-    """Each epoch's primary, and how many messages it took over from earlier epochs and consumed."""
+def _epochs(primary_side: DataFrame, dequeues: DataFrame, origin: DataFrame,
+            unattested: pd.DataFrame) -> pd.DataFrame:
+    """Each epoch's primary, how many messages it took over from earlier epochs and consumed, and how
+    many its backups hold that its log does not record (an epoch whose primary left no event at all
+    shows with no primary)."""
     judged = primary_side.filter(F.col("judged"))
     table = judged.groupBy("epoch", "broker").agg(
         F.timestamp_micros(F.min("t")).alias("first_event"), F.timestamp_micros(F.max("t")).alias("last_event"),
@@ -294,8 +361,71 @@ def _epochs(primary_side: DataFrame, dequeues: DataFrame, origin: DataFrame) -> 
     inherited = (dequeues.filter(F.col("judged")).join(origin, ["uid", "seq"])
                  .filter(F.col("enq_epoch") < F.col("epoch"))
                  .groupBy("epoch", "broker").agg(F.count("*").alias("inherited_dequeued")))
-    return (table.join(inherited, ["epoch", "broker"], "left").fillna(0, subset=["inherited_dequeued"])
-            .withColumnRenamed("broker", "primary").orderBy("epoch", "first_event").toPandas())
+    result = (table.join(inherited, ["epoch", "broker"], "left").fillna(0, subset=["inherited_dequeued"])
+              .withColumnRenamed("broker", "primary").toPandas())
+    result = result.merge(unattested, on="epoch", how="outer")
+    numbers = ["enqueued", "completed", "dequeued", "inherited_dequeued", "unattested"]
+    result[numbers] = result[numbers].fillna(0).astype("int64")
+    return result.sort_values(["epoch", "first_event"], ignore_index=True)
+
+
+# ---- client ledgers ----------------------------------------------------------------------------
+
+LEDGER_COLUMNS = ["queue", "confirmed", "received", "lost", "duplicated", "unexpected", "left_on_queue"]
+LEDGER_PROBLEM_COLUMNS = ["problem", "queue", "id", "time"]
+LOST, DUPLICATED, UNEXPECTED = "lost", "duplicated", "unexpected"
+
+
+def _ledger_tables(ev: DataFrame, entries: DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Per queue, what producers had confirmed and consumers received, judged against the events:
+    lost (confirmed, never received, and not on the queue at the end), duplicated (received more
+    than once), unexpected (received, never confirmed nor enqueued by any primary); (table, detail)."""
+    confirmed = (entries.filter(F.col("op") == schema.CONFIRMED).groupBy("queue", "id")
+                 .agg(F.min("t").alias("t")))
+    received = (entries.filter(F.col("op") == schema.RECEIVED).groupBy("queue", "id")
+                .agg(F.count("*").alias("receipts"), F.min("t").alias("t")))
+    at_end = _held_at_end(ev)
+    sent = (ev.filter((F.col("role") != schema.BACKUP) & (F.col("event") == schema.ENQUEUE))
+            .select("queue", F.col("message_id").alias("id")).distinct())
+    unreceived = confirmed.join(received.select("queue", "id"), ["queue", "id"], "left_anti")
+    kinds = {LOST: unreceived.join(at_end, ["queue", "id"], "left_anti"),
+             "left_on_queue": unreceived.join(at_end, ["queue", "id"], "left_semi"),
+             DUPLICATED: received.filter(F.col("receipts") > 1),
+             UNEXPECTED: (received.join(confirmed.select("queue", "id"), ["queue", "id"], "left_anti")
+                          .join(sent, ["queue", "id"], "left_anti"))}
+    frames = [confirmed.select("queue", F.lit("confirmed").alias("kind"), "id", "t"),
+              received.select("queue", F.lit("received").alias("kind"), "id", "t"),
+              *(frame.select("queue", F.lit(kind).alias("kind"), "id", "t") for kind, frame in kinds.items())]
+    union = frames[0]
+    for frame in frames[1:]:
+        union = union.unionByName(frame)
+    union = union.persist()
+    try:
+        counts = union.groupBy("queue", "kind").count().toPandas()
+        if counts.empty:
+            return pd.DataFrame(columns=LEDGER_COLUMNS), pd.DataFrame(columns=LEDGER_PROBLEM_COLUMNS)
+        detail = (union.filter(F.col("kind").isin(LOST, DUPLICATED, UNEXPECTED)).orderBy("kind", "queue", "t")
+                  .limit(DETAIL_LIMIT)
+                  .select(F.col("kind").alias("problem"), "queue", "id", F.timestamp_micros("t").alias("time"))
+                  .toPandas())
+    finally:
+        union.unpersist()
+    table = counts.pivot_table(index="queue", columns="kind", values="count", aggfunc="sum")
+    table = table.reindex(columns=LEDGER_COLUMNS[1:]).fillna(0).astype("int64").reset_index()
+    return table[LEDGER_COLUMNS].sort_values("queue", ignore_index=True), detail[LEDGER_PROBLEM_COLUMNS]
+
+
+def _held_at_end(ev: DataFrame) -> DataFrame:
+    """(queue, id) of the messages on the last primary's queues when its log ends: what its last run
+    enqueued as primary or received as a backup, less what it dequeued (or applied a dequeue of)."""
+    last = (ev.filter(F.col("role") != schema.BACKUP)
+            .orderBy(F.col("epoch").desc(), F.col("t").desc()).select("broker", "run").limit(1))
+    mine = ev.join(F.broadcast(last), ["broker", "run"])
+    held = mine.filter(F.col("event").isin(schema.ENQUEUE, schema.REPLICATE)).select("queue", "uid", "seq",
+                                                                                    "message_id")
+    gone = mine.filter(F.col("event") == schema.DEQUEUE).select("uid", "seq")
+    return (held.join(gone, ["uid", "seq"], "left_anti").filter(F.col("message_id").isNotNull())
+            .select("queue", F.col("message_id").alias("id")).distinct())
 
 
 def _timeline(lag: DataFrame, totals: dict[str, Any]) -> pd.DataFrame:
@@ -326,24 +456,30 @@ def _totals(ev: DataFrame) -> dict[str, Any]:
 # ---- the command -------------------------------------------------------------------------------
 
 def run_audit(events: str, out: str, master: str | None, since: int | None, until: int | None,
-              fail_on_loss: bool) -> int:
+              fail_on_loss: bool, ledgers: Sequence[str] = ()) -> int:
     """`haqueue audit lag`: analyse, write the tables and the chart, print the summary; the exit code."""
     from haqueue.audit import report
 
     if not os.path.isdir(events):
         print(f"haqueue: audit: no such directory: {events}", file=sys.stderr)
-        return 2
+        return EXIT_USAGE
+    absent = [path for path in ledgers if not os.path.isfile(path)]
+    if absent:
+        print(f"haqueue: audit: no such ledger file: {', '.join(absent)}", file=sys.stderr)
+        return EXIT_USAGE
     spark = session(master)
     try:
-        audit = analyse(spark, events, since, until)
+        audit = analyse(spark, events, since, until, ledgers)
     finally:
         spark.stop()
     report.write(audit, out)
     print(report.summary(audit))
-    return 1 if fail_on_loss and audit.missing else 0
+    if fail_on_loss and (audit.missing or audit.lost):
+        return EXIT_LOSS
+    return EXIT_CANNOT_TELL if fail_on_loss and audit.unattested else EXIT_OK
 
 
 if __name__ == "__main__":  # spark-submit runs this file
-    from haqueue.cli import main
+    from haqueue.audit.command import main
 
-    sys.exit(main(["audit", "lag", *sys.argv[1:]]))
+    sys.exit(main(sys.argv[1:]))

@@ -2,8 +2,8 @@
 
 A queue's records of one kind, written under one context (role, epoch, the backups ready for the
 queue), share their lines' text but for the time, line number, seq and message id (and, for a live
-replica, the primary's enqueue time). `_lines.write` (C) writes the lines on the writer thread with
-the GIL released, reading each message's id from its bytes when it has the usual encoding;
+replica, the primary's enqueue time). `_lines.write` (C) writes the lines at the end of a loop pass
+with the GIL released, reading each message's id from its bytes when it has the usual encoding;
 `read_id` reads any other.
 """
 from __future__ import annotations

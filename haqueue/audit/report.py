@@ -77,22 +77,42 @@ def summary(audit: "Audit") -> str:
         lines.append(f"bad input: {_count(t['bad_lines'], 'line')} skipped ("
                      + ", ".join(f"{n:,} {problem}" for problem, n in counts.items()) + "; see bad_input.csv)")
     for _, e in audit.epochs.iterrows():
-        lines.append(f"epoch {e['epoch']}: primary {e['primary']} {_time(e['first_event'])}–{_time(e['last_event'])}, "
+        primary = "no primary event" if pd.isna(e["primary"]) else \
+            f"primary {e['primary']} {_time(e['first_event'])}–{_time(e['last_event'])}"
+        lines.append(f"epoch {e['epoch']}: {primary}, "
                      f"{e['enqueued']:,} enqueued, {e['completed']:,} confirmed, {e['dequeued']:,} dequeued"
-                     + (f" ({e['inherited_dequeued']:,} from earlier epochs)" if e["inherited_dequeued"] else ""))
+                     + (f" ({e['inherited_dequeued']:,} from earlier epochs)" if e["inherited_dequeued"] else "")
+                     + (f"; {e['unattested']:,} unattested" if e["unattested"] else ""))
     for _, q in audit.queues.iterrows():
         lines.append(f"queue {q['queue']}: {q['enqueued']:,} enqueued, {q['completed']:,} confirmed "
                      f"(completion p50 {_ms(q['completion_p50_ms'])} p99 {_ms(q['completion_p99_ms'])}), "
-                     f"{q['dequeued']:,} dequeued")
+                     f"{q['dequeued']:,} dequeued"
+                     + (f", {q['unattested']:,} unattested (held by backups, unknown to the primary's log)"
+                        if q["unattested"] else ""))
         for _, b in audit.backups[audit.backups["queue"] == q["queue"]].iterrows():
             lines.append(f"  backup {b['backup']}: {b['received']:,} received ({b['catchup']:,} in catch-up), "
                          f"lag p50 {_ms(b['lag_p50_ms'])} p95 {_ms(b['lag_p95_ms'])} p99 {_ms(b['lag_p99_ms'])} "
                          f"max {_ms(b['lag_max_ms'])}; missing {b['missing']}, duplicates {b['duplicates']}, "
                          f"out of order {b['order_violations']}, dequeues not mirrored {b['dequeues_not_mirrored']}"
                          + (f", {b['unverified']} not verifiable" if b["unverified"] else ""))
-    missing = audit.missing
-    lines.append(f"LOSS: {_count(missing, 'confirmed message')} missing on a ready backup (see problems.csv)"
-                 if missing else "no loss: every confirmed message reached every backup that was ready")
+    for _, q in audit.ledgers.iterrows():
+        lines.append(f"ledgers, queue {q['queue']}: {q['confirmed']:,} confirmed by producers, {q['received']:,} "
+                     f"received by consumers; lost {q['lost']}, duplicated {q['duplicated']}, "
+                     f"unexpected {q['unexpected']}, {q['left_on_queue']:,} left on the queue")
+    missing, lost, unattested = audit.missing, audit.lost, audit.unattested
+    if missing:
+        lines.append(f"LOSS: {_count(missing, 'confirmed message')} missing on a ready backup (see problems.csv)")
+    if lost:
+        lines.append(f"LOSS: {_count(lost, 'confirmed message')} lost: never received by a consumer and not on "
+                     f"the queue at the end (see ledger_problems.csv)")
+    if unattested:
+        lines.append(f"CANNOT TELL: {_count(unattested, 'message')} held by backups with no record from the primary "
+                     f"that sent them (its log lost its tail: a machine crash?), so loss there cannot be ruled out "
+                     f"(see problems.csv)")
+    if not (missing or lost or unattested):
+        lines.append("no loss: every confirmed message reached every backup that was ready"
+                     + ("; every message producers had confirmed was received or is still queued"
+                        if len(audit.ledgers) else ""))
     return "\n".join(lines)
 
 

@@ -41,3 +41,16 @@ REQUIRED_FOR: dict[str, tuple[str, ...]] = {ENQUEUE: _MESSAGE, DEQUEUE: _MESSAGE
                                             REPLICATE: (*_MESSAGE, "mode", "enqueued"), MARK: ()}
 
 DDL = ", ".join(f"`{name}` {kind}" for name, kind in FIELDS.items())  # for Spark's from_json
+
+# Client ledgers (`haqueue audit lag --ledger`, ledger.py): one JSON object per line, written by a
+# producer for each message the broker confirmed and by a consumer for each message it received.
+CONFIRMED, RECEIVED = "confirmed", "received"
+LEDGER_OPS = (CONFIRMED, RECEIVED)
+LEDGER_FIELDS: dict[str, str] = {
+    "client": "STRING",  # who wrote the line (a producer or consumer's name)
+    "queue": "STRING",  # the queue (the address) sent to or received from
+    "id": "STRING",  # properties.message-id, as the events give it (message_id)
+    "op": "STRING",  # confirmed | received
+    "t": "BIGINT",  # when, µs since the Unix epoch, on the client's clock
+}
+LEDGER_DDL = ", ".join(f"`{name}` {kind}" for name, kind in LEDGER_FIELDS.items())

@@ -1,4 +1,5 @@
-"""Appends whole JSON lines to size-rotated files.
+"""Appends whole JSON lines to size-rotated files, one write per call (os.write, no fsync: a killed
+process loses nothing written; a machine crash may lose what the page cache held).
 
 Files are `<dir>/<broker>-<part>.jsonl`; each process starts a new part, so a file never holds two
 runs and a line torn by a crash is always the last of its file.

@@ -92,6 +92,7 @@ class EngineHandler(Protocol):
     def connection_closed(self, conn: "Connection") -> None: ...
     def link_opened(self, link: "Link") -> LinkHandler: ...  # raise BrokerError to refuse
     def after_pass(self) -> None: ...
+    def before_flush(self) -> None: ...  # the pass's output is about to reach the sockets
     def pending(self) -> bool: ...  # work scheduled for the next pass
 
 
@@ -798,10 +799,19 @@ class Engine:
         if self._timers and self._timers[0][0] <= time.monotonic():
             self._run_timers()
         while self.dirty:
+            self._before_flush()
             dirty, self.dirty = self.dirty, set()
             for conn in dirty:
                 conn.flush()
             self._drain()
+
+    def _before_flush(self) -> None:
+        """The last step before output leaves (a confirmation, a settlement): the handler's
+        `before_flush`, once per round of flushing, so what it writes reaches the OS first."""
+        try:
+            self.handler.before_flush()
+        except Exception:
+            log.exception("before_flush failed")
 
     def _run_timers(self) -> None:
         now = time.monotonic()
@@ -1194,6 +1204,7 @@ class Engine:
             conn.close("amqp:connection:forced", "broker shutting down")
         deadline = time.monotonic() + 2.0
         while self.connections and time.monotonic() < deadline:
+            self._before_flush()
             for conn in list(self.connections.values()):
                 conn.flush()
                 if conn.closing and conn.backlog() == 0:

@@ -5,9 +5,10 @@ for each request. Plug-ins (HA, the audit log) use the named hooks and nothing e
 `registry.observers` / `registry.validators` / `registry.queue_hooks` (wiring and per-queue
 observers and guards), `admission` (who may connect), `endpoints` (link handlers for `$`
 addresses), `management.register` (operations, each with what it needs), `status_hooks` (fields of the broker status),
-`completion_hooks` (a publisher's message confirmed), `durability` (a durable store: loads the
-wiring and messages it kept before anything else happens, and says when what it was given is on disk)
-and `listener_tls` (a plug-in's own TLS for one listener: HA's peer listener).
+`completion_hooks` (a publisher's message confirmed), `flush_hooks` (the end of a loop pass, before
+its output leaves), `durability` (a durable store: loads the wiring and messages it kept before anything
+else happens, and says when what it was given is on disk) and `listener_tls` (a plug-in's own TLS for one
+listener: HA's peer listener).
 """
 from __future__ import annotations
 
@@ -80,6 +81,9 @@ class Broker:
         self.status_hooks: list[Callable[[dict[str, Any]], None]] = []
         # Called with (queue, entry) when a publisher's message is confirmed (the audit log).
         self.completion_hooks: list[Callable[[Queue, Entry], None]] = []
+        # Called before the engine writes a pass's output (confirmations, settlements, messages) to the
+        # sockets: what must reach the OS before any of it leaves (the audit log's events of the pass).
+        self.flush_hooks: list[Callable[[], None]] = []
         self.connections: set[Connection] = set()
         self.durability: Durability | None = None  # set by a store plug-in
         self.transactions = Transactions(self)
@@ -222,6 +226,10 @@ class Broker:
         for item in dirty:
             if not item.deleted:
                 item.dispatch()
+
+    def before_flush(self) -> None:
+        for hook in self.flush_hooks:
+            hook()
 
     def pending(self) -> bool:
         return bool(self._dirty)

@@ -21,7 +21,7 @@ from ..broker.queue import Queue
 from ..broker.server import Broker
 from ..broker.tls import client_context, server_context
 from ..config import AllowConfig, HaConfig, ListenerConfig
-from . import protocol
+from . import protocol, test_hooks
 from .backup import Backup
 from .policy import Policy
 from .primary import Primary
@@ -75,6 +75,7 @@ class HaBroker:
         broker.management.register("ha", "READ", lambda name, body: (200, self.status()))
         broker.management.register("ha", "PROMOTE", lambda name, body: (200, self.promote(bool(body.get("force")))))
         self.backup = Backup(self)
+        test_hooks.warn_if_set()
 
     @property
     def role(self) -> str:

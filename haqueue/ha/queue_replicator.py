@@ -16,6 +16,7 @@ from ..broker.engine import ACCEPTED, Connection, Link, LinkHandler
 from ..broker.message import ttl_ms
 from ..broker.queue import Entry, Queue
 from . import protocol
+from .test_hooks import replica_to_drop
 
 if TYPE_CHECKING:
     from .backup import Backup
@@ -38,6 +39,7 @@ class QueueReplicator(LinkHandler):
         self.catchup_first: list[int] = []
         self.catchup_last: deque[int] = deque(maxlen=5)
         self.hooks = backup.ha.replication_hooks
+        self.drop_at = replica_to_drop(queue.name)  # 0 unless a test planted a loss (test_hooks.py)
         have = protocol.ranges(queue.live_seqs())  # paged ones included, without reading them back
         address = f"{protocol.QUEUE}/{queue.name}"
         self.link: Link = conn.open_link(False, address, address, self, credit=_WINDOW, properties={
@@ -81,8 +83,11 @@ class QueueReplicator(LinkHandler):
     def _enqueue(self, delivery: Any, messages: list[tuple[int, bytes]], enqueued_us: int, settled: bool) -> None:
         """Live enqueues; the transfer is settled once they are in memory, or (from_disk) once the
         journal has the durable ones on disk."""
+        before = self.received[protocol.ENQUEUE]
         self.received[protocol.ENQUEUE] += len(messages)
         self.backup.applied += len(messages)
+        if self.drop_at and before < self.drop_at <= before + len(messages):
+            del messages[self.drop_at - before - 1]
         completion = Completion(lambda: self.settle(delivery)) if self.backup.from_disk and not settled else None
         queue, hooks = self.queue, self.hooks
         for seq, data in messages:

@@ -45,11 +45,11 @@ def test_per_backup_figures(audit):
 
 def test_per_queue_figures(audit):
     assert rows(audit.queues, list(audit.queues.columns)) == [
-        ("q", 12, 12, 6, 2.0, 2.0, 2.0, 2.0, 3, 1, 0, 1, 1, 1)]
+        ("q", 12, 12, 6, 2.0, 2.0, 2.0, 2.0, 3, 1, 0, 1, 1, 1, 0)]
     assert list(audit.queues.columns) == [
         "queue", "enqueued", "completed", "dequeued", "completion_p50_ms", "completion_p95_ms", "completion_p99_ms",
         "completion_max_ms", "backups", "missing", "unverified", "duplicates", "order_violations",
-        "dequeues_not_mirrored"]
+        "dequeues_not_mirrored", "unattested"]
     assert audit.missing == 1
 
 
@@ -157,3 +157,68 @@ def test_command_line_writes_tables_chart_summary_and_fails_on_loss(scenario_dir
                            "--master", "local[2]", "--since", str((T0 + 2 * SECOND) / 1e6)], timeout=600)
     assert without.returncode == 0, without.stderr[-3000:]
     assert without.stdout.splitlines()[-1] == "no loss: every confirmed message reached every backup that was ready"
+
+
+def _primary_and_backup(log: EventLog, seqs: range, replicated: set[int]) -> None:
+    """b0 primary of epoch 1 enqueues and confirms `seqs` naming b1; b1 receives `replicated`."""
+    log.mark("b0", 1, T0, schema.PRIMARY, 1)
+    log.mark("b1", 2, T0, schema.BACKUP, 1)
+    for seq in seqs:
+        t = T0 + seq * 1000
+        log.message("b0", 1, schema.ENQUEUE, t, schema.PRIMARY, 1, seq)
+        if seq in replicated:
+            log.message("b1", 2, schema.REPLICATE, t + 100, schema.BACKUP, 1, seq, mode=schema.LIVE, enqueued=t)
+        log.message("b0", 1, schema.COMPLETE, t + 500, schema.PRIMARY, 1, seq, backups=["b1"])
+
+
+def test_a_truncated_primary_log_leaves_unattested_messages_and_cannot_tell(tmp_path):
+    """The primary's machine crashed: its log lost the tail the page cache held (here cut mid-line).
+    The backup holds messages the primary's log never mentions: the audit counts them unattested
+    and, under --fail-on-loss, says it cannot tell (exit 3) instead of "no loss"."""
+    log = EventLog()
+    _primary_and_backup(log, range(1, 11), set(range(1, 11)))
+    log.mark("b1", 2, T0 + 2 * SECOND, schema.BACKUP, 1)
+    events = log.write(tmp_path / "events")
+    primary_file = events / "b0-000001.jsonl"
+    text = primary_file.read_text()
+    cut = text.index('"seq": 7,')  # the enqueue of seq 7 and everything after it is gone
+    primary_file.write_text(text[:cut])
+    out = tmp_path / "out"
+    result = run_haqueue(["audit", "lag", "--events", str(events), "--out", str(out), "--master", "local[2]",
+                          "--fail-on-loss"], timeout=600)
+    assert result.returncode == 3, result.stdout + result.stderr[-3000:]
+    assert result.stdout.splitlines()[-1] == (
+        "CANNOT TELL: 4 messages held by backups with no record from the primary that sent them (its log lost "
+        "its tail: a machine crash?), so loss there cannot be ruled out (see problems.csv)")
+    queues = pd.read_csv(out / "queues.csv")
+    assert rows(queues, ["queue", "completed", "missing", "unattested"]) == [("q", 6, 0, 4)]
+    epochs = pd.read_csv(out / "epochs.csv")
+    assert rows(epochs, ["epoch", "primary", "unattested"]) == [(1, "b0", 4)]
+    problems = pd.read_csv(out / "problems.csv")
+    assert sorted(problems.loc[problems["problem"] == "unattested", "seq"]) == [7, 8, 9, 10]
+
+
+def test_ledgers_find_lost_duplicated_unexpected_and_what_is_left(spark, tmp_path):
+    """b0 (epoch 1) confirms msg-1..6, b1 receives all but msg-6 and takes over (epoch 2); consumers
+    get msg-1..3 (msg-2 twice) and a message no producer sent; msg-4 and 5 stay on b1's queue."""
+    from haqueue.audit import lag
+
+    log = EventLog()
+    _primary_and_backup(log, range(1, 7), set(range(1, 6)))
+    for seq in (1, 2, 3):
+        log.message("b1", 2, schema.DEQUEUE, T0 + SECOND + seq, schema.PRIMARY, 2, seq)
+    log.mark("b1", 2, T0 + 2 * SECOND, schema.PRIMARY, 2)
+    events = log.write(tmp_path / "events")
+    producer, consumer = tmp_path / "producer.jsonl", tmp_path / "consumer.jsonl"
+    producer.write_text("".join(json.dumps({"client": "p", "queue": "q", "id": f"msg-{i}", "op": "confirmed",
+                                            "t": T0 + i * 1000 + 600}) + "\n" for i in range(1, 7)))
+    received = ["msg-1", "msg-2", "msg-2", "msg-3", 9]  # 9: a numeric message-id, never sent
+    consumer.write_text("".join(json.dumps({"client": "c", "queue": "q", "id": mid, "op": "received",
+                                            "t": T0 + SECOND + i}) + "\n" for i, mid in enumerate(received))
+                        + '{"client": "c", "queue": "q", "id": "msg-1", "op": "sent", "t": 1}\n')
+    audit = lag.analyse(spark, str(events), ledgers=[str(producer), str(consumer)])
+    assert rows(audit.ledgers, lag.LEDGER_COLUMNS) == [("q", 6, 4, 1, 1, 1, 2)]
+    assert sorted(rows(audit.ledger_problems, ["problem", "queue", "id"])) == [
+        ("duplicated", "q", "msg-2"), ("lost", "q", "msg-6"), ("unexpected", "q", "9")]
+    assert audit.missing == 1 and audit.lost == 1  # msg-6: found from the events and from the ledgers
+    assert rows(audit.bad_input, ["file", "problem", "lines"])[-1] == ("consumer.jsonl", "unknown op", 1)

@@ -26,13 +26,13 @@ def make_audit(missing: int) -> Audit:
     queues = pd.DataFrame([{"queue": "orders", "enqueued": 1000, "completed": 990, "dequeued": 800,
                             "completion_p50_ms": 0.8, "completion_p95_ms": 2.0, "completion_p99_ms": 2.5,
                             "completion_max_ms": 9.0, "backups": 2, "missing": missing, "unverified": 2,
-                            "duplicates": 3, "order_violations": 1, "dequeues_not_mirrored": 1}])
+                            "duplicates": 3, "order_violations": 1, "dequeues_not_mirrored": 1, "unattested": 0}])
     epochs = pd.DataFrame([
         {"epoch": 1, "primary": "b0", "first_event": T, "last_event": T + pd.Timedelta(seconds=5),
-         "enqueued": 600, "completed": 600, "dequeued": 500, "inherited_dequeued": 0},
+         "enqueued": 600, "completed": 600, "dequeued": 500, "inherited_dequeued": 0, "unattested": 0},
         {"epoch": 2, "primary": "b1", "first_event": T + pd.Timedelta(seconds=7),
          "last_event": T + pd.Timedelta(seconds=9), "enqueued": 400, "completed": 390, "dequeued": 300,
-         "inherited_dequeued": 100}])
+         "inherited_dequeued": 100, "unattested": 0}])
     timeline = pd.DataFrame([{"backup": "b1", "time": T + pd.Timedelta(seconds=s), "messages": 100,
                               "lag_p50_ms": 0.4, "lag_p99_ms": 2.0 + s % 3, "lag_max_ms": 5.0}
                              for s in (0, 1, 2, 3, 4, 8, 9)])
@@ -64,11 +64,37 @@ def test_summary_reads_as_the_user_sees_it():
         "LOSS: 4 confirmed messages missing on a ready backup (see problems.csv)"
 
 
+def test_unattested_messages_make_the_summary_say_it_cannot_tell():
+    audit = make_audit(missing=0)
+    audit.queues["unattested"] = 7
+    audit.epochs.loc[0, "unattested"] = 7
+    lines = report.summary(audit).splitlines()
+    assert "epoch 1: primary b0 2027-01-15 08:00:00.000–2027-01-15 08:00:05.000, 600 enqueued, 600 confirmed, " \
+           "500 dequeued; 7 unattested" in lines
+    assert lines[-1] == ("CANNOT TELL: 7 messages held by backups with no record from the primary that sent them "
+                         "(its log lost its tail: a machine crash?), so loss there cannot be ruled out "
+                         "(see problems.csv)")
+    assert not any(line.startswith("no loss") for line in lines)
+
+
+def test_ledgers_are_summed_up_per_queue_and_a_lost_message_is_a_loss():
+    audit = make_audit(missing=0)
+    audit.ledgers = pd.DataFrame([{"queue": "orders", "confirmed": 990, "received": 985, "lost": 2,
+                                   "duplicated": 1, "unexpected": 0, "left_on_queue": 3}])
+    lines = report.summary(audit).splitlines()
+    assert lines[-2:] == [
+        "ledgers, queue orders: 990 confirmed by producers, 985 received by consumers; lost 2, duplicated 1, "
+        "unexpected 0, 3 left on the queue",
+        "LOSS: 2 confirmed messages lost: never received by a consumer and not on the queue at the end "
+        "(see ledger_problems.csv)"]
+
+
 def test_write_makes_every_table_the_chart_and_the_summary(tmp_path):
     audit = make_audit(missing=0)
     report.write(audit, str(tmp_path))
     names = {p.name for p in tmp_path.iterdir()}
-    assert names == {f"{t}.{ext}" for t in ("queues", "backups", "epochs", "lag_timeline", "problems", "bad_input")
+    assert names == {f"{t}.{ext}" for t in ("queues", "backups", "epochs", "lag_timeline", "problems", "bad_input",
+                                            "ledgers", "ledger_problems")
                      for ext in ("parquet", "csv")} | {"lag.png", "summary.txt"}
     assert pd.read_parquet(tmp_path / "backups.parquet")["duplicates"].tolist() == [0, 3]
     assert (tmp_path / "summary.txt").read_text() == report.summary(audit) + "\n"

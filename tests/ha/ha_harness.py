@@ -42,6 +42,7 @@ from harness import (POLL_INTERVAL, BrokerProcess, can_connect, free_port, run_h
 
 from haqueue.admin import ADMIN_TOOL, AdminClient, AdminError  # noqa: E402
 from haqueue.config import TlsConfig  # noqa: E402
+from haqueue.audit.ledger import Ledger  # noqa: E402
 
 HA_USER = "ha"
 OPS_USER = "ops"  # an admin tool's user, allowed everything; same password as the peer user
@@ -455,7 +456,9 @@ class Load:
     The producer sends body i (ints from `first`) and waits for each settlement: `confirmed` maps
     each body the broker accepted to when (monotonic). A send that failed is retried with the same
     body (so the broker may hold it twice); `error_times` holds when each producer failure was seen.
-    The consumer accepts each message and records its body in `received`.
+    The consumer accepts each message and records its body in `received`. With `ledger` (a path),
+    message i has message-id `<queue>-<i>` and both write a client ledger there for
+    `haqueue audit lag --ledger` (haqueue/audit/ledger.py): clients `producer` and `consumer`.
 
     How a connection is made is `_connect`: here, retried (every 0.1 s, each failure logged as a
     `connect:` error) until it succeeds or the thread is stopped, as the public address moves. A
@@ -468,8 +471,9 @@ class Load:
     retry_pause = 0.0
     max_errors = 500
 
-    def __init__(self, address: str, queue: str, first: int = 0) -> None:
+    def __init__(self, address: str, queue: str, first: int = 0, ledger: Path | None = None) -> None:
         self.address, self.queue = address, queue
+        self.ledgers = (Ledger(ledger, "producer"), Ledger(ledger, "consumer")) if ledger is not None else None
         self.confirmed: dict[int, float] = {}
         self.received: list[int] = []
         self.errors: list[str] = []
@@ -524,9 +528,12 @@ class Load:
                          self._send_failed)
 
     def _send_next(self, sender: Any) -> None:
-        sender.send(Message(body=self.next, durable=True), timeout=self.send_timeout)
+        message_id = f"{self.queue}-{self.next}" if self.ledgers else None
+        sender.send(Message(body=self.next, durable=True, id=message_id), timeout=self.send_timeout)
         with self._lock:
             self.confirmed[self.next] = time.monotonic()
+        if self.ledgers:
+            self.ledgers[0].confirmed(self.queue, message_id)
         self.next += 1
 
     def _send_failed(self, e: Exception) -> None:  # the same body is sent again
@@ -546,6 +553,8 @@ class Load:
         receiver.accept()
         with self._lock:
             self.received.append(m.body)
+        if self.ledgers:
+            self.ledgers[1].received(self.queue, m.id)
 
     # ---- observing ----------------------------------------------------------------------------
     def confirmed_count(self) -> int:
@@ -594,6 +603,8 @@ class Load:
         self._stop_consumer.set()
         for t in self.threads:
             t.join(timeout)
+        for ledger in self.ledgers or ():
+            ledger.close()
 
     def report(self) -> dict[str, Any]:
         with self._lock:

@@ -1,0 +1,28 @@
+"""Fault injection for tests, off unless the test harness sets its environment variable (never a
+config key: nobody turns it on by mistake; a broker running with one logs a warning at start).
+
+HAQUEUE_TEST_DROP_REPLICA=QUEUE:N  As a backup, drop the N-th live message received for QUEUE on a
+                                   replication link (counted from 1) yet acknowledge it as kept: the
+                                   primary confirms it, trusting this backup holds it, and this
+                                   backup logs no `replicate`. The audit tests plant a loss this way.
+"""
+from __future__ import annotations
+
+import logging
+import os
+
+log = logging.getLogger("haqueue.ha")
+
+DROP_REPLICA = "HAQUEUE_TEST_DROP_REPLICA"
+
+
+def replica_to_drop(queue: str) -> int:
+    """The number of the live message to drop on `queue`'s replication link; 0: none."""
+    name, _, number = os.environ.get(DROP_REPLICA, "").rpartition(":")
+    return int(number) if name == queue and number.isdigit() else 0
+
+
+def warn_if_set() -> None:
+    if DROP_REPLICA in os.environ:
+        log.warning("TEST HOOK %s=%s is set: this backup will drop a replicated message", DROP_REPLICA,
+                    os.environ[DROP_REPLICA])
