@@ -200,7 +200,8 @@ class HaCluster(R.LoggedProcess, R.Broker):
 
     def drop_queue(self, queue: str) -> None:
         try:
-            code, desc, _ = R.admin_request(f"{HOST}:{self.port}", "DELETE", "queue", queue, password=self.password)
+            # as the clients are (anonymous, allowed everything in `cluster up`): the peer user may not manage queues
+            code, desc, _ = R.admin_request(f"{HOST}:{self.port}", "DELETE", "queue", queue)
             if code >= 400:
                 log(f"could not delete queue {queue}: {code} {desc}")
         except AdminError as e:

@@ -67,7 +67,7 @@ class ReplicatingSubscription(LinkHandler):
         self.unconfirmed = 0  # messages in them
         self.txn = 0  # the transaction being committed now: what happens to the queue meanwhile is part of it
         self.txn_parts: dict[int, list[int]] = {}  # transaction -> its enqueues' seqs, until its marker is sent
-        self.txn_seqs: set[int] = set()  # those seqs
+        self.txn_seqs: dict[int, int] = {}  # those seqs -> their transaction, until sent
         self.txn_dequeues: list[int] = []  # the current transaction's dequeues, sent with its marker
         self.txn_pending = 0  # pending entries that are transaction parts or markers (sent one by one)
         self.sent: deque[tuple[float, int]] = deque()  # (time sent, delivery) of live transfers, oldest first
@@ -108,7 +108,7 @@ class ReplicatingSubscription(LinkHandler):
         self.pending.append(entry)
         if self.txn:
             self.txn_parts.setdefault(self.txn, []).append(entry.seq)
-            self.txn_seqs.add(entry.seq)
+            self.txn_seqs[entry.seq] = self.txn
             self.txn_pending += 1
 
     def acquired(self, queue: Queue, entry: Entry) -> None:
@@ -195,12 +195,11 @@ class ReplicatingSubscription(LinkHandler):
             if entry.seq == 0:  # a commit marker
                 number = int(protocol.decode_map(entry.data)["txn"])
                 seqs = self.txn_parts.pop(number, [])
-                self.txn_seqs.difference_update(seqs)
                 tag = protocol.message_tag(protocol.COMMIT, number, stamp)
                 self.txn_pending -= 1
             elif entry.seq in self.txn_seqs:
                 seqs = []
-                number = next(n for n, part in self.txn_parts.items() if entry.seq in part)
+                number = self.txn_seqs.pop(entry.seq)
                 tag = protocol.message_tag(protocol.TXN_PART, entry.seq, number)
                 self.txn_pending -= 1
             else:
