@@ -23,15 +23,47 @@ class TxnResult:
     received: list[Any] = field(default_factory=list)
 
 
-class _TxnClient(MessagingHandler, TransactionHandler):
+class _Bounded(MessagingHandler):
+    """A client run that ends by itself: on its outcome, on a transport error, or after `timeout`."""
+
+    def __init__(self, result: TxnResult, timeout: float, **options: Any) -> None:
+        super().__init__(**options)
+        self.result, self.timeout = result, timeout
+        self.timer: Any = None
+
+    def _start_timer(self, event: Any) -> None:
+        self.timer = event.container.schedule(self.timeout, self)  # on_timer_task ends the run
+
+    def _refused(self, event: Any) -> None:
+        self.result.outcome = "commit_failed"
+        condition = event.delivery.remote.condition
+        if condition is not None:
+            self.result.condition, self.result.description = condition.name, condition.description
+        self._end(event)
+
+    def _end(self, event: Any) -> None:
+        self.timer.cancel()
+        event.connection.close()
+
+    def on_timer_task(self, event: Any) -> None:
+        self.result.condition = self.result.condition or "timed out"
+        event.container.stop()
+
+    def on_transport_error(self, event: Any) -> None:
+        condition = event.transport.condition
+        self.result.condition = condition.name if condition else "transport error"
+        self.timer.cancel()
+        event.container.stop()
+
+
+class _TxnClient(_Bounded, TransactionHandler):
     def __init__(self, url: str, address: str, send: list[Message], receive: int, commit: bool,
                  hold: threading.Event | None, declared: threading.Event | None, result: TxnResult,
                  timeout: float, receive_from: str | None = None) -> None:
-        super().__init__(prefetch=0, auto_accept=False)
-        self.timeout = timeout
+        super().__init__(result, timeout, prefetch=0, auto_accept=False)
         self.receive_from = receive_from or address
         self.url, self.address, self.to_send, self.to_receive = url, address, send, receive
-        self.commit, self.hold, self.declared_event, self.result = commit, hold, declared, result
+        self.commit, self.hold, self.declared_event = commit, hold, declared
         self.txn: Any = None
         self.sender: Any = None
         self.receiver: Any = None
@@ -40,7 +72,7 @@ class _TxnClient(MessagingHandler, TransactionHandler):
         self.discharged = False
 
     def on_start(self, event: Any) -> None:
-        self.timer = event.container.schedule(self.timeout, self)  # a bounded run: on_timer_task ends it
+        self._start_timer(event)
         self.conn = event.container.connect(self.url, reconnect=False)
         if self.to_send:
             self.sender = event.container.create_sender(self.conn, self.address)
@@ -95,29 +127,11 @@ class _TxnClient(MessagingHandler, TransactionHandler):
         self._end(event)
 
     def on_transaction_commit_failed(self, event: Any) -> None:
-        self.result.outcome = "commit_failed"
-        condition = event.delivery.remote.condition
-        if condition is not None:
-            self.result.condition, self.result.description = condition.name, condition.description
-        self._end(event)
+        self._refused(event)
 
     def on_transaction_declare_failed(self, event: Any) -> None:
         self.result.outcome = "declare_failed"
         self._end(event)
-
-    def _end(self, event: Any) -> None:
-        self.timer.cancel()
-        event.connection.close()
-
-    def on_timer_task(self, event: Any) -> None:
-        self.result.condition = self.result.condition or "timed out"
-        event.container.stop()
-
-    def on_transport_error(self, event: Any) -> None:
-        condition = event.transport.condition
-        self.result.condition = condition.name if condition else "transport error"
-        self.timer.cancel()
-        event.container.stop()
 
 
 def run_transaction(url: str, address: str | None, send: list[Message] = (), receive: int = 0, commit: bool = True,
@@ -152,16 +166,16 @@ class OpenTransaction:
         return self.result
 
 
-class _Controller(MessagingHandler):
+class _Controller(_Bounded):
     """A bare coordinator link: it sends one control message (a discharge, as a client that lost its
     broker and reconnected would still send) and reads the outcome."""
 
     def __init__(self, url: str, body: Any, result: TxnResult, timeout: float) -> None:
-        super().__init__()
-        self.url, self.body, self.result, self.timeout = url, body, result, timeout
+        super().__init__(result, timeout)
+        self.url, self.body = url, body
 
     def on_start(self, event: Any) -> None:
-        self.timer = event.container.schedule(self.timeout, self)
+        self._start_timer(event)
         conn = event.container.connect(self.url, reconnect=False)
         session = conn.session()
         session.open()
@@ -182,19 +196,7 @@ class _Controller(MessagingHandler):
         self._end(event)
 
     def on_rejected(self, event: Any) -> None:
-        self.result.outcome = "commit_failed"
-        condition = event.delivery.remote.condition
-        if condition is not None:
-            self.result.condition, self.result.description = condition.name, condition.description
-        self._end(event)
-
-    def _end(self, event: Any) -> None:
-        self.timer.cancel()
-        event.connection.close()
-
-    def on_timer_task(self, event: Any) -> None:
-        self.result.condition = self.result.condition or "timed out"
-        event.container.stop()
+        self._refused(event)
 
 
 def control(url: str, body: Any, timeout: float = 20.0) -> TxnResult:
