@@ -686,32 +686,23 @@ class _Parser:
             raise SelectorError(f"expected a number, found {kind}", position)
 
     def sum(self) -> tuple[Fn, str]:
-        position = self.token.position
-        fn, kind = self.product()
-        depth = self.depth
-        while self.token.kind in ("+", "-"):
-            op = self.token.kind
-            self.arithmetic(kind, position)
-            self.enter(self.token.position)
-            self.i += 1
-            position = self.token.position
-            right, right_kind = self.product()
-            self.arithmetic(right_kind, position)
-            fn, kind = _binary(op, fn, right), _NUM
-        self.depth = depth
-        return fn, kind
+        return self.arithmetic_level(("+", "-"), self.product)
 
     def product(self) -> tuple[Fn, str]:
+        return self.arithmetic_level(("*", "/"), self.unary)
+
+    def arithmetic_level(self, operators: tuple[str, str], operand: Callable[[], tuple[Fn, str]]) -> tuple[Fn, str]:
+        """operand (op operand)*, left to right, for one precedence level of + - or * /."""
         position = self.token.position
-        fn, kind = self.unary()
+        fn, kind = operand()
         depth = self.depth
-        while self.token.kind in ("*", "/"):
+        while self.token.kind in operators:
             op = self.token.kind
             self.arithmetic(kind, position)
             self.enter(self.token.position)
             self.i += 1
             position = self.token.position
-            right, right_kind = self.unary()
+            right, right_kind = operand()
             self.arithmetic(right_kind, position)
             fn, kind = _binary(op, fn, right), _NUM
         self.depth = depth
