@@ -66,6 +66,7 @@ def _lifo_catchup(c: HaCluster, n: int, timeout: float) -> None:
     assert min(first) > max(last), f"catch-up began {first} and ended {last}: not newest first"
 
 
+@pytest.mark.slow
 def test_lifo_catchup_20k_under_load(ha_cluster):
     _lifo_catchup(ha_cluster(), 20000, timeout=40)
 

@@ -216,6 +216,7 @@ def test_recovering_primary_releases_sends_after_backup_timeout(ha_cluster):
     assert "going active without them" in c[1].log()
 
 
+@pytest.mark.slow
 def test_stalled_backup_does_not_stall_primary(ha_cluster):
     timeout = 3.0
     c = ha_cluster(backup_timeout=timeout)
@@ -317,6 +318,7 @@ def test_backup_promotable_after_primary_dies_right_after_queue_creation(ha_clus
                                f"without --force: {r.stderr.strip()}")
 
 
+@pytest.mark.slow
 def test_zombie_primary_fenced_and_public_address_moves(ha_cluster):
     """The old primary hangs (SIGSTOP) and a backup is promoted; when the old one wakes up and
     meets a broker that has seen the newer epoch, it stops serving and comes back as a backup,

@@ -220,6 +220,7 @@ def test_cluster_up_fails_over_on_kill9_without_losing_confirmed(supervised):
     assert s.proc.wait(timeout=20) == 0
 
 
+@pytest.mark.slow
 def test_cluster_up_replaces_hung_primary(supervised):
     s = supervised(3)
     s.read_until("public ", 40)

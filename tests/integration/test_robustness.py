@@ -230,6 +230,7 @@ def _rss(pid: int) -> int:
         return next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmRSS:"))
 
 
+@pytest.mark.slow
 def test_connections_dropped_mid_message_give_their_memory_back(broker):
     """Each connection gone takes its memory with it, a message it was part way through included: 300
     clients each 200 KB into a message, then reset, leave the broker's RSS where it was."""

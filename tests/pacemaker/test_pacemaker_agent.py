@@ -151,6 +151,7 @@ def ha_config(name: str, own: str, brokers: list[str], password: str, recovery_w
                    "recovery_wait": recovery_wait}}
 
 
+@pytest.mark.slow
 def test_ocf_tester_passes(agents, tmp_path):
     tester = shutil.which("ocf-tester")
     if tester is None:
@@ -259,6 +260,7 @@ def _caught_up(address: str, password: str, queue: str) -> bool:
     return s.get("state") == "ready" and bool(s.get("queues", {}).get(queue, {}).get("caught_up"))
 
 
+@pytest.mark.slow
 def test_total_outage_scores_only_the_freshest_store(agents):
     """a primary, b and c ready; c killed at 100 messages, b and a (at once) at 150; restarted c, b, then
     a seconds later. Until a is back and while younger than recovery_wait, b has no score; then b, the
@@ -300,6 +302,7 @@ def test_total_outage_scores_only_the_freshest_store(agents):
     assert [m.body for m in receive(brokers[0], "q", 150)] == list(range(150))
 
 
+@pytest.mark.slow
 def test_hung_broker_fails_monitor_and_stop_leaves_nothing(agents):
     port = free_port()
     address = f"127.0.0.1:{port}"
