@@ -75,6 +75,15 @@ def wait_for(condition: Callable[[], Any], timeout: float, interval: float = POL
         time.sleep(interval)
 
 
+def rss(pid: int) -> int:
+    """The resident set size of a process, in bytes."""
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    raise AssertionError(f"no VmRSS for pid {pid}")
+
+
 def can_connect(host: str, port: int, timeout: float = 0.5) -> bool:
     try:
         with socket.create_connection((host, port), timeout=timeout):

@@ -539,6 +539,18 @@ class RawAmqp:
         if not ok:
             raise AssertionError(f"connection not opened by the broker; condition {self.condition}")
 
+    def send_part_of_a_message(self, name: str, address: str, sent: int) -> None:
+        """Attach sender `name` to `address` and send the first `sent` bytes of a 1 MB message, then stop:
+        a message the broker holds part of."""
+        session = self.conn.session()
+        session.open()
+        snd = session.sender(name)
+        snd.target.address = address
+        snd.open()
+        self.pump(lambda: snd.credit > 0, timeout=10)
+        snd.delivery(f"d-{name}")
+        snd.stream(Message(body=b"p" * 1_000_000).encode()[:sent])
+
     def send_bytes(self, data: bytes) -> None:
         """Write `data` on the socket as is (after what the transport already had to send)."""
         self._flush()

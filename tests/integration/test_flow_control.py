@@ -23,7 +23,7 @@ import pytest
 
 from clients import Client, Receiver
 from ha_harness import HaCluster, cluster_factory, send_all
-from harness import BrokerProcess, run_haqueue, wait_for
+from harness import BrokerProcess, rss, run_haqueue, wait_for
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -112,15 +112,6 @@ def flood():
     yield start
     for f in started:
         f.kill()
-
-
-def rss(pid: int) -> int:
-    """The resident set size of a process, in bytes."""
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-    raise AssertionError(f"no VmRSS for pid {pid}")
 
 
 class RssSampler:

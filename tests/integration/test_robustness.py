@@ -225,32 +225,20 @@ def test_redelivery_after_consumer_loss_counts(broker):
         assert got.message.delivery_count in (0, 1), got.message.delivery_count
 
 
-def _rss(pid: int) -> int:
-    with open(f"/proc/{pid}/status") as f:
-        return next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmRSS:"))
-
-
 @pytest.mark.slow
 def test_connections_dropped_mid_message_give_their_memory_back(broker):
     """Each connection gone takes its memory with it, a message it was part way through included: 300
     clients each 200 KB into a message, then reset, leave the broker's RSS where it was."""
     import socket
     import struct
-    from harness import wait_for
+    from harness import rss, wait_for
 
     def crowd(n: int) -> None:
         raws = []
         for i in range(n):
             raw = RawAmqp(broker.host, broker.port)
             raw.open()
-            session = raw.conn.session()
-            session.open()
-            snd = session.sender(f"partial-{i}")
-            snd.target.address = "q.partial"
-            snd.open()
-            raw.pump(lambda: snd.credit > 0, timeout=10)
-            snd.delivery(f"d-{i}")
-            snd.stream(Message(body=b"p" * 1_000_000).encode()[:200_000])
+            raw.send_part_of_a_message(f"partial-{i}", "q.partial", 200_000)
             raw.pump(lambda: raw.transport.pending() <= 0, timeout=10)
             raws.append(raw)
         for raw in raws:
@@ -260,9 +248,9 @@ def test_connections_dropped_mid_message_give_their_memory_back(broker):
     crowd(50)  # what the broker allocates once is not a leak
     with Client(broker) as c:
         wait_for(lambda: c.mgmt("READ", "broker").body["connections"] == 1, 10, message="the warm-up gone")
-        before = _rss(broker.pid)
+        before = rss(broker.pid)
         crowd(300)
         wait_for(lambda: c.mgmt("READ", "broker").body["connections"] == 1, 10, message="the crowd gone")
-        wait_for(lambda: _rss(broker.pid) <= before * 1.1, 15,
-                 message=f"RSS back within 10% of {before / 2 ** 20:.1f} MiB (now {_rss(broker.pid) / 2 ** 20:.1f})")
+        wait_for(lambda: rss(broker.pid) <= before * 1.1, 15,
+                 message=f"RSS back within 10% of {before / 2 ** 20:.1f} MiB (now {rss(broker.pid) / 2 ** 20:.1f})")
         assert c.queue_depth("q.partial") == 0

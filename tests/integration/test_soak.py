@@ -11,24 +11,16 @@ import struct
 import time
 
 import pytest
-from proton import Data, Described, Endpoint, Message, uint, ulong
+from proton import Data, Described, Endpoint, uint, ulong
 
 from clients import AMQP_HEADER, SASL_HEADER, Client, RawAmqp, frame
 from ha_harness import Load
-from harness import wait_for
+from harness import rss, wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
 HANDSHAKE_TIMEOUT = 2.0
 QUEUE = "soak"
-
-
-def rss(pid: int) -> int:
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-    raise AssertionError(f"no VmRSS for pid {pid}")
 
 
 def open_fds(pid: int) -> int:
@@ -163,14 +155,7 @@ def _open(b, count: int, raws: list[RawAmqp]) -> None:
             rcv.open()
             rcv.flow(3)
         elif i % 5 == 1:
-            session = raw.conn.session()
-            session.open()
-            snd = session.sender(f"partial-{i}")
-            snd.target.address = "soak.partial"
-            snd.open()
-            raw.pump(lambda: snd.credit > 0, timeout=10)
-            snd.delivery(f"d-{i}")
-            snd.stream(Message(body=b"p" * 1_000_000).encode()[:300_000])
+            raw.send_part_of_a_message(f"partial-{i}", "soak.partial", 300_000)
         raw.pump(lambda: raw.conn.state & Endpoint.REMOTE_ACTIVE and raw.transport.pending() <= 0, timeout=10)
         raws.append(raw)
 

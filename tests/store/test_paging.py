@@ -7,16 +7,11 @@ from proton import Message
 
 from clients import Client
 from ha_harness import receive, send_all
-from harness import wait_for
+from harness import rss, wait_for
 
 BODY = "x" * 1000
 COUNT = 30_000  # 30 MB of bodies
 PAGE_ABOVE = 3_000_000
-
-
-def rss(pid: int) -> int:
-    with open(f"/proc/{pid}/status") as f:
-        return next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmRSS:"))
 
 
 def _flood(b) -> int:
