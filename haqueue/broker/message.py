@@ -21,6 +21,7 @@ _HEADER_PREFIX = b"\x00\x53\x70"
 _U32 = struct.Struct(">I")
 _U16 = struct.Struct(">H")
 _U64 = struct.Struct(">Q")
+_I16 = struct.Struct(">h")
 _I32 = struct.Struct(">i")
 _I64 = struct.Struct(">q")
 _DOUBLE = struct.Struct(">d")
@@ -75,6 +76,10 @@ def read(data: bytes, pos: int) -> Any:
         return int.from_bytes(data[p:p + 1], "big", signed=True)
     if code == 0x60:
         return _U16.unpack_from(data, p)[0]
+    if code == 0x61:
+        return _I16.unpack_from(data, p)[0]
+    if code == 0x73:  # char: a UTF-32 code point
+        return chr(_U32.unpack_from(data, p)[0])
     if code == 0x70:
         return _U32.unpack_from(data, p)[0]
     if code == 0x71:

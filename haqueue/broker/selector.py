@@ -19,7 +19,7 @@ import struct
 import uuid
 from typing import Any, Callable
 
-from .message import APPLICATION_PROPERTIES, HEADER, PROPERTIES, MalformedMessage, sections, skip
+from .message import APPLICATION_PROPERTIES, HEADER, PROPERTIES, MalformedMessage, read, sections, skip
 from .message import _compound as compound
 
 # The filter's descriptor, as proton's Selector (symbolic) or rhea's filter.selector (numeric) gives it.
@@ -43,13 +43,6 @@ class SelectorError(ValueError):
 
 # -- a message's fields -----------------------------------------------------------------------
 _U32 = struct.Struct(">I")
-_U16 = struct.Struct(">H")
-_I16 = struct.Struct(">h")
-_I32 = struct.Struct(">i")
-_U64 = struct.Struct(">Q")
-_I64 = struct.Struct(">q")
-_F32 = struct.Struct(">f")
-_F64 = struct.Struct(">d")
 
 _HEADER_FIELDS = ("durable", "priority", "ttl", "first_acquirer", "delivery_count")
 _HEADER_DEFAULTS: tuple[Value, ...] = (False, 4, None, False, 0)  # AMQP's defaults for an absent field
@@ -61,52 +54,16 @@ _NO_PROPERTIES: dict[str, Value] = {}
 
 
 def _value(data: bytes, pos: int) -> Value:
-    """The encoded value at pos as a selector sees it: booleans, every integer type (and timestamps, in
-    ms) as int, float and double as float, strings, symbols and chars as str, a uuid as its canonical
-    text; anything else (binary, decimals, lists, maps, arrays, described values) as NULL."""
+    """The encoded value at pos as a selector sees it: what message.read gives for booleans, numbers
+    (timestamps in ms), strings, symbols and chars; a uuid as its canonical text; anything else (binary,
+    decimals, lists, maps, arrays, described values) as NULL."""
     code = data[pos]
-    p = pos + 1
-    if code == 0x40:
-        return None
-    if code == 0x41:
-        return True
-    if code == 0x42:
-        return False
-    if code == 0x56:
-        return data[p] != 0
-    if code == 0x43 or code == 0x44:
-        return 0
-    if code == 0x50 or code == 0x52 or code == 0x53:
-        return data[p]
-    if code == 0x51 or code == 0x54 or code == 0x55:
-        b = data[p]
-        return b - 256 if b > 127 else b
-    if code == 0x60:
-        return int(_U16.unpack_from(data, p)[0])
-    if code == 0x61:
-        return int(_I16.unpack_from(data, p)[0])
-    if code == 0x70:
-        return int(_U32.unpack_from(data, p)[0])
-    if code == 0x71:
-        return int(_I32.unpack_from(data, p)[0])
-    if code == 0x80:
-        return int(_U64.unpack_from(data, p)[0])
-    if code == 0x81 or code == 0x83:
-        return int(_I64.unpack_from(data, p)[0])
-    if code == 0x72:
-        return float(_F32.unpack_from(data, p)[0])
-    if code == 0x82:
-        return float(_F64.unpack_from(data, p)[0])
-    if code == 0x73:
-        return chr(_U32.unpack_from(data, p)[0])
     if code == 0x98:
-        return str(uuid.UUID(bytes=bytes(data[p:p + 16])))
-    if code == 0xA1 or code == 0xA3:
-        return bytes(data[p + 1:p + 1 + data[p]]).decode("utf-8")
-    if code == 0xB1 or code == 0xB3:
-        n = _U32.unpack_from(data, p)[0]
-        return bytes(data[p + 4:p + 4 + n]).decode("utf-8")
-    return None
+        return str(uuid.UUID(bytes=bytes(data[pos + 1:pos + 17])))
+    if code == 0xA0 or code == 0xB0 or code == 0xC1 or code == 0xD1:
+        return None
+    value: Value = read(data, pos)
+    return value
 
 
 def _utf8(data: bytes, pos: int) -> Value:
