@@ -12,7 +12,8 @@ PROTON_OK := $(VENV)/bin/python -c 'import proton, sys; sys.exit(not (proton.SSL
 
 .PHONY: setup apt build run test quick clean
 
-setup: $(VENV)/.installed $(VENV)/.compiled tests/js/node_modules/.installed
+# bench/js: the benchmark's rhea clients, which the audit's failover tests also drive.
+setup: $(VENV)/.installed $(VENV)/.compiled tests/js/node_modules/.installed bench/js/node_modules/.installed
 
 # The hot path compiled by mypyc (setup.py) again whenever a source it may hold changed; until then
 # haqueue runs it from source (haqueue/_compiled.py).
@@ -47,8 +48,8 @@ $(VENV)/.compiled: $(VENV)/.installed $(wildcard haqueue/broker/*.py haqueue/bro
 	touch haqueue/_hot_path__mypyc*.so
 	touch $@
 
-tests/js/node_modules/.installed: tests/js/package.json | apt
-	cd tests/js && npm install --no-audit --no-fund
+%/node_modules/.installed: %/package.json | apt
+	cd $* && npm install --no-audit --no-fund
 	touch $@
 
 run: setup
@@ -61,5 +62,5 @@ quick: setup
 	$(VENV)/bin/pytest -q -m "not slow"
 
 clean:
-	rm -rf $(VENV) tests/js/node_modules build
+	rm -rf $(VENV) tests/js/node_modules bench/js/node_modules build
 	find haqueue -name '*.so' -delete

@@ -39,8 +39,10 @@ def kill_primary_mid_stream(c: HaCluster, tmp_path: Path, successor) -> tuple[Pa
          "--timeout", "60", "--ledger", str(producer_ledger), "--client", "producer"],
         cwd=BENCH_JS, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        wait_for(lambda: producer_ledger.exists() and producer_ledger.stat().st_size > 3000 * 80, 60,
-                 message="3,000 confirmations before the kill")
+        def confirmed_enough() -> bool:
+            assert producer.poll() is None, f"the producer stopped before the kill: {producer.communicate()}"
+            return producer_ledger.exists() and producer_ledger.stat().st_size > 3000 * 80
+        wait_for(confirmed_enough, 60, message="3,000 confirmations before the kill")
         c.kill(old)
         result, errors = producer.communicate(timeout=30)  # it stops at the disconnect, its ledger written
     finally:
