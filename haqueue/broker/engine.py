@@ -72,7 +72,8 @@ class LinkHandler:
         effect at commit. The engine leaves the delivery unsettled: the handler settles it."""
 
     def on_credit(self) -> None:
-        """The peer granted credit on a link the broker sends on."""
+        """A link the broker sends on may send more: the peer granted credit, or the connection's output,
+        once over limits.output_buffer, has drained (Link.output_full)."""
 
     def on_detach(self) -> None:
         """The link is gone (detached, closed, or its connection lost)."""
@@ -139,7 +140,7 @@ class Link:
     link the broker sends on, target for one it receives on)."""
 
     __slots__ = ("ptr", "addr", "conn", "name", "is_sender", "address", "dynamic", "browse", "handler",
-                 "_tag", "_received", "_partial", "settle_first", "_properties_ptr",
+                 "_tag", "_received", "settle_first", "_properties_ptr",
                  "closed", "coordinator", "held", "honoured_filters")
 
     def __init__(self, ptr: Any, conn: "Connection", outgoing_address: str | None = None) -> None:
@@ -151,7 +152,6 @@ class Link:
         self.handler: LinkHandler | None = None
         self._tag = 0
         self._received = 0  # receiving: messages taken since the credit was last topped up: credit owed
-        self._partial: dict[int, bytearray] = {}  # a message read in pieces so far, by delivery
         self.closed = False
         self.held = False  # receiving: credit is not topped up (flow control)
         # sending: the source filters the broker applies, echoed in its attach (the others are left out, so
@@ -219,9 +219,15 @@ class Link:
             lib.pn_link_drained(self.ptr)
             self.conn.engine.dirty.add(self.conn)
 
-    def backlog(self) -> int:
-        """Bytes waiting to be written on this link's connection."""
-        return self.conn.backlog()
+    def output_full(self) -> bool:
+        """Is more than limits.output_buffer waiting to be written on this link's connection? If so the
+        handler's on_credit is called once it has drained below that (a peer that reads its socket
+        slowly gets nothing more meanwhile, and nothing stalls once it has read)."""
+        conn = self.conn
+        if conn.backlog() <= conn.engine.limits.output_buffer:
+            return False
+        conn.output_waiters.add(self)
+        return True
 
     # -- settling ----------------------------------------------------------------------------
     def settle(self, delivery: int, outcome: int = ACCEPTED, condition: str | None = None,
@@ -285,6 +291,8 @@ class Connection:
         self.peer = peer
         self.host = peer.rpartition(":")[0]  # the source address, as the per-address limit counts it
         self.transport = lib.pn_transport()
+        self.transport_addr = address(self.transport)
+        self.written = 0  # bytes at the head of proton's output buffer already written (_pn.write)
         if client is None:
             assert listener is not None
             lib.pn_transport_set_server(self.transport)
@@ -316,6 +324,7 @@ class Connection:
         self.next_tick = 0
         self.sessions = 0
         self.links: dict[int, Link] = {}  # by address
+        self.output_waiters: set[Link] = set()  # links held back by a full output (Link.output_full)
         self.remote_container = ""
         self.attachment: Any = None  # the broker's per-connection state
         self.client_error: str | None = None  # why an outgoing connection failed
@@ -500,7 +509,7 @@ class Connection:
 
     # -- output ------------------------------------------------------------------------------
     def backlog(self) -> int:
-        return max(lib.pn_transport_pending(self.transport), 0) + len(self.raw_out)
+        return max(lib.pn_transport_pending(self.transport) - self.written, 0) + len(self.raw_out)
 
     def flush(self) -> None:
         """Write what the layers have; register for EPOLLOUT when the socket is full."""
@@ -509,7 +518,14 @@ class Connection:
         transport = self.transport
         engine = self.engine
         blocked = False
-        if self.phase == "amqp":
+        if self.phase == "amqp" and self.tls is None and not self.raw_out:
+            # from proton's buffer, no copy on the way; what it holds is popped once all written
+            status, self.written = _pn.write(self.transport_addr, self.fd, self.written)
+            if status < 0:
+                self.abort()
+                return
+            blocked = status > 0
+        elif self.phase == "amqp":  # through TLS, or after bytes that wait in raw_out
             while True:
                 pending = lib.pn_transport_pending(transport)
                 if pending <= 0:
@@ -519,24 +535,10 @@ class Connection:
                 chunk = engine.out_view[:n]
                 if self.tls is not None:
                     self.tls.write(chunk)
-                    lib.pn_transport_pop(transport, n)
                     self._tls_pump()
-                    continue
-                if self.raw_out:
+                else:
                     self.raw_out += chunk
-                    lib.pn_transport_pop(transport, n)
-                    continue
-                try:
-                    sent = self.sock.send(chunk)
-                except BlockingIOError:
-                    sent = 0
-                except OSError:
-                    self.abort()
-                    return
-                lib.pn_transport_pop(transport, sent)
-                if sent < n:
-                    blocked = True
-                    break
+                lib.pn_transport_pop(transport, n)
         if self.raw_out and not blocked:
             try:
                 sent = self.sock.send(self.raw_out)
@@ -552,6 +554,15 @@ class Connection:
             engine.epoll.modify(self.fd, _EPOLL_IN | (_EPOLL_OUT if blocked else 0))
         if not blocked and self._finished():
             self.abort()
+            return
+        if self.output_waiters and self.backlog() <= engine.limits.output_buffer:
+            waiters, self.output_waiters = self.output_waiters, set()
+            for link in waiters:
+                if link.handler is not None and not link.closed:
+                    try:
+                        link.handler.on_credit()
+                    except Exception:
+                        log.exception("link credit handler failed")
 
     def _finished(self) -> bool:
         if self.closing and not self.raw_out:
@@ -671,10 +682,7 @@ class Engine:
         self.connections: dict[int, Connection] = {}  # by fd
         self._by_ptr: dict[Any, Connection] = {}
         self.links: dict[int, Link] = {}  # by address
-        self.partial_links: set[int] = set()  # links with a message read in pieces so far (_on_raw_transfer)
         self._collector = address(self.collector)
-        # Messages up to this size arrive whole from _pn.drain; larger ones come in pieces, or are refused.
-        self._whole = min(_READ_SIZE, limits.max_message_size or _READ_SIZE)
         self.dirty: set[Connection] = set()
         self.out_buffer = ffi.new("char[]", _READ_SIZE)
         self.out_view = ffi.buffer(self.out_buffer)
@@ -872,6 +880,11 @@ class Engine:
             conn.tick(now_ms)
 
     def _read(self, conn: Connection) -> None:
+        if conn.phase == "amqp" and conn.tls is None:  # the socket straight into proton's buffer
+            if _pn.read(conn.transport_addr, conn.fd, _READ_SIZE) < 0:
+                conn.input_closed()
+            self.dirty.add(conn)
+            return
         try:
             data = conn.sock.recv(_READ_SIZE)
         except (BlockingIOError, InterruptedError):
@@ -910,8 +923,6 @@ class Engine:
         if self.links.pop(link.addr, None) is None:
             return
         link.conn.links.pop(link.addr, None)
-        self.partial_links.discard(link.addr)
-        link._partial.clear()  # a message read part way: its bytes go now
         link.closed = True
         handler, link.handler = link.handler, None  # its handler keeps the link, not the other way: no cycle
         if handler is not None:
@@ -929,7 +940,7 @@ class Engine:
         links = self.links
         while True:
             try:
-                items = _pn.drain(self._collector, self._whole, self.partial_links)
+                items = _pn.drain(self._collector, self.limits.max_message_size)
             except Exception:
                 log.exception("error reading proton's delivery events")
                 continue
@@ -979,38 +990,30 @@ class Engine:
             link._received = 0
 
     def _on_raw_transfer(self, link: Link, handle: int) -> None:
-        """A delivery _pn.drain left to be read here: aborted, in pieces, or larger than a whole read."""
+        """A delivery _pn.drain left to be handled here: aborted, over limits.max_message_size (whole or
+        not yet), or a whole transactional one."""
         delivery = _delivery(handle)
         if lib.pn_delivery_aborted(delivery):
-            self._forget_partial(link, handle)
-            lib.pn_delivery_settle(delivery)
-            return
-        if not lib.pn_delivery_readable(delivery):
+            lib.pn_delivery_settle(delivery)  # what proton held of it goes with it
             return
         ptr = link.ptr
         pending = lib.pn_delivery_pending(delivery)
-        partial = lib.pn_delivery_partial(delivery)
         # Clients' messages only: what a primary sends its backups (batches, events) is the broker's own.
         limit = self.limits.max_message_size if link.conn.client is None else 0
-        if limit and pending > limit and not partial and not link._partial:
+        if limit and pending > limit:
+            if lib.pn_delivery_partial(delivery):
+                link.close(MESSAGE_SIZE_EXCEEDED, f"message larger than limits.max_message_size {limit} bytes")
+                return
             lib.pn_link_advance(ptr)  # its bytes are dropped with the settlement
             link.settle(handle, REJECTED, MESSAGE_SIZE_EXCEEDED,
                         f"message of {pending} bytes is over limits.max_message_size {limit}")
             return
-        buffered = link._partial.setdefault(handle, bytearray())
-        self.partial_links.add(link.addr)
+        if lib.pn_delivery_partial(delivery):
+            return  # the broker's own, over the clients' limit: read once whole
+        buffer = bytearray(pending)  # a cold path: the copy into bytes below does not matter
         if pending:
-            chunk = bytearray(pending)
-            lib.pn_link_recv(ptr, ffi.from_buffer(chunk), pending)
-            buffered += chunk
-        if limit and len(buffered) > limit:
-            self._forget_partial(link, handle)
-            link.close(MESSAGE_SIZE_EXCEEDED, f"message larger than limits.max_message_size {limit} bytes")
-            return
-        if partial:
-            return
-        data = bytes(buffered)
-        self._forget_partial(link, handle)
+            lib.pn_link_recv(ptr, ffi.from_buffer(buffer), pending)
+        data = bytes(buffer)
         lib.pn_link_advance(ptr)
         settled = bool(lib.pn_delivery_settled(delivery))
         if lib.pn_delivery_remote_state(delivery) == TRANSACTIONAL:
@@ -1026,11 +1029,6 @@ class Engine:
         handler = link.handler
         if handler is None or not handler.on_txn_message(handle, data, settled, txn_id):
             link.settle(handle, REJECTED, NOT_IMPLEMENTED, "this link takes no transactional transfers")
-
-    def _forget_partial(self, link: Link, handle: int) -> None:
-        link._partial.pop(handle, None)
-        if not link._partial:
-            self.partial_links.discard(link.addr)
 
     def _on_outcome(self, link: Link, delivery: int, state: int, failed: bool, undeliverable: bool) -> None:
         """A consumer settled or gave an outcome for a message the broker sent."""
