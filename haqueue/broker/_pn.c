@@ -126,8 +126,9 @@ static void *address(PyObject *value)
 /* One delivery event as an item of drain's list, or NULL with *skip set when there is nothing to
  * report: an outcome event with no outcome yet, a message not complete yet (proton holds its frames
  * until the last one: the message is then read with one copy into one bytes object, and no frame
- * costs Python anything), an update of a message already read. A message over `limit` bytes (0:
- * none), complete or not, an aborted one and a transactional one go to engine.py. */
+ * costs Python anything). A message over `limit` bytes (0: none), complete or not, an aborted one, a
+ * transactional one, and one behind such a message on its link (not readable until engine.py has
+ * read that one: it keeps their order) go to engine.py. */
 static PyObject *item(void *delivery, size_t limit, bool *skip)
 {
     void *link = delivery_link(delivery);
@@ -149,11 +150,7 @@ static PyObject *item(void *delivery, size_t limit, bool *skip)
                              (unsigned long long)(state ? state : ACCEPTED),
                              failed ? Py_True : Py_False, undeliverable ? Py_True : Py_False);
     }
-    if (!delivery_aborted(delivery)) {
-        if (!delivery_readable(delivery)) {
-            *skip = true;
-            return NULL;
-        }
+    if (!delivery_aborted(delivery) && delivery_readable(delivery)) {
         size_t pending = delivery_pending(delivery);
         bool over = limit && pending > limit;
         if (delivery_partial(delivery) && !over) {

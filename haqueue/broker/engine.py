@@ -1013,10 +1013,12 @@ class Engine:
 
     def _on_raw_transfer(self, link: Link, handle: int) -> None:
         """A delivery _pn.drain left to be handled here: aborted, over limits.max_message_size (whole or
-        not yet), or a whole transactional one."""
+        not yet), a whole transactional one, or one that was behind such a message on its link."""
         delivery = _delivery(handle)
         if lib.pn_delivery_aborted(delivery):
             lib.pn_delivery_settle(delivery)  # what proton held of it goes with it
+            return
+        if not lib.pn_delivery_readable(delivery):
             return
         ptr = link.ptr
         pending = lib.pn_delivery_pending(delivery)
