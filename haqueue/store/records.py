@@ -36,10 +36,16 @@ def _frame(body: bytes) -> bytes:
     return _HEAD.pack(MAGIC, len(body), zlib.crc32(body)) + body
 
 
-def enqueue(qid: int, seq: int, expiry: float, data: bytes) -> bytes:
+def enqueue_head(qid: int, seq: int, expiry: float, data: bytes) -> bytes:
+    """An E record up to its message: the journal writes the two one after the other, never joined
+    (a copy of every durable message's bytes)."""
     head = _ENQUEUE.pack(ENQUEUE, qid, seq, expiry)
     crc = zlib.crc32(data, zlib.crc32(head))
-    return b"".join((_HEAD.pack(MAGIC, len(head) + len(data), crc), head, data))
+    return _HEAD.pack(MAGIC, len(head) + len(data), crc) + head
+
+
+def enqueue(qid: int, seq: int, expiry: float, data: bytes) -> bytes:
+    return enqueue_head(qid, seq, expiry, data) + data
 
 
 ENQUEUE_OVERHEAD = HEAD_SIZE + _ENQUEUE.size

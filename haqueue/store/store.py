@@ -70,7 +70,8 @@ class QueueJournal:
         self.memory_bytes += size
         self.where[entry] = store.next_location()
         store.live[store.segment] += 1
-        store.append(records.enqueue(self.qid, entry.seq, entry.expiry + store.clock if entry.expiry else 0.0, data))
+        store.append_message(records.enqueue_head(self.qid, entry.seq, entry.expiry + store.clock if entry.expiry else 0.0,
+                                                  data), data)
 
     def dequeued(self, queue: Queue, entry: Entry) -> None:
         location = self.where.pop(entry, None)
@@ -102,13 +103,14 @@ class AtomicGroup:
         self.store = store
         self.pending = store.pending
         self.at = len(store.pending)
+        self.first = store.appended
 
     def __enter__(self) -> None:
         self.store.append(records.group(0))
 
     def __exit__(self, *exc: object) -> None:
         assert self.store.pending is self.pending, "a writer job was made inside an atomic group"
-        self.pending[self.at] = records.group(len(self.pending) - self.at - 1)
+        self.pending[self.at] = records.group(self.store.appended - self.first - 1)
 
 
 class Store:
@@ -122,8 +124,9 @@ class Store:
         self.wiring = WiringJournal(self)
         self.next_qid = 1
         # This pass's records and the completions they will release, handed to the writer at its end.
-        self.pending: list[bytes] = []
+        self.pending: list[bytes] = []  # an E record as two pieces: its head, then the message
         self.pending_size = 0
+        self.appended = 0  # records appended, ever
         self.waiting: list[Completion] = []
         self.scheduled = False
         self.deleted = False  # Dispatchable: the broker skips deleted items
@@ -253,6 +256,16 @@ class Store:
     def append(self, record: bytes) -> None:
         self.pending.append(record)
         self.pending_size += len(record)
+        self.appended += 1
+        self._flush_at_end_of_pass()
+
+    def append_message(self, head: bytes, data: bytes) -> None:
+        """An E record, head and message as they are (writev writes them one after the other)."""
+        pending = self.pending
+        pending.append(head)
+        pending.append(data)
+        self.pending_size += len(head) + len(data)
+        self.appended += 1
         self._flush_at_end_of_pass()
 
     def atomically(self) -> "AtomicGroup":
@@ -369,7 +382,7 @@ class Store:
                     self.live[self.segment] += 1
                     pager.locations[i] = self.next_location()
                     expiry = pager.expiries[i]
-                    self.append(records.enqueue(journal.qid, pager.seqs[i], expiry, data))
+                    self.append_message(records.enqueue_head(journal.qid, pager.seqs[i], expiry, data), data)
                     count += 1
         return count
 
