@@ -53,7 +53,7 @@ _READ_SIZE = 256 * 1024
 # memory, not the socket's or the broker's: a window of 2,000 messages of 1 MB had the rhea producer
 # spend 50 % more CPU per message than one of 20 (design/performance.md, "Large messages").
 _RECEIVE_WINDOW = 2000
-_RECEIVE_FIRST = 100  # a new publisher link's, until its messages' sizes are known
+_RECEIVE_FIRST = 10  # a new publisher link's, until its messages' sizes are known
 _RECEIVE_MIN = 2
 _RECEIVE_BYTES = 16 * 1024 * 1024
 _EPOLL_IN = select.EPOLLIN | select.EPOLLRDHUP
