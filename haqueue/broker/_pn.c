@@ -3,7 +3,8 @@
  * python-qpid-proton's cffi wrappers release and retake the GIL around every C call, and a message
  * costs the broker about twenty of them: a tenth of its CPU went to the GIL's mutexes. This module
  * calls the same engine, the functions of the already loaded cproton_ffi library found with dlsym,
- * without releasing the GIL (each call is a few hundred nanoseconds of C). Links, deliveries and
+ * without releasing the GIL (each call is a few hundred nanoseconds of C; read and write release it
+ * around their system calls only, as socket.recv and send do). Links, deliveries, transports and
  * collectors are passed as their addresses (Python ints); engine.py keeps cffi for everything else.
  *
  *   bind(path, PN_DELIVERY)                      find the functions in the library at path
