@@ -30,6 +30,7 @@ times: time from the process start to the port accepting connections and to the 
     python bench/interleave.py --setups cluster:quorum_disk,cluster:all_disk,rabbit-quorum --durable
     python bench/interleave.py --setups single,old:/tmp/hq-old --no-latency --target-ratio 0.95
     python bench/interleave.py --setups single+audit,single,old:/tmp/hq-old+audit,old:/tmp/hq-old --no-latency
+    python bench/interleave.py --setups single,rabbit-classic --pairs 10 --no-latency   # 10 queues at once
     python bench/interleave.py --recovery 1000000
 """
 from __future__ import annotations
@@ -125,7 +126,7 @@ def stop_all(brokers: dict[str, R.Broker]) -> None:
 def turn(broker: R.Broker, args) -> dict:
     """One set-up's share of a round: a saturation run and a fixed-rate latency run."""
     out: dict = {"background_cores": R.wait_quiet(args.quiet_wait) if args.quiet_wait > 0 else None}
-    sat = R.saturation(broker, args.size, args.messages, args)
+    sat = R.saturation(broker, args.size, args.messages, args, pairs=args.pairs)
     out["saturation"] = sat
     if "error" in sat:
         log(f"  {broker.label}: saturation FAILED: {sat['error']} [{broker.describe_failure()}]")
@@ -209,9 +210,11 @@ def tree_commit() -> str:
 def machine_line(args, commit: str) -> str:
     node_v = subprocess.run(["node", "--version"], capture_output=True, text=True).stdout.strip()
     return (f"haqueue of this tree at {commit}. Machine: {os.cpu_count()} cores, Linux {platform.release()}, node "
-            f"{node_v}, rhea 3.0.5 (one producer process, one consumer process), Python {platform.python_version()}; "
+            f"{node_v}, rhea 3.0.5 (a producer process and a consumer process per queue), Python {platform.python_version()}; "
             f"{args.size}-byte bodies, messages {'durable (header.durable=true)' if args.durable else 'not durable'}, "
-            f"at-least-once (≤ {args.inflight} unsettled, consumer credit {args.credit}).")
+            f"at-least-once (≤ {args.inflight} unsettled, consumer credit {args.credit})"
+            + (f"; saturation through {args.pairs} queues at once, a producer and a consumer process each, figures "
+               f"aggregate" if getattr(args, "pairs", 1) > 1 else "") + ".")
 
 
 def markdown(run: dict, args) -> str:
@@ -442,6 +445,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--messages", type=int, default=100000, help="messages per saturation run (default 100000)")
     ap.add_argument("--size", type=int, default=100, help="body bytes (default 100)")
     ap.add_argument("--durable", action="store_true", help="header.durable=true on every message")
+    ap.add_argument("--pairs", type=int, default=1, help="saturation through this many queues at once, each with "
+                                                         "its own producer and consumer process (default 1)")
     ap.add_argument("--no-latency", dest="latency", action="store_false", help="saturation runs only")
     ap.add_argument("--rate", type=float, default=1000, help="msg/s of the latency run (default 1000)")
     ap.add_argument("--duration", type=float, default=10, help="seconds of the latency run (default 10)")
