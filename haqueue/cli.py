@@ -407,13 +407,13 @@ def _place(args: argparse.Namespace) -> int:
             placement = place(topology, args.shards, args.replicas)
         else:
             with open(args.old, encoding="utf-8") as f:
-                old = from_json(f.read(), args.old)
+                old, old_nodes = from_json(f.read(), args.old)
             for option, given, held in (("--shards", args.shards, len(old)), ("--replicas", args.replicas,
                                                                              replica_count(old))):
                 if given is not None and given != held:
                     raise ShardError(f"{option} {given}, but {args.old} has {held}: --from keeps the shards and "
                                      f"replicas of the assignment it rebalances")
-            placement = rebalance(old, topology)
+            placement = rebalance(old, old_nodes, topology)
     except ShardError as e:
         _error(f"place: {e}")
         return EXIT_USAGE
@@ -426,7 +426,7 @@ def _place(args: argparse.Namespace) -> int:
     if args.format == "json":
         print(json.dumps(to_json(placement, with_moves)))
     else:
-        print(to_table(placement, topology.nodes, with_moves))
+        print(to_table(placement, with_moves))
     return EXIT_OK
 
 

@@ -1,6 +1,7 @@
 """How an assignment is written down: the JSON document `haqueue place` prints and reads back with --from
-({"shards": [{"shard": 0, "replicas": ["n1", "n2", "n3"]}, ...]}, the preferred primary first), and the
-table it prints for people."""
+({"shards": [{"shard": 0, "replicas": ["n1", "n2", "n3"]}, ...], "nodes": [...]}, the preferred primary
+first; "nodes" says which nodes it was made for, as one may hold nothing), and the table it prints for
+people."""
 from __future__ import annotations
 
 import json
@@ -13,7 +14,8 @@ from .placement import Assignment, Placement
 
 def to_json(placement: Placement, with_moves: bool) -> dict[str, Any]:
     document: dict[str, Any] = {"shards": [{"shard": i, "replicas": list(nodes)}
-                                           for i, nodes in enumerate(placement.shards)]}
+                                           for i, nodes in enumerate(placement.shards)],
+                                "nodes": list(placement.nodes)}
     if with_moves:
         document["moves"] = [{"shard": m.shard, "from": m.source, "to": m.target} for m in placement.moves]
         document["leader_changes"] = [{"shard": m.shard, "from": m.source, "to": m.target}
@@ -21,8 +23,9 @@ def to_json(placement: Placement, with_moves: bool) -> dict[str, Any]:
     return document
 
 
-def from_json(text: str, origin: str) -> Assignment:
-    """An assignment from its JSON document; a malformed one names `origin`, the place and the problem."""
+def from_json(text: str, origin: str) -> tuple[Assignment, tuple[str, ...]]:
+    """An assignment and the nodes it was made for, from its JSON document (without "nodes": those holding
+    replicas); a malformed one names `origin`, the place and the problem."""
     try:
         document = json.loads(text)
     except ValueError as e:
@@ -40,14 +43,18 @@ def from_json(text: str, origin: str) -> Assignment:
         if not isinstance(replicas, list) or not all(isinstance(node, str) and node for node in replicas):
             raise ShardError(f"{where}.replicas: expected a list of node names")
         assignment.append(tuple(replicas))
-    return tuple(assignment)
+    nodes = document.get("nodes", [node for replicas in assignment for node in replicas])
+    if not isinstance(nodes, list) or not all(isinstance(node, str) and node for node in nodes):
+        raise ShardError(f"{origin}: nodes: expected a list of node names")
+    return tuple(assignment), tuple(dict.fromkeys(nodes))
 
 
-def to_table(placement: Placement, nodes: tuple[str, ...], with_moves: bool) -> str:
+def to_table(placement: Placement, with_moves: bool) -> str:
     lines = ["shard  replicas (preferred primary first)"]
     lines += [f"{i:<5}  {' '.join(replicas)}" for i, replicas in enumerate(placement.shards)]
     leads = Counter(replicas[0] for replicas in placement.shards)
     holds = Counter(node for replicas in placement.shards for node in replicas)
+    nodes = placement.nodes
     width = max(len("node"), *map(len, nodes))
     lines += ["", f"{'node':<{width}}  primaries  replicas"]
     lines += [f"{node:<{width}}  {leads[node]:>9}  {holds[node]:>8}" for node in nodes]

@@ -26,6 +26,7 @@ class Move:
 @dataclass(frozen=True)
 class Placement:
     shards: Assignment
+    nodes: tuple[str, ...]  # the nodes it was made for, holding replicas or not
     moves: tuple[Move, ...] = ()  # replicas moved from an earlier assignment (rebalance.py)
     leader_changes: tuple[Move, ...] = ()  # preferred primaries changed, each a failover once applied
     warnings: tuple[str, ...] = ()  # what the placement could not do (racks too few)
@@ -56,7 +57,7 @@ def place(topology: Topology, shards: int, replicas: int) -> Placement:
                               key=lambda node: domain_cost(topology, chosen, node)))
         assignment.append(tuple(chosen))
     shortage = topology.rack_shortage(replicas)
-    return Placement(tuple(assignment), warnings=(shortage,) if shortage else ())
+    return Placement(tuple(assignment), topology.nodes, warnings=(shortage,) if shortage else ())
 
 
 def domain_cost(topology: Topology, replicas: Sequence[str], node: str) -> tuple[int, int]:

@@ -6,6 +6,7 @@ insists: with some nodes unlabelled, "no two replicas in one rack" would mean no
 """
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -52,13 +53,22 @@ class Topology:
     def rack_count(self) -> int:
         return len({self.rack(node) for node in self.nodes})
 
+    def per_rack(self, replicas: int) -> int:
+        """The most replicas of one shard a rack need hold: the least m such that the racks, each taking at
+        most m and at most its own nodes, take them all (1 while racks are enough)."""
+        sizes = Counter(self.rack(node) for node in self.nodes).values()
+        most = 1
+        while sum(min(size, most) for size in sizes) < replicas:
+            most += 1
+        return most
+
     def rack_shortage(self, replicas: int) -> str | None:
         """Why some shards must keep two replicas in one rack, or None when every shard can have R racks."""
         racks = self.rack_count()
         if not self.racks or racks >= replicas:
             return None
         return (f"only {racks} racks for {replicas} replicas: each shard has replicas sharing a rack "
-                f"(at most {-(-replicas // racks)} in one rack)")
+                f"(at most {self.per_rack(replicas)} in one rack)")
 
     def placement_order(self) -> list[str]:
         """The nodes in the order shards are laid on: round-robin over the regions, and within each region
