@@ -37,23 +37,20 @@ def rebalance(old: Sequence[Sequence[str]], old_nodes: Sequence[str], topology: 
     added = {node for node in order if node not in old_nodes}
     floor = len(old) * replicas // len(order)
     moves: list[Move] = []
-    placed: set[tuple[int, str]] = set()  # replicas this rebalance put somewhere: never moved twice
-
-    def moved(shard: int, source: str, target: str) -> None:
-        if source != target:
-            moves.append(Move(shard, source, target))
-            placed.add((shard, target))
-        load[target] += 1
-
+    # What must move goes to added nodes below their share first, else where it is safest and emptiest.
     for shard, source in displaced:  # not counted in load: its node is gone or its rack is full
         nodes = shards[shard]
         target = min((node for node in order if node not in nodes),
                      key=lambda node: (domain_cost(topology, nodes, node),
                                        not (node in added and load[node] < floor), load[node], rank[node]))
         nodes.append(target)
-        moved(shard, source, target)
+        load[target] += 1
+        if target != source:  # a rack-full replica with nowhere safer to go stays
+            moves.append(Move(shard, source, target))
     _spread(shards, moves, topology, load, rank)
     _lead(old, shards)
+    # Added nodes still below their share take replicas from the fullest nodes (never one just moved).
+    placed = {(move.shard, move.target) for move in moves}
     leaders = Counter(nodes[0] for nodes in shards)
     least_leaders = len(old) // len(order)
     for node in (n for n in order if n in added):
@@ -68,7 +65,8 @@ def rebalance(old: Sequence[Sequence[str]], old_nodes: Sequence[str], topology: 
                 leaders[source] -= 1
                 leaders[node] += 1
             load[source] -= 1
-            moved(shard, source, node)
+            load[node] += 1
+            moves.append(Move(shard, source, node))
     _even_leaders(shards, leaders, rank)
     changes = tuple(Move(i, old[i][0], nodes[0]) for i, nodes in enumerate(shards) if nodes[0] != old[i][0])
     shortage = topology.rack_shortage(replicas)
