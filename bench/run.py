@@ -578,64 +578,108 @@ def client_args(broker: Broker, address: str) -> list[str]:
 
 def run_pair(broker: Broker, queue: str, prod_args: list[str], cons_args: list[str], limit: float,
              meter: CpuMeter | None, clients: str = "rhea") -> dict:
-    """Consumer first (until its link is attached), then the producer; both bounded by `limit` seconds."""
+    """One producer and one consumer on `queue` (run_pairs with one queue)."""
+    return run_pairs(broker, [queue], prod_args, cons_args, limit, meter, clients)
+
+
+# Per-client figures summed over the pairs, and those that take the earliest or the latest.
+_SUMMED = ("client_cpu_us", "sent", "settled", "accepted", "released", "rejected", "modified", "other_outcome",
+           "received", "missing", "duplicates", "out_of_order", "redelivered", "stray", "settle_rate", "recv_rate")
+_EARLIEST, _LATEST = ("first_send_us", "first_recv_us"), ("last_send_us", "last_settle_us", "last_recv_us")
+
+
+def _merged(results: list[dict]) -> dict:
+    """The clients of one role over every pair, as if one client: counts summed, spans outermost."""
+    if len(results) == 1:
+        return results[0]
+    out = dict(results[0])
+    out["ok"] = all(r.get("ok") for r in results)
+    out["errors"] = [e for r in results for e in r.get("errors", [])]
+    for key in _SUMMED:
+        if key in out:
+            out[key] = sum(r.get(key) or 0 for r in results)
+    for key in _EARLIEST:
+        if key in out:
+            out[key] = min(r[key] for r in results if r.get(key))
+    for key in _LATEST:
+        if key in out:
+            out[key] = max(r.get(key) or 0 for r in results)
+    return out
+
+
+def run_pairs(broker: Broker, queues: list[str], prod_args: list[str], cons_args: list[str], limit: float,
+              meter: CpuMeter | None, clients: str = "rhea") -> dict:
+    """A producer and a consumer process per queue: the consumers first (until each link is attached),
+    then the producers; all bounded by `limit` seconds. `producer` and `consumer` are the pairs' merged."""
     OUT.mkdir(exist_ok=True)
     errlog = OUT / "clients.stderr.log"
-    address = broker.address(queue)
-    base = client_args(broker, address)
-    cons = start_client(clients, "consumer", base + cons_args + ["--timeout", str(int(limit))], errlog)
-    prod = None
-    res: dict = {"queue": queue}
+    procs: list[subprocess.Popen] = []
+    res: dict = {"queue": queues[0], "pairs": len(queues)}
     try:
-        cr = JsonLines(cons)
-        ready = cr.wait_for(lambda o: o.get("event") == "ready", time.monotonic() + 20)
-        if ready is None:
-            res["error"] = "consumer did not attach within 20 s"
-            return res
+        consumers = []
+        for queue in queues:
+            args = client_args(broker, broker.address(queue)) + cons_args + ["--timeout", str(int(limit))]
+            procs.append(start_client(clients, "consumer", args, errlog))
+            consumers.append(JsonLines(procs[-1]))
+        for cr in consumers:
+            if cr.wait_for(lambda o: o.get("event") == "ready", time.monotonic() + 20) is None:
+                res["error"] = "consumer did not attach within 20 s"
+                return res
         if meter:
             meter.start()
         t0 = time.monotonic()
-        prod = start_client(clients, "producer", base + prod_args + ["--timeout", str(int(limit))], errlog)
-        pr = JsonLines(prod)
+        producers = []
+        for queue in queues:
+            args = client_args(broker, broker.address(queue)) + prod_args + ["--timeout", str(int(limit))]
+            procs.append(start_client(clients, "producer", args, errlog))
+            producers.append(JsonLines(procs[-1]))
         deadline = time.monotonic() + limit + 15
-        p = pr.wait_for(lambda o: o.get("role") == "producer", deadline)
-        c = cr.wait_for(lambda o: o.get("role") == "consumer", deadline)
+        ps = [pr.wait_for(lambda o: o.get("role") == "producer", deadline) for pr in producers]
+        cs = [cr.wait_for(lambda o: o.get("role") == "consumer", deadline) for cr in consumers]
         res["wall_s"] = time.monotonic() - t0
         if meter:
             res["cpu"] = meter.stop()
+        if None in ps or None in cs:
+            res["error"] = "client gave no result (%s%s)" % ("producer " if None in ps else "",
+                                                             "consumer" if None in cs else "")
+            return res
+        p, c = _merged(ps), _merged(cs)  # type: ignore[arg-type]
         res["producer"], res["consumer"] = p, c
-        if p is None or c is None:
-            res["error"] = "client gave no result (%s%s)" % ("producer " if p is None else "",
-                                                             "consumer" if c is None else "")
-        elif not (p.get("ok") and c.get("ok")):
+        if not (p.get("ok") and c.get("ok")):
             res["error"] = "; ".join(p.get("errors", []) + c.get("errors", [])) or "client reported failure"
         return res
     finally:
-        for proc in (prod, cons):
-            if proc is not None:
-                stop_proc(proc)
+        for proc in reversed(procs):
+            stop_proc(proc)
 
 
-def saturation(broker: Broker, size: int, n: int, args, clients: str = "rhea") -> dict:
-    queue = f"bench-sat-{size}-{uuid.uuid4().hex[:8]}"
-    broker.prepare_queue(queue)
+def saturation(broker: Broker, size: int, n: int, args, clients: str = "rhea", pairs: int = 1) -> dict:
+    """n messages as fast as they go; with `pairs`, through that many queues at once, each with its own
+    producer and consumer process (n / pairs each): the figures are the aggregate."""
+    tag = uuid.uuid4().hex[:8]
+    queues = [f"bench-sat-{size}-{tag}" + (f"-{i}" if pairs > 1 else "") for i in range(pairs)]
+    each = n // pairs
+    n = each * pairs
+    for queue in queues:
+        broker.prepare_queue(queue)
     try:
-        warm = min(max(n // 10, 2000), 20000, max(10, WARM_BYTES // size))
+        warm = min(max(each // 10, 2000), 20000, max(10, WARM_BYTES // size))
         # the warm-up numbers its messages from WARM_SEQ, so a leftover is told apart from the measured run's
-        w = run_pair(broker, queue, ["--messages", str(warm), "--size", str(size), "--inflight", str(args.inflight),
-                                     "--seq-base", str(WARM_SEQ)] + (["--durable"] if args.durable else []),
-                     ["--messages", str(warm), "--credit", str(args.credit), "--seq-base", str(WARM_SEQ)],
-                     60 + warm / 500, None, clients)
+        w = run_pairs(broker, queues, ["--messages", str(warm), "--size", str(size), "--inflight", str(args.inflight),
+                                       "--seq-base", str(WARM_SEQ)] + (["--durable"] if args.durable else []),
+                      ["--messages", str(warm), "--credit", str(args.credit), "--seq-base", str(WARM_SEQ)],
+                      60 + warm / 500, None, clients)
         if "error" in w:
             return {"error": "warm-up: " + w["error"], "raw": w}
         cal = calibrate()
         meter = CpuMeter(broker)
         limit = 60 + n / 1000
-        r = run_pair(broker, queue, ["--messages", str(n), "--size", str(size), "--inflight", str(args.inflight)]
-                     + (["--durable"] if args.durable else []),
-                     ["--messages", str(n), "--credit", str(args.credit)], limit, meter, clients)
+        r = run_pairs(broker, queues, ["--messages", str(each), "--size", str(size), "--inflight", str(args.inflight)]
+                      + (["--durable"] if args.durable else []),
+                      ["--messages", str(each), "--credit", str(args.credit)], limit, meter, clients)
     finally:
-        broker.drop_queue(queue)
+        for queue in queues:
+            broker.drop_queue(queue)
     if "error" in r:
         return {"error": r["error"], "raw": r}
     p, c = r["producer"], r["consumer"]

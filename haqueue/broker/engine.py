@@ -35,7 +35,8 @@ from ..config import LimitsConfig, ListenerConfig
 from . import _pn, heap
 from .connection_limits import ConnectionLimits
 from .errors import BrokerError, FRAMING_ERROR, MESSAGE_SIZE_EXCEEDED, NOT_IMPLEMENTED, RESOURCE_LIMIT, UNAUTHORIZED
-from .sasl import AMQP_HEADER, SASL_HEADER, Authenticator, SaslClient, SaslServer
+from .password_checks import Logins, PasswordChecks
+from .sasl import AMQP_HEADER, SASL_HEADER, SaslClient, SaslServer
 from .tls import certificate_user
 
 log = logging.getLogger("haqueue.engine")
@@ -455,23 +456,7 @@ class Connection:
         if self.phase == "sasl":
             assert self.sasl is not None
             out, rest = self.sasl.feed(data)
-            if out:
-                self.write_plain(out)
-            if self.client is not None:
-                return self._after_client_sasl(rest)
-            if self.sasl.done or self.sasl.failed:
-                if self.sasl.user is None:
-                    log.warning("connection %s refused: %s", self.peer, self.sasl.failed or "authentication failed")
-                    # Let the client read the outcome and close first: closing at once makes proton
-                    # report a framing error instead of the authentication failure.
-                    self.phase = "refused"
-                    self.engine.call_later(1.0, self.abort)
-                    return b""
-                self.user = self.sasl.user
-                self.phase = "header"
-                self.header = b""
-                return self._before_amqp(rest) if rest else b""
-            return b""
+            return self._sasl_progress(out, rest)
         self.header += data
         if len(self.header) < 8:
             return b""
@@ -479,7 +464,7 @@ class Connection:
         assert self.listener is not None  # only a connection the broker accepted reads a protocol header
         options = self.listener.options
         if header == SASL_HEADER and self.user is None:
-            self.sasl = SaslServer(self.listener.mechanisms(self.engine.anonymous), self.engine.authenticate,
+            self.sasl = SaslServer(self.listener.mechanisms(self.engine.anonymous), self._authenticate,
                                    self.certificate_user)
             self.phase = "sasl"
             self.write_plain(self.sasl.greeting())
@@ -499,6 +484,41 @@ class Connection:
         self.write_plain(SASL_HEADER if options.sasl == "required" else AMQP_HEADER)
         self.close_after_write()
         return b""
+
+    def _authenticate(self, mechanism: str, user: str, password: str, answer: Callable[[bool], None]) -> None:
+        def later(ok: bool) -> None:
+            answer(ok)
+            self._sasl_answered()
+        self.engine.password_checks.check(mechanism, user, password, answer, later)
+
+    def _sasl_answered(self) -> None:
+        """A password checked off the loop has its answer: the SASL exchange goes on."""
+        if self.closed or not isinstance(self.sasl, SaslServer):
+            return
+        data = self._sasl_progress(*self.sasl.resume())
+        if data:
+            self._push(data)
+
+    def _sasl_progress(self, out: bytes, rest: bytes) -> bytes:
+        """Send what the SASL layer answered; once it is over, the bytes after it go on."""
+        assert self.sasl is not None
+        if out:
+            self.write_plain(out)
+        if self.client is not None:
+            return self._after_client_sasl(rest)
+        if not (self.sasl.done or self.sasl.failed):  # more frames to come, or a check under way
+            return b""
+        if self.sasl.user is None:
+            log.warning("connection %s refused: %s", self.peer, self.sasl.failed or "authentication failed")
+            # Let the client read the outcome and close first: closing at once makes proton
+            # report a framing error instead of the authentication failure.
+            self.phase = "refused"
+            self.engine.call_later(1.0, self.abort)
+            return b""
+        self.user = self.sasl.user
+        self.phase = "header"
+        self.header = b""
+        return self._before_amqp(rest) if rest else b""
 
     def _after_client_sasl(self, rest: bytes) -> bytes:
         assert isinstance(self.sasl, SaslClient)
@@ -697,11 +717,11 @@ class Engine:
     """The event loop: sockets, proton transports, timers and signals."""
 
     def __init__(self, handler: EngineHandler, limits: LimitsConfig, container_id: str,
-                 authenticate: Authenticator, anonymous: bool) -> None:
+                 logins: Logins, anonymous: bool) -> None:
         self.handler = handler
         self.limits = limits
         self.container_id = container_id.encode()
-        self.authenticate = authenticate
+        self.password_checks = PasswordChecks(logins, self.call_soon_threadsafe)
         self.anonymous = anonymous
         self.connection_limits = ConnectionLimits(limits)
         self._closed_since_trim = 0  # connections gone since the heap's free memory was last given back

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 from ..broker.completion import Completion
 from ..broker.engine import ACCEPTED, Connection, Link, LinkHandler
 from ..broker.message import ttl_ms
-from ..broker.queue import Entry, Queue
+from ..broker.queue import Entry, Queue, seq_ranges
 from . import protocol
 from .test_hooks import replica_to_drop
 
@@ -42,7 +42,7 @@ class QueueReplicator(LinkHandler):
         self.catchup_last: deque[int] = deque(maxlen=5)
         self.hooks = backup.ha.replication_hooks
         self.drop_at = replica_to_drop(queue.name)  # 0 unless a test planted a loss (test_hooks.py)
-        have = protocol.ranges(queue.live_seqs())  # paged ones included, without reading them back
+        have = seq_ranges(queue.live_seqs())  # paged ones included, without reading them back
         address = f"{protocol.QUEUE}/{queue.name}"
         self.link: Link = conn.open_link(False, address, address, self, credit=_FIRST_CREDIT, properties={
             protocol.BROKER: backup.ha.broker.name, protocol.EPOCH: backup.ha.epoch.epoch,
