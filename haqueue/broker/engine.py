@@ -19,6 +19,7 @@ import errno
 import heapq
 import itertools
 import logging
+from logging import INFO, WARNING
 import select
 import signal
 import socket
@@ -36,6 +37,7 @@ from . import _pn, heap
 from .connection_limits import ConnectionLimits
 from .errors import BrokerError, FRAMING_ERROR, MESSAGE_SIZE_EXCEEDED, NOT_IMPLEMENTED, RESOURCE_LIMIT, UNAUTHORIZED
 from .password_checks import Logins, PasswordChecks
+from .refusal_log import RefusalLog
 from .sasl import AMQP_HEADER, SASL_HEADER, SaslClient, SaslServer
 from .tls import certificate_user
 
@@ -423,9 +425,11 @@ class Connection:
         what = "TLS error" if self._tls_ready else "TLS handshake failed"
         if self.client is not None:
             self.client_error = f"{what}: {error}"
-            log.warning("connection to %s: %s: %s", self.peer, what, error)
+            self.engine.refusal_log(WARNING, self.peer, f"{what}: {error}", "connection to %s: %s: %s", self.peer,
+                                    what, error)
         else:
-            log.warning("connection %s refused: %s: %s", self.peer, what, error)
+            self.engine.refusal_log(WARNING, self.peer, f"{what}: {error}", "connection %s refused: %s: %s",
+                                    self.peer, what, error)
         self.phase = "refused"
         self._tls_pump()
         self.close_after_write()
@@ -472,15 +476,16 @@ class Connection:
         if header == AMQP_HEADER:
             if self.user is None:
                 if options.sasl == "required" or not self.engine.anonymous:
-                    log.warning("connection %s refused: SASL is required on %s:%s", self.peer,
-                                options.host, options.port)
+                    self.engine.refusal_log(WARNING, self.peer, "no SASL", "connection %s refused: SASL is "
+                                            "required on %s:%s", self.peer, options.host, options.port)
                     self.write_plain(SASL_HEADER)
                     self.close_after_write()
                     return b""
                 self.user = "anonymous"
             self.phase = "amqp"
             return header + rest
-        log.warning("connection %s refused: bad protocol header %r", self.peer, header)
+        self.engine.refusal_log(WARNING, self.peer, f"header {header!r}", "connection %s refused: bad protocol header %r",
+                                self.peer, header)
         self.write_plain(SASL_HEADER if options.sasl == "required" else AMQP_HEADER)
         self.close_after_write()
         return b""
@@ -509,7 +514,8 @@ class Connection:
         if not (self.sasl.done or self.sasl.failed):  # more frames to come, or a check under way
             return b""
         if self.sasl.user is None:
-            log.warning("connection %s refused: %s", self.peer, self.sasl.failed or "authentication failed")
+            reason = self.sasl.failed or "authentication failed"
+            self.engine.refusal_log(WARNING, self.peer, reason, "connection %s refused: %s", self.peer, reason)
             # Let the client read the outcome and close first: closing at once makes proton
             # report a framing error instead of the authentication failure.
             self.phase = "refused"
@@ -523,7 +529,8 @@ class Connection:
     def _after_client_sasl(self, rest: bytes) -> bytes:
         assert isinstance(self.sasl, SaslClient)
         if self.sasl.failed:
-            log.warning("connection to %s: %s", self.peer, self.sasl.failed)
+            self.engine.refusal_log(WARNING, self.peer, self.sasl.failed, "connection to %s: %s", self.peer,
+                                    self.sasl.failed)
             self.client_error = self.sasl.failed
             self.abort()
             return b""
@@ -722,6 +729,7 @@ class Engine:
         self.limits = limits
         self.container_id = container_id.encode()
         self.password_checks = PasswordChecks(logins, self.call_soon_threadsafe)
+        self.refusal_log = RefusalLog(log)
         self.anonymous = anonymous
         self.connection_limits = ConnectionLimits(limits)
         self._closed_since_trim = 0  # connections gone since the heap's free memory was last given back
@@ -1114,8 +1122,8 @@ class Engine:
             except BrokerError as e:
                 conn.refusal = (e.condition, e.description)
         if conn.refusal is not None:
-            log.info("connection %s (%s, user %s) refused: %s", conn.peer, conn.remote_container, conn.user,
-                     conn.refusal[1])
+            self.refusal_log(INFO, conn.peer, conn.refusal[1], "connection %s (%s, user %s) refused: %s", conn.peer,
+                             conn.remote_container, conn.user, conn.refusal[1])
             conn.close(*conn.refusal)
             return
         lib.pn_connection_open(conn.ptr)

@@ -338,12 +338,20 @@ def test_wrong_passwords_against_a_costly_hash_never_hold_up_other_clients(broke
     Client(broker, user="costly", password="costly-secret-7", allowed_mechs="PLAIN").close()  # the right one logs in
 
 
+def test_a_client_retrying_a_wrong_password_is_logged_once(broker):
+    """Five attempts in a row from one host: one warning (the next, a minute on, would count the rest)."""
+    for _ in range(5):
+        with pytest.raises(Exception):
+            Client(broker, user="legacy", password="wrong-again-9", allowed_mechs="PLAIN", timeout=5)
+    assert broker.log().count("refused: wrong user name or password for 'legacy'") == 1
+
+
 def test_passwords_are_never_logged(broker):
     with pytest.raises(Exception):
         Client(broker, user="app", password="wrong-password-6", allowed_mechs="PLAIN", timeout=5)
     wait_for(lambda: "wrong user name or password for 'app'" in broker.log(), 5, message="the failed login logged")
     log = broker.log()
-    for secret in [*PASSWORDS.values(), "wrong-password-6", "not-the-password-5"]:
+    for secret in [*PASSWORDS.values(), "wrong-password-6", "not-the-password-5", "wrong-again-9"]:
         assert secret not in log
 
 
