@@ -135,3 +135,38 @@ def test_a_planted_loss_is_named_within_two_windows(ha_cluster, watch_process, t
     assert alarm.startswith(f"MISSING {QUEUE} on b2: message {lost['message_id']} (seq {lost['seq']}), confirmed ")
     print(f"named {found - lost['t'] / 1e6:.1f} s after its confirmation: {alarm}")
     assert found - lost["t"] / 1e6 <= 2 * WINDOW
+
+
+def test_once_over_a_recorded_run_agrees_with_audit_lag(ha_cluster, spark, tmp_path):
+    """The same events, a real cluster's run with a loss planted on b2, through both jobs: the lag
+    percentiles per queue and backup over the whole run (one window holding it all) and the missing
+    messages are the same."""
+    from haqueue.audit import lag
+
+    events, out = tmp_path / "events", tmp_path / "watch"
+    c: HaCluster = ha_cluster(extra={"audit": {"dir": str(events)}})
+    c[2].env = {"HAQUEUE_TEST_DROP_REPLICA": f"{QUEUE}:{DROPPED}"}
+    c.start_cluster()
+    load = Producer(c.public, QUEUE, ledger=tmp_path / "ledger.jsonl").start()
+    try:
+        wait_for(lambda: load.confirmed_count() >= 1500, 60, message="1,500 confirmed")
+    finally:
+        load.stop()
+    c.shutdown()  # every broker's last mark: its log covers every confirmation
+
+    batch = lag.analyse(spark, str(events))
+    result = run_haqueue(["audit", "watch", "--events", str(events), "--once", "--window", "100000d",
+                          "--parquet", str(out), "--master", "local[2]"], timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    rows = pd.read_parquet(out)
+    columns = ["queue", "backup", "live", "lag_p50_ms", "lag_p95_ms", "lag_p99_ms", "lag_max_ms"]
+    streamed = rows[rows["kind"] == "lag"][columns].sort_values(["queue", "backup"], ignore_index=True)
+    whole = batch.backups[batch.backups["live"] > 0][columns].sort_values(["queue", "backup"], ignore_index=True)
+    print(streamed.to_string(), whole.to_string(), sep="\n")
+    assert streamed[["queue", "backup"]].values.tolist() == [[QUEUE, "b1"], [QUEUE, "b2"]]
+    pd.testing.assert_frame_equal(streamed, whole, check_dtype=False)
+
+    missing = rows[rows["kind"] == "missing"][["queue", "backup", "seq", "message_id"]]
+    problems = batch.problems[batch.problems["problem"] == "missing"][["queue", "backup", "seq", "message_id"]]
+    assert sorted(map(tuple, missing.values.tolist())) == sorted(map(tuple, problems.values.tolist()))
+    assert len(missing) == 1 and missing.iloc[0]["backup"] == "b2"
