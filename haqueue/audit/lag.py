@@ -23,6 +23,7 @@ from pyspark.sql import functions as F
 
 from haqueue.audit import measures, schema
 from haqueue.audit.command import EXIT_CANNOT_TELL, EXIT_LOSS, EXIT_OK, EXIT_USAGE
+from haqueue.audit.progress import Progress, describe_input
 from haqueue.audit.sources import read_events, read_ledgers, session
 
 # A primary's dequeue counts as not mirrored on a backup only if that backup kept logging at least
@@ -374,7 +375,8 @@ def run_audit(events: str, out: str, master: str | None, since: int | None, unti
         return EXIT_USAGE
     spark = session(master)
     try:
-        audit = analyse(spark, events, since, until, ledgers, bound)
+        with Progress(spark.sparkContext, describe_input(events)):
+            audit = analyse(spark, events, since, until, ledgers, bound)
     finally:
         spark.stop()
     report.write(audit, out)
