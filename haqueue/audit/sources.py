@@ -3,7 +3,8 @@ the brokers' event lines (schema.py) and client ledgers, each line checked the s
 from __future__ import annotations
 
 import os
-from typing import Any, Sequence
+from collections.abc import Collection, Sequence
+from typing import Any
 
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
@@ -77,7 +78,7 @@ def _json_reader(reader: Any, ddl: str) -> Any:
             .option("columnNameOfCorruptRecord", _CORRUPT))
 
 
-def _checked(lines: DataFrame, problem: Column, fields: Sequence[str]) -> tuple[DataFrame, DataFrame]:
+def _checked(lines: DataFrame, problem: Column, fields: Collection[str]) -> tuple[DataFrame, DataFrame]:
     """(the lines without a problem, typed; the others as file, problem, line)."""
     checked = lines.withColumn("file", F.col("_metadata.file_name")).withColumn("problem", problem)
     valid = checked.filter(F.col("problem").isNull()).select(*fields)

@@ -14,10 +14,11 @@ import shutil
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from pyspark.sql import DataFrame, Row, SparkSession
+from pyspark.sql import Column, DataFrame, Row, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery
 
@@ -30,7 +31,7 @@ from haqueue.audit.staging import Stager
 # staging round reach it together, one round apart at worst. Clock differences between machines add
 # to this; a watch over brokers whose clocks differ by more drops their events as late.
 LATENESS = timedelta(seconds=2)
-STAGE_EVERY = 1.0  # seconds between staging rounds, and between micro-batches
+STAGE_EVERY = 1  # seconds between staging rounds, and between micro-batches
 LAG, MISSING = "lag", "missing"  # the two kinds of output row
 
 
@@ -61,21 +62,25 @@ def results(spark: SparkSession, staged: str, window: timedelta, bound: timedelt
     absent = measures.absent_copies(primary_side.filter(F.col("event") == schema.COMPLETE), replicas,
                                     primary_side.filter(F.col("event") == schema.DEQUEUE), bound)
     missing = measures.missing(absent, events.filter(F.col("event") == schema.MARK), bound)
-    nothing = {"live": "bigint", **{c: "double" for c in _LAG_COLUMNS}, "seq": "bigint", "message_id": "string",
-               "confirmed": "timestamp"}
     width = int(window.total_seconds() * 1_000_000)
-    start = F.timestamp_micros(F.floor(F.unix_micros("time") / width) * width)
+    start = F.timestamp_micros(F.floor(F.unix_micros("time") / width) * width)  # of the confirmation's window
     return (windows.select(F.lit(LAG).alias("kind"), F.col("window.start").alias("window_start"),
                            F.col("window.end").alias("window_end"), "queue", "backup", "live", *_LAG_COLUMNS,
-                           *(F.lit(None).cast(nothing[c]).alias(c) for c in ("seq", "message_id", "confirmed")))
+                           *_empty("seq", "message_id", "confirmed"))
             .unionByName(missing.select(F.lit(MISSING).alias("kind"), start.alias("window_start"),
                                         (start + F.expr(f"INTERVAL {window.total_seconds()} SECONDS"))
-                                        .alias("window_end"), "queue", "backup",
-                                        *(F.lit(None).cast(nothing[c]).alias(c) for c in ("live", *_LAG_COLUMNS)),
+                                        .alias("window_end"), "queue", "backup", *_empty("live", *_LAG_COLUMNS),
                                         "seq", "message_id", F.col("time").alias("confirmed"))))
 
 
 _LAG_COLUMNS = [f"lag_p{int(p * 100)}_ms" for p in measures.PERCENTILES] + ["lag_max_ms"]
+# The output's columns that one kind of row leaves empty, and their types.
+_TYPES = {"live": "bigint", **{c: "double" for c in _LAG_COLUMNS}, "seq": "bigint", "message_id": "string",
+          "confirmed": "timestamp"}
+
+
+def _empty(*names: str) -> list[Column]:
+    return [F.lit(None).cast(_TYPES[name]).alias(name) for name in names]
 
 
 # ---- the console ---------------------------------------------------------------------------------
@@ -99,7 +104,8 @@ def _clock(moment: datetime) -> str:
     return moment.strftime("%Y-%m-%d %H:%M:%S.%f")[:-3]
 
 
-def _printer(bound: timedelta):  # noqa: ANN202 - foreachBatch's callback
+def _printer(bound: timedelta) -> Callable[[DataFrame, int], None]:
+    """foreachBatch's callback: print the micro-batch's lines."""
     def show(batch: DataFrame, _: int) -> None:
         for line in lines(batch.collect(), bound):
             print(line, flush=True)
@@ -140,7 +146,7 @@ def _start(spark: SparkSession, watch: Watch, stager: Stager, checkpoint: str) -
     spark.conf.set("spark.sql.streaming.multipleWatermarkPolicy", "max")
     # State stays in memory (the default store): a few seconds of events. RocksDB's commits made each
     # micro-batch 2-3 times slower here, and so every window and alarm later.
-    if spark.sparkContext.master.startswith("local"):  # one state store per operator: each costs a commit
+    if (spark.sparkContext.master or "").startswith("local"):  # one state store per operator: each costs a commit
         spark.conf.set("spark.sql.shuffle.partitions", "1")
     stager.stage()
     if watch.once:  # past every window and bound: all is final
