@@ -34,7 +34,7 @@ class Stager:
         saved = _load(self.state)
         self.offsets: dict[str, int] = saved.get("offsets", {})  # event file (relative path) -> bytes staged
         self.ended: bool = saved.get("ended", False)  # an end of input was staged (finish)
-        self.last_t = 0  # the time of the newest line staged by this process (µs)
+        self.last_t: int = saved.get("last_t", 0)  # the time of the newest line staged (µs)
         self._publish_committed()
 
     # -- a round -------------------------------------------------------------------------------
@@ -126,7 +126,7 @@ class Stager:
     def _save(self) -> None:
         temp = self.state + ".tmp"
         with open(temp, "w", encoding="utf-8") as f:
-            json.dump({"offsets": self.offsets, "ended": self.ended}, f)
+            json.dump({"offsets": self.offsets, "ended": self.ended, "last_t": self.last_t}, f)
         os.replace(temp, self.state)
 
     def _publish_committed(self) -> None:

@@ -47,6 +47,7 @@ def test_a_closed_part_is_linked_whole_and_a_restart_stages_nothing_twice(tmp_pa
     with open(events / "b1-000002.jsonl", "a") as f:
         f.write('{"t": 6}\n')
     again = Stager(str(events), checkpoint)  # a restarted watch
+    assert again.last_t == 5  # where its end of input goes from
     again.stage()
     assert staged_text(again) == '{"t": 1}\n{"t": 2, "torn{"t": 5}\n{"t": 6}\n'  # the torn line: the reader's
 
