@@ -15,7 +15,8 @@ import sys
 from typing import Any, Callable
 
 from haqueue.admin import AdminClient, AdminError
-from haqueue.audit.command import add_lag_arguments, run_lag  # argparse only: PySpark loads when the audit runs
+# argparse only: PySpark loads when an audit runs
+from haqueue.audit.command import add_lag_arguments, add_watch_arguments, run_lag, run_watch
 from haqueue.config import (DEFAULT_LISTEN, EXCHANGE_TYPES, SYNC_MODES, ConfigError, TlsConfig, config_from_args,
                             load_config, parse_address)
 
@@ -472,6 +473,13 @@ def _add_audit(commands: Subparsers) -> None:
                                      "CSV tables and a PNG chart to --out and a summary to stdout.")
     add_lag_arguments(lag)
     lag.set_defaults(func=run_lag)
+    watch = sub.add_parser("watch", help="live replication lag and missing copies per queue and backup",
+                           description="Follow the brokers' audit events as they are written with Spark Structured "
+                                       "Streaming and print, per window, the replication lag percentiles per queue "
+                                       "and backup, and every confirmed message a ready backup did not log within "
+                                       "--bound (MISSING). Runs until interrupted, --for SECONDS, or --once.")
+    add_watch_arguments(watch)
+    watch.set_defaults(func=run_watch)
 
 
 if __name__ == "__main__":
