@@ -16,8 +16,8 @@ from typing import Any, Callable
 
 from haqueue.admin import AdminClient, AdminError
 from haqueue.audit.command import add_lag_arguments, run_lag  # argparse only: PySpark loads when the audit runs
-from haqueue.config import (DEFAULT_LISTEN, EXCHANGE_TYPES, SYNC_MODES, ConfigError, TlsConfig, config_from_args,
-                            load_config, parse_address)
+from haqueue.config import (DEFAULT_LISTEN, EXCHANGE_TYPES, SYNC_MODES, ConfigError, MetricsConfig, TlsConfig,
+                            config_from_args, load_config, parse_address)
 
 EXIT_OK, EXIT_REFUSED, EXIT_USAGE = 0, 1, 2
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
@@ -39,6 +39,9 @@ def _add_broker(commands: Subparsers) -> None:
     p.add_argument("--listen", metavar="HOST:PORT", action="append", default=[], help="listen here (repeatable)")
     p.add_argument("--name", help="broker name (default: the host name)")
     p.add_argument("--data-dir", metavar="DIR", help="where the broker keeps state (default: ./data)")
+    p.add_argument("--metrics", metavar="HOST:PORT", type=_address,
+                   help="serve Prometheus metrics at http://HOST:PORT/metrics (with --config: in place of its "
+                        "metrics section)")
     p.set_defaults(func=_broker)
 
 
@@ -47,10 +50,13 @@ def _broker(args: argparse.Namespace) -> int:
         _error("broker: --config cannot be combined with --listen, --name or --data-dir")
         return EXIT_USAGE
     try:
-        config = load_config(args.config) if args.config else config_from_args(args.listen, args.name, args.data_dir)
+        config = load_config(args.config) if args.config else \
+            config_from_args(args.listen, args.name, args.data_dir)
     except ConfigError as e:
         _error(str(e))
         return EXIT_USAGE
+    if args.metrics:  # checked by argparse
+        config.metrics = MetricsConfig(parse_address(args.metrics))
     if config.ha is not None and config.ha.coordinator == "zookeeper":
         try:
             import kazoo  # noqa: F401
@@ -61,9 +67,10 @@ def _broker(args: argparse.Namespace) -> int:
     from haqueue.broker.server import Broker, run  # lazily: admin commands need none of the broker
 
     def plugins(broker: Broker) -> None:
+        store = None
         if config.store.enabled:
             from haqueue.store import Store
-            Store(broker, config.store)
+            store = Store(broker, config.store)
         ha = None
         if config.ha is not None:
             from haqueue.ha import HaBroker
@@ -74,6 +81,9 @@ def _broker(args: argparse.Namespace) -> int:
         if config.audit is not None:  # after HA: it records HA's role, epoch and replication
             from haqueue.audit.events import AuditLog
             AuditLog(broker, config.audit, ha)
+        if config.metrics is not None:
+            from haqueue.metrics import serve_metrics
+            serve_metrics(broker, config.metrics, ha, store)
     return run(config, [plugins])
 
 
