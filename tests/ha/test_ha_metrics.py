@@ -9,22 +9,13 @@ from pathlib import Path
 
 import pytest
 
-from ha_harness import HaCluster, free_port, send_all, wait_for
+from ha_harness import send_all, wait_for, with_metrics
 from metrics_scrape import families, scrape, value
+from monitoring_files import dashboard_queries, metric_names, rule_queries
 
 pytestmark = pytest.mark.timeout(120)
 
 DOC = Path(__file__).resolve().parents[2] / "design" / "metrics.md"
-
-
-def with_metrics(c: HaCluster) -> dict[str, str]:
-    """Give every broker of the cluster a metrics port; its address by broker name."""
-    addresses = {}
-    for b in c:
-        address = f"127.0.0.1:{free_port()}"
-        b.config["metrics"] = {"listen": address}
-        addresses[b.name] = address
-    return addresses
 
 
 def documented() -> dict[str, tuple[str, tuple[str, ...]]]:
@@ -50,6 +41,9 @@ def test_primary_shows_backups_lag_confirmations_and_drops(ha_cluster):
     backup = scrape(metrics["b1"])
     assert value(backup, "haqueue_role", role="backup") == 1 and value(backup, "haqueue_state", state="ready") == 1
 
+    c.request(p, "CREATE", "queue", "q")
+    for b in c.brokers[1:]:  # subscribed: what follows is live replication, each message confirmed
+        c.wait_ready(b, queues=["q"])
     send_all(c.public, "q", range(40))
     samples = scrape(m)
     for b in ("b1", "b2"):  # each publish was confirmed by both backups before it was settled
@@ -101,3 +95,7 @@ def test_failover_is_seen_and_the_docs_name_every_metric(ha_cluster):
                                       f"{set(doc) - set(exported)}"
     for name, (type_, labels) in exported.items():
         assert doc[name] == (type_, labels), (name, exported[name], doc[name])
+    # and packaging/'s dashboard and alert rules read only these
+    for queries in (dashboard_queries(), rule_queries()):
+        used = metric_names(queries, set(exported))
+        assert used <= set(exported), used - set(exported)
