@@ -1,4 +1,5 @@
-"""The queries of packaging/'s Grafana dashboard and Prometheus rules, and the metric names they use."""
+"""The metrics design/metrics.md documents; the queries of packaging/'s Grafana dashboard and Prometheus
+rules, and the metric names they use."""
 from __future__ import annotations
 
 import json
@@ -7,10 +8,21 @@ from pathlib import Path
 
 import yaml
 
-PACKAGING = Path(__file__).resolve().parent.parent / "packaging"
+ROOT = Path(__file__).resolve().parent.parent
+DOC = ROOT / "design" / "metrics.md"
+PACKAGING = ROOT / "packaging"
 DASHBOARD = PACKAGING / "grafana-dashboard.json"
 RULES = PACKAGING / "prometheus-rules.yml"
 HISTOGRAM_SUFFIXES = ("_bucket", "_sum", "_count")
+
+
+def documented() -> dict[str, tuple[str, tuple[str, ...]]]:
+    """Each metric of design/metrics.md's tables (| `name` | type | `label` `label` | meaning |): its type and
+    sorted label names."""
+    rows = {}
+    for name, type_, labels in re.findall(r"^\| `(haqueue_\w+)` \| (\w+) \| ([^|]*)\|", DOC.read_text(), re.M):
+        rows[name] = (type_, tuple(sorted(re.findall(r"`(\w+)`", labels))))
+    return rows
 
 
 def dashboard_queries() -> list[str]:

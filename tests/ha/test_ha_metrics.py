@@ -3,28 +3,15 @@ confirmations, drops for timeout), roles and failovers seen, and the documented 
 ones. Real brokers, each serving /metrics on its own port."""
 from __future__ import annotations
 
-import re
 import threading
-from pathlib import Path
 
 import pytest
 
 from ha_harness import send_all, wait_for, with_metrics
 from metrics_scrape import families, scrape, value
-from monitoring_files import dashboard_queries, metric_names, rule_queries
+from monitoring_files import dashboard_queries, documented, metric_names, rule_queries
 
 pytestmark = pytest.mark.timeout(120)
-
-DOC = Path(__file__).resolve().parents[2] / "design" / "metrics.md"
-
-
-def documented() -> dict[str, tuple[str, tuple[str, ...]]]:
-    """The table rows of design/metrics.md: | `name` | type | labels | meaning |."""
-    rows = {}
-    for name, type_, labels in re.findall(r"^\| `(haqueue_\w+)` \| (\w+) \| ([^|]*)\|", DOC.read_text(), re.M):
-        rows[name] = (type_, tuple(sorted(re.findall(r"`(\w+)`", labels))))
-    return rows
-
 
 def test_primary_shows_backups_lag_confirmations_and_drops(ha_cluster):
     c = ha_cluster(backup_timeout=4.0)

@@ -5,15 +5,12 @@ from __future__ import annotations
 
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "ha"))
-from monitoring_files import RULES, dashboard_queries, metric_names, rule_queries  # noqa: E402
-from test_ha_metrics import documented  # noqa: E402
+from monitoring_files import RULES, dashboard_queries, documented, metric_names, rule_queries
 
 PROMTOOL = shutil.which("promtool")
 needs_promtool = pytest.mark.skipif(PROMTOOL is None, reason="no promtool (Debian's prometheus package)")
