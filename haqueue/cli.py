@@ -152,6 +152,10 @@ def _add_admin(commands: Subparsers) -> None:
     tls.add_argument("--tls-key", metavar="FILE", help="the certificate's private key")
     actions = p.add_subparsers(dest="admin_command", metavar="COMMAND", required=True)
     _add_action(actions, "status", _status, "print the broker's status as one JSON object")
+    stat = _add_action(actions, "stat", _stat, "a terminal view of the broker's queues (depth, bytes, message "
+                                               "rates, consumers) and, on a primary, its backups (state, lag, "
+                                               "catch-up), like qpid-stat -q; rates over --interval")
+    _add_watch_options(stat)
     _add_queue(actions)
     _add_exchange(actions)
     _add_binding(actions)
@@ -183,6 +187,40 @@ def _admin(args: argparse.Namespace) -> int:
 
 def _status(client: AdminClient, args: argparse.Namespace) -> None:
     _print_json(_call(client, "READ", "broker"))
+
+
+def _positive_seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = 0.0
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be a number of seconds above 0, got {text!r}")
+    return value
+
+
+def _positive_int(text: str) -> int:
+    if not (text.isascii() and text.isdigit() and int(text) > 0):
+        raise argparse.ArgumentTypeError(f"must be a whole number above 0, got {text!r}")
+    return int(text)
+
+
+def _add_watch_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--watch", action="store_true", help="show it again every --interval until Ctrl-C")
+    p.add_argument("--interval", metavar="S", type=_positive_seconds, default=1.0,
+                   help="seconds between two looks (default 1)")
+    p.add_argument("--count", metavar="N", type=_positive_int, help="with --watch: stop after N")
+
+
+def _stat(client: AdminClient, args: argparse.Namespace) -> None:
+    from haqueue.admin_stat import run
+    run(lambda operation, type_: _call(client, operation, type_), args.interval, args.watch, args.count,
+        _write, sys.stdout.isatty())
+
+
+def _write(text: str) -> None:
+    sys.stdout.write(text)
+    sys.stdout.flush()
 
 
 def _store_status(client: AdminClient, args: argparse.Namespace) -> None:
@@ -283,7 +321,10 @@ def main(argv: list[str] | None = None) -> int:
 def _add_ha(actions: Subparsers) -> None:
     p = actions.add_parser("ha", help="HA role and status")
     sub = p.add_subparsers(dest="ha_command", metavar="COMMAND", required=True)
-    _add_action(sub, "status", _ha_status, "print role, state, epoch, brokers (and backups on a primary) as JSON")
+    status = _add_action(sub, "status", _ha_status, "print role, state, epoch, brokers (and backups on a primary, "
+                                                    "with lag and catch-up progress) as JSON; with --watch, one "
+                                                    "object a line every --interval")
+    _add_watch_options(status)
     promote = _add_action(sub, "promote", _ha_promote, "make this backup the primary (refused unless ready)")
     promote.add_argument("--force", action="store_true", help="promote even if the backup is not ready")
     ping = _add_action(sub, "ping", _ha_ping, "exit 0 only if the broker answers in time")
@@ -292,7 +333,9 @@ def _add_ha(actions: Subparsers) -> None:
 
 
 def _ha_status(client: AdminClient, args: argparse.Namespace) -> None:
-    _print_json(_call(client, "READ", "ha"))
+    from haqueue.admin_stat import repeat
+    repeat(lambda: _write(json.dumps(_call(client, "READ", "ha"), default=str) + "\n"), args.interval, args.watch,
+           args.count, wait_first=False)
 
 
 def _ha_promote(client: AdminClient, args: argparse.Namespace) -> None:

@@ -733,4 +733,4 @@ class Queue:
         return {"name": self.name, "depth": self.depth, "bytes": self.bytes, "dropped": self.dropped,
                 "enqueued": self.enqueued, "dequeued": self.dequeued, "expired": self.expired,
                 "dead_lettered": self.dead_lettered, "consumers": len(self.consumers) + len(self.browsers),
-                "args": dict(self.args)}
+                "temporary": self.temporary, "args": dict(self.args)}

@@ -103,6 +103,12 @@ class RemoteBackup:
         """Live enqueues sent and not yet confirmed (held in its memory, or on its disk, as the mode says)."""
         return sum(sub.unconfirmed for sub in self.subscriptions.values())
 
+    def catchup_progress(self) -> dict[str, int]:
+        """Catch-up messages done (sent, or dequeued meanwhile) and in all, over its queues still catching up."""
+        catching_up = [sub for sub in self.subscriptions.values() if not sub.caught_up]
+        total = sum(sub.catchup_total for sub in catching_up)
+        return {"done": total - sum(len(sub.catchup) for sub in catching_up), "total": total}
+
     def lag_seconds(self, now: float) -> float:
         """How long the oldest live enqueue sent to it and not yet confirmed has waited (0: none waits)."""
         oldest = [sent for sub in self.subscriptions.values() if (sent := sub.oldest_unconfirmed())]
@@ -336,12 +342,14 @@ class Primary:
         return sub
 
     def status(self) -> dict[str, Any]:
+        now = time.monotonic()
         status: dict[str, Any] = {
             "sync": self.ha.config.sync,
-            "backups": [{"name": b.name, "state": b.state, "lag": b.lag, "unconfirmed": b.unconfirmed,
+            "backups": [{"name": b.name, "state": b.state, "lag": b.lag, "lag_seconds": round(b.lag_seconds(now), 3),
+                         "catchup": b.catchup_progress(), "unconfirmed": b.unconfirmed,
                          "confirms_from": "disk" if from_disk(self.ha.config.sync) else "memory",
                          "memory": b.report.get("memory"), "disk": b.report.get("disk"),
-                         "reported_seconds_ago": round(time.monotonic() - b.reported, 1) if b.reported else None}
+                         "reported_seconds_ago": round(now - b.reported, 1) if b.reported else None}
                         for b in self.backups.values()],
             "expected": sorted(self.expected)}
         if self.quorums is not None:

@@ -79,6 +79,7 @@ class ReplicatingSubscription(LinkHandler):
         live = queue.entries()
         starts = [first for first, _ in have]
         self.catchup = [e for e in live if not _in_runs(starts, have, e.seq)]
+        self.catchup_total = len(self.catchup)  # what the catch-up started with (its progress: status)
         gone = _missing(have, [e.seq for e in live])
         if gone:  # the backup holds messages the primary no longer has
             self.link.send(protocol.encode_ranges(gone), settled=True, tag=protocol.message_tag(protocol.DEQUEUE, 0, 0))
