@@ -29,7 +29,7 @@ QUEUE_COUNTERS = (("enqueued", "Messages that came onto the queue: published, re
                   ("dead_lettered", "Rejected messages sent on to the queue's dead-letter address"),
                   ("dropped", "Messages dropped from the head to make room (overflow drop-head)"))
 
-QueueSample = tuple[str, int, int, int, int, int, int, int, int, int, int]  # name, QUEUE_GAUGES, QUEUE_COUNTERS
+QueueSample = tuple[str, tuple[int, ...]]  # name, then the values of QUEUE_GAUGES and QUEUE_COUNTERS in order
 
 
 @dataclass(slots=True)
@@ -61,8 +61,9 @@ class BrokerSource:
             len(blocked), broker.memory.used, broker.memory.configured, broker.memory.on, len(queues),
             # Temporary queues (a link's own: reply queues, exchange subscriptions) come and go with their
             # links: as series they would only churn. They count in haqueue_queues.
-            [(q.name, q.depth, q.bytes, len(q.consumers) + len(q.browsers), q.max_depth, q.max_bytes,
-              q.enqueued, q.dequeued, q.expired, q.dead_lettered, q.dropped) for q in queues if not q.temporary])
+            [(q.name, (q.depth, q.bytes, len(q.consumers) + len(q.browsers), q.max_depth, q.max_bytes,
+                       q.enqueued, q.dequeued, q.expired, q.dead_lettered, q.dropped))
+             for q in queues if not q.temporary])
 
     def families(self, s: BrokerSample) -> Iterable[Metric]:
         info = GaugeMetricFamily("haqueue_broker_info", "The broker's name and version (always 1)",
@@ -84,14 +85,14 @@ class BrokerSource:
         yield GaugeMetricFamily("haqueue_memory_alarm", "1 while the memory alarm holds publishers",
                                 value=int(s.memory_alarm))
         yield GaugeMetricFamily("haqueue_queues", "Queues, temporary ones included", value=s.queue_count)
-        for i, (name, help_) in enumerate(QUEUE_GAUGES, start=1):
+        for i, (name, help_) in enumerate(QUEUE_GAUGES):
             gauge = GaugeMetricFamily(f"haqueue_queue_{name}", help_, labels=["queue"])
-            for q in s.queues:
-                gauge.add_metric([q[0]], q[i])
+            for queue, values in s.queues:
+                gauge.add_metric([queue], values[i])
             yield gauge
-        for i, (name, help_) in enumerate(QUEUE_COUNTERS, start=1 + len(QUEUE_GAUGES)):
+        for i, (name, help_) in enumerate(QUEUE_COUNTERS, start=len(QUEUE_GAUGES)):
             counter = CounterMetricFamily(f"haqueue_queue_{name}", help_, labels=["queue"])
-            for q in s.queues:
-                counter.add_metric([q[0]], q[i])
+            for queue, values in s.queues:
+                counter.add_metric([queue], values[i])
             yield counter
 

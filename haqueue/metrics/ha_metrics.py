@@ -4,21 +4,28 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Iterable
+from typing import TYPE_CHECKING, Iterable, NamedTuple
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
 
+from ..ha.role import CATCHUP, READY
 from .families import state_set
 
 if TYPE_CHECKING:
     from ..ha.ha_broker import HaBroker
 
-BACKUP_STATES = ("catchup", "ready", "disconnected")
 DISCONNECTED = "disconnected"  # a backup seen by this primary that has no connection to it now
+BACKUP_STATES = (CATCHUP, READY, DISCONNECTED)
 
-# name, state, lag in messages, lag in seconds, confirmed, timeout drops (a disconnected backup: no lag)
-BackupSample = tuple[str, str, int | None, float | None, int, int]
+
+class BackupSample(NamedTuple):
+    name: str
+    state: str
+    lag: int | None  # messages; None: disconnected
+    lag_seconds: float | None
+    confirmed: int
+    timeout_drops: int
 
 
 @dataclass(slots=True)
@@ -40,9 +47,9 @@ class HaSource:
             now = time.monotonic()
             for name, counters in sorted(primary.counters.items()):
                 b = primary.backups.get(name)
-                backups.append((name, DISCONNECTED, None, None, counters.confirmed, counters.timeout_drops)
-                               if b is None else
-                               (name, b.state, b.lag, b.lag_seconds(now), counters.confirmed, counters.timeout_drops))
+                backups.append(BackupSample(name, DISCONNECTED, None, None, counters.confirmed, counters.timeout_drops)
+                               if b is None else BackupSample(name, b.state, b.lag, b.lag_seconds(now),
+                                                              counters.confirmed, counters.timeout_drops))
         return HaSample(ha.epoch.epoch, ha.failovers_seen, len(ha.config.brokers), backups)
 
     def families(self, s: HaSample) -> Iterable[Metric]:
@@ -50,19 +57,18 @@ class HaSource:
         yield CounterMetricFamily("haqueue_failovers_seen", "Times this broker saw a new primary take over from "
                                   "another (the epoch rose) since it started", value=s.failovers_seen)
         yield GaugeMetricFamily("haqueue_cluster_brokers", "Brokers in the cluster (ha.brokers)", value=s.brokers)
-        names = [[b[0]] for b in s.backups]
         yield state_set("haqueue_backup_state", "On the primary, per backup: 1 for its state (catchup, ready, "
-                        "disconnected), 0 for the others", ["backup"], names, "state", BACKUP_STATES,
-                        [b[1] for b in s.backups])
-        connected = [b for b in s.backups if b[2] is not None]
+                        "disconnected), 0 for the others", ["backup"], [[b.name] for b in s.backups], "state",
+                        BACKUP_STATES, [b.state for b in s.backups])
         lag = GaugeMetricFamily("haqueue_backup_lag_messages", "On the primary, per connected backup: messages it "
                                 "does not have yet (unconfirmed, unsent, catch-up left)", labels=["backup"])
         seconds = GaugeMetricFamily("haqueue_backup_lag_seconds", "On the primary, per connected backup: how long "
                                     "the oldest live message sent to it has waited for its confirmation",
                                     labels=["backup"])
-        for b in connected:
-            lag.add_metric([b[0]], b[2])  # type: ignore[arg-type]
-            seconds.add_metric([b[0]], b[3])  # type: ignore[arg-type]
+        for b in s.backups:
+            if b.lag is not None and b.lag_seconds is not None:
+                lag.add_metric([b.name], b.lag)
+                seconds.add_metric([b.name], b.lag_seconds)
         yield lag
         yield seconds
         confirmed = CounterMetricFamily("haqueue_backup_confirmed", "On the primary, per backup: live messages it "
@@ -70,7 +76,7 @@ class HaSource:
         drops = CounterMetricFamily("haqueue_backup_timeout_drops", "On the primary, per backup: times it was "
                                     "dropped for not confirming within ha.backup_timeout", labels=["backup"])
         for b in s.backups:
-            confirmed.add_metric([b[0]], b[4])
-            drops.add_metric([b[0]], b[5])
+            confirmed.add_metric([b.name], b.confirmed)
+            drops.add_metric([b.name], b.timeout_drops)
         yield confirmed
         yield drops
