@@ -50,8 +50,7 @@ def _broker(args: argparse.Namespace) -> int:
         _error("broker: --config cannot be combined with --listen, --name or --data-dir")
         return EXIT_USAGE
     try:
-        config = load_config(args.config) if args.config else \
-            config_from_args(args.listen, args.name, args.data_dir)
+        config = load_config(args.config) if args.config else config_from_args(args.listen, args.name, args.data_dir)
     except ConfigError as e:
         _error(str(e))
         return EXIT_USAGE
@@ -105,7 +104,7 @@ def _call(client: AdminClient, operation: str, type: str, name: str | None = Non
 
 
 def _print_json(value: Any) -> None:
-    print(json.dumps(value, default=str))  # default: AMQP types JSON lacks (timestamps, binary, ...)
+    print(json.dumps(value, default=str), flush=True)  # default: AMQP types JSON lacks (timestamps, binary, ...)
 
 
 def _key_value(text: str) -> tuple[str, Any]:
@@ -209,12 +208,17 @@ def _add_watch_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--watch", action="store_true", help="show it again every --interval until Ctrl-C")
     p.add_argument("--interval", metavar="S", type=_positive_seconds, default=1.0,
                    help="seconds between two looks (default 1)")
-    p.add_argument("--count", metavar="N", type=_positive_int, help="with --watch: stop after N")
+    p.add_argument("--count", metavar="N", type=_positive_int, help="show it N times, --interval apart (--watch "
+                                                                    "that stops)")
+
+
+def _watching(args: argparse.Namespace) -> bool:
+    return args.watch or args.count is not None
 
 
 def _stat(client: AdminClient, args: argparse.Namespace) -> None:
     from haqueue.admin_stat import run
-    run(lambda operation, type_: _call(client, operation, type_), args.interval, args.watch, args.count,
+    run(lambda operation, type_: _call(client, operation, type_), args.interval, _watching(args), args.count,
         _write, sys.stdout.isatty())
 
 
@@ -334,8 +338,8 @@ def _add_ha(actions: Subparsers) -> None:
 
 def _ha_status(client: AdminClient, args: argparse.Namespace) -> None:
     from haqueue.admin_stat import repeat
-    repeat(lambda: _write(json.dumps(_call(client, "READ", "ha"), default=str) + "\n"), args.interval, args.watch,
-           args.count, wait_first=False)
+    repeat(lambda: _print_json(_call(client, "READ", "ha")), args.interval, _watching(args), args.count,
+           wait_first=False)
 
 
 def _ha_promote(client: AdminClient, args: argparse.Namespace) -> None:
