@@ -25,7 +25,7 @@ from pathlib import Path
 BENCH = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH.parent))
 
-from haqueue.audit import lag, report  # noqa: E402
+from haqueue.audit import lag, report, sources  # noqa: E402
 
 RESULTS = BENCH / "RESULTS.md"
 HEADING = "## Audit: scale (haqueue audit lag)"
@@ -149,7 +149,7 @@ def main() -> int:
         print(f"generated {messages:,} messages (~{lines:,} events, {size / 1e9:.2f} GB) in {generated:.0f} s",
               flush=True)
         started = time.monotonic()
-        spark = lag.session()
+        spark = sources.session()
         session_s = time.monotonic() - started
         started = time.monotonic()
         audit = lag.analyse(spark, str(events_dir))

@@ -14,6 +14,9 @@ to bench/RESULTS.md (unless --no-record). fsyncs come from the haqueue brokers' 
 Set-ups (--setups, comma-separated):
   single            one haqueue broker of this tree
   old:DIR           one haqueue broker of another tree (git archive COMMIT | tar -x -C DIR)
+  single+audit, old:DIR+audit
+                    the same writing audit events (`audit: {dir: DATA_DIR/audit}`); named beside the
+                    same set-up without, the report gives the audit's cost round by round
   cluster[:MODE]    `haqueue cluster up --size 3 [--sync MODE]`: primary + 2 backups; clients use the
                     public address
   rabbit-classic    RabbitMQ, one node, durable classic queue
@@ -26,7 +29,8 @@ times: time from the process start to the port accepting connections and to the 
     python bench/interleave.py --setups single,rabbit-classic --durable --rounds 5
     python bench/interleave.py --setups cluster:quorum_disk,cluster:all_disk,rabbit-quorum --durable
     python bench/interleave.py --setups single,old:/tmp/hq-old --no-latency --target-ratio 0.95
-    python bench/interleave.py --setups single,old:/tmp/hq-old --audit --no-latency   # the audit's cost
+    python bench/interleave.py --setups single+audit,single,old:/tmp/hq-old+audit,old:/tmp/hq-old --no-latency
+    python bench/interleave.py --setups single,rabbit-classic --pairs 10 --no-latency   # 10 queues at once
     python bench/interleave.py --recovery 1000000
 """
 from __future__ import annotations
@@ -52,7 +56,8 @@ HOST = R.HOST
 log = R.log
 OLD_CMD = ("sh -c 'cd {tree} && exec {{python}} -m haqueue broker --listen 127.0.0.1:{{port}} --name {{name}} "
            "--data-dir {{data_dir}}'")
-# --audit: the same broker from a config file with `audit: {dir: DATA_DIR/audit}`.
+# +audit: the same broker from a config file with `audit: {dir: DATA_DIR/audit}`.
+AUDIT = "+audit"
 AUDIT_CMD = ("sh -c 'cd {tree} && printf \"name: %s\\nlisten:\\n  - 127.0.0.1:%s\\ndata_dir: %s\\naudit:\\n  dir: %s/audit\\n\" "
              "{{name}} {{port}} {{data_dir}} {{data_dir}} > {{data_dir}}/b.yaml && "
              "exec {{python}} -m haqueue broker --config {{data_dir}}/b.yaml'")
@@ -62,18 +67,22 @@ AUDIT_CMD = ("sh -c 'cd {tree} && printf \"name: %s\\nlisten:\\n  - 127.0.0.1:%s
 
 def default_label(spec: str) -> str:
     """A set-up's name in the tables (RabbitMQ's gain its version once started)."""
+    if spec.endswith(AUDIT):
+        return default_label(spec.removesuffix(AUDIT)) + " + audit"
     kind, _, arg = spec.partition(":")
     return {"single": "haqueue single broker", "old": f"haqueue single broker ({arg})",
             "cluster": f"haqueue primary + 2 backups, {arg or 'all'}", "rabbit-classic": "RabbitMQ classic",
             "rabbit-quorum": "RabbitMQ 3-node cluster, quorum queue"}.get(kind, spec)
 
 
-def make_setup(spec: str, startup_timeout: float, audit: bool = False) -> R.Broker:
-    kind, _, arg = spec.partition(":")
+def make_setup(spec: str, startup_timeout: float) -> R.Broker:
+    audit = spec.endswith(AUDIT)
+    kind, _, arg = spec.removesuffix(AUDIT).partition(":")
     if audit and kind in ("single", "old"):
         tree = arg if kind == "old" else str(R.REPO)
-        return R.CommandBroker(AUDIT_CMD.format(tree=shlex.quote(tree)), default_label(spec) + " + audit", None,
-                               startup_timeout)
+        return R.CommandBroker(AUDIT_CMD.format(tree=shlex.quote(tree)), default_label(spec), None, startup_timeout)
+    if audit:
+        raise ValueError(f"{spec}: only single and old:DIR write audit events here")
     if kind == "single":
         return R.CommandBroker(R.DEFAULT_HAQUEUE_CMD, default_label(spec), None, startup_timeout)
     if kind == "old" and arg:
@@ -92,7 +101,7 @@ def start_all(specs: list[str], args) -> dict[str, R.Broker]:
     brokers: dict[str, R.Broker] = {}
     try:
         for spec in specs:
-            b = make_setup(spec, args.startup_timeout, args.audit)
+            b = make_setup(spec, args.startup_timeout)
             brokers[spec] = b
             b.start()
             s = R.smoke(b)
@@ -117,7 +126,7 @@ def stop_all(brokers: dict[str, R.Broker]) -> None:
 def turn(broker: R.Broker, args) -> dict:
     """One set-up's share of a round: a saturation run and a fixed-rate latency run."""
     out: dict = {"background_cores": R.wait_quiet(args.quiet_wait) if args.quiet_wait > 0 else None}
-    sat = R.saturation(broker, args.size, args.messages, args)
+    sat = R.saturation(broker, args.size, args.messages, args, pairs=args.pairs)
     out["saturation"] = sat
     if "error" in sat:
         log(f"  {broker.label}: saturation FAILED: {sat['error']} [{broker.describe_failure()}]")
@@ -201,9 +210,11 @@ def tree_commit() -> str:
 def machine_line(args, commit: str) -> str:
     node_v = subprocess.run(["node", "--version"], capture_output=True, text=True).stdout.strip()
     return (f"haqueue of this tree at {commit}. Machine: {os.cpu_count()} cores, Linux {platform.release()}, node "
-            f"{node_v}, rhea 3.0.5 (one producer process, one consumer process), Python {platform.python_version()}; "
+            f"{node_v}, rhea 3.0.5 (a producer process and a consumer process per queue), Python {platform.python_version()}; "
             f"{args.size}-byte bodies, messages {'durable (header.durable=true)' if args.durable else 'not durable'}, "
-            f"at-least-once (≤ {args.inflight} unsettled, consumer credit {args.credit}).")
+            f"at-least-once (≤ {args.inflight} unsettled, consumer credit {args.credit})"
+            + (f"; saturation through {args.pairs} queues at once, a producer and a consumer process each, figures "
+               f"aggregate" if getattr(args, "pairs", 1) > 1 else "") + ".")
 
 
 def markdown(run: dict, args) -> str:
@@ -266,6 +277,7 @@ def markdown(run: dict, args) -> str:
             targets.append(f"| `{spec}` p99 ≤ {args.target_p99:g} ms at {args.rate:g} msg/s | {med_range(p, 2)} ms | "
                            f"{verdict(p, args.target_p99, False)} | "
                            + " ".join(f"{x['p99_ms']:.1f} ({x['other_load_cores']:.1f})" for x in lat) + " |")
+    lines += audit_cost(results, specs)
     if targets:
         lines += ["Targets (met = in every round; the range is what a slow minute gives):", "",
                   "| target | value | verdict | per round (other load, cores) |", "|---|---|---|---|", *targets, ""]
@@ -277,6 +289,29 @@ def markdown(run: dict, args) -> str:
     if problems:
         lines += ["Problems seen:", "", *("- " + p.replace("\n", " / ") for p in problems), ""]
     return "\n".join(lines) + "\n"
+
+
+def audit_cost(results: dict[str, list[dict]], specs: list[str]) -> list[str]:
+    """For each set-up run with and without audit events: what they cost, round by round."""
+    pairs = [(s, s.removesuffix(AUDIT)) for s in specs if s.endswith(AUDIT) and s.removesuffix(AUDIT) in specs]
+    if not pairs:
+        return []
+    lines = ["The audit's cost: the set-up with audit events over the same without, in the same round "
+             "(median, min–max, each round's value):", "",
+             "| set-up | broker CPU µs/msg | msg/s | CPU per round |", "|---|---|---|---|"]
+    medians = []
+    for with_audit, without in pairs:
+        cpu = ratios(results[with_audit], results[without], "saturation", "broker_cpu_us_per_msg")
+        rate = ratios(results[with_audit], results[without], "saturation", "msgs_per_s")
+        lines.append(f"| `{without}` | {med_range(cpu, 3)} | {med_range(rate, 3)} | "
+                     + " ".join(f"{x:.3f}" for x in cpu) + " |")
+        if cpu:
+            medians.append((without, statistics.median(cpu)))
+    if len(medians) == 2:
+        (a, x), (b, y) = medians
+        lines += ["", f"Audit CPU overhead: `{a}` {100 * (x - 1):+.1f} %, `{b}` {100 * (y - 1):+.1f} % "
+                      f"(difference {100 * (x - y):+.1f} points)."]
+    return lines + [""]
 
 
 # ---------------------------------------------------------------- recovery
@@ -410,9 +445,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--messages", type=int, default=100000, help="messages per saturation run (default 100000)")
     ap.add_argument("--size", type=int, default=100, help="body bytes (default 100)")
     ap.add_argument("--durable", action="store_true", help="header.durable=true on every message")
+    ap.add_argument("--pairs", type=int, default=1, help="saturation through this many queues at once, each with "
+                                                         "its own producer and consumer process (default 1)")
     ap.add_argument("--no-latency", dest="latency", action="store_false", help="saturation runs only")
-    ap.add_argument("--audit", action="store_true", help="single and old:DIR set-ups write audit events "
-                                                          "(`audit: {dir: DATA_DIR/audit}`)")
     ap.add_argument("--rate", type=float, default=1000, help="msg/s of the latency run (default 1000)")
     ap.add_argument("--duration", type=float, default=10, help="seconds of the latency run (default 10)")
     ap.add_argument("--inflight", type=int, default=1000)

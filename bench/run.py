@@ -47,6 +47,10 @@ RESULTS = BENCH / "RESULTS.md"
 VENV_PY = REPO / ".venv" / "bin" / "python" if (REPO / ".venv").exists() else Path(sys.executable)
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 WARM_SEQ = 1_000_000_000  # sequence numbers of warm-up messages start here
+LARGE_SIZES = (64 * 1024, 1024 * 1024, 10 * 1024 * 1024)  # --large
+RUN_BYTES = 3 * 2 ** 30  # a saturation run moves at most this many body bytes (fewer messages of large bodies)
+WARM_BYTES = 512 * 2 ** 20  # and its warm-up at most this many
+LATENCY_BYTES_PER_S = 100 * 2 ** 20  # the fixed-rate run of large bodies goes at most this fast (1 MB: 100/s)
 HOST = "127.0.0.1"
 
 DEFAULT_HAQUEUE_CMD = (
@@ -574,64 +578,108 @@ def client_args(broker: Broker, address: str) -> list[str]:
 
 def run_pair(broker: Broker, queue: str, prod_args: list[str], cons_args: list[str], limit: float,
              meter: CpuMeter | None, clients: str = "rhea") -> dict:
-    """Consumer first (until its link is attached), then the producer; both bounded by `limit` seconds."""
+    """One producer and one consumer on `queue` (run_pairs with one queue)."""
+    return run_pairs(broker, [queue], prod_args, cons_args, limit, meter, clients)
+
+
+# Per-client figures summed over the pairs, and those that take the earliest or the latest.
+_SUMMED = ("client_cpu_us", "sent", "settled", "accepted", "released", "rejected", "modified", "other_outcome",
+           "received", "missing", "duplicates", "out_of_order", "redelivered", "stray", "settle_rate", "recv_rate")
+_EARLIEST, _LATEST = ("first_send_us", "first_recv_us"), ("last_send_us", "last_settle_us", "last_recv_us")
+
+
+def _merged(results: list[dict]) -> dict:
+    """The clients of one role over every pair, as if one client: counts summed, spans outermost."""
+    if len(results) == 1:
+        return results[0]
+    out = dict(results[0])
+    out["ok"] = all(r.get("ok") for r in results)
+    out["errors"] = [e for r in results for e in r.get("errors", [])]
+    for key in _SUMMED:
+        if key in out:
+            out[key] = sum(r.get(key) or 0 for r in results)
+    for key in _EARLIEST:
+        if key in out:
+            out[key] = min(r[key] for r in results if r.get(key))
+    for key in _LATEST:
+        if key in out:
+            out[key] = max(r.get(key) or 0 for r in results)
+    return out
+
+
+def run_pairs(broker: Broker, queues: list[str], prod_args: list[str], cons_args: list[str], limit: float,
+              meter: CpuMeter | None, clients: str = "rhea") -> dict:
+    """A producer and a consumer process per queue: the consumers first (until each link is attached),
+    then the producers; all bounded by `limit` seconds. `producer` and `consumer` are the pairs' merged."""
     OUT.mkdir(exist_ok=True)
     errlog = OUT / "clients.stderr.log"
-    address = broker.address(queue)
-    base = client_args(broker, address)
-    cons = start_client(clients, "consumer", base + cons_args + ["--timeout", str(int(limit))], errlog)
-    prod = None
-    res: dict = {"queue": queue}
+    procs: list[subprocess.Popen] = []
+    res: dict = {"queue": queues[0], "pairs": len(queues)}
     try:
-        cr = JsonLines(cons)
-        ready = cr.wait_for(lambda o: o.get("event") == "ready", time.monotonic() + 20)
-        if ready is None:
-            res["error"] = "consumer did not attach within 20 s"
-            return res
+        consumers = []
+        for queue in queues:
+            args = client_args(broker, broker.address(queue)) + cons_args + ["--timeout", str(int(limit))]
+            procs.append(start_client(clients, "consumer", args, errlog))
+            consumers.append(JsonLines(procs[-1]))
+        for cr in consumers:
+            if cr.wait_for(lambda o: o.get("event") == "ready", time.monotonic() + 20) is None:
+                res["error"] = "consumer did not attach within 20 s"
+                return res
         if meter:
             meter.start()
         t0 = time.monotonic()
-        prod = start_client(clients, "producer", base + prod_args + ["--timeout", str(int(limit))], errlog)
-        pr = JsonLines(prod)
+        producers = []
+        for queue in queues:
+            args = client_args(broker, broker.address(queue)) + prod_args + ["--timeout", str(int(limit))]
+            procs.append(start_client(clients, "producer", args, errlog))
+            producers.append(JsonLines(procs[-1]))
         deadline = time.monotonic() + limit + 15
-        p = pr.wait_for(lambda o: o.get("role") == "producer", deadline)
-        c = cr.wait_for(lambda o: o.get("role") == "consumer", deadline)
+        ps = [pr.wait_for(lambda o: o.get("role") == "producer", deadline) for pr in producers]
+        cs = [cr.wait_for(lambda o: o.get("role") == "consumer", deadline) for cr in consumers]
         res["wall_s"] = time.monotonic() - t0
         if meter:
             res["cpu"] = meter.stop()
+        if None in ps or None in cs:
+            res["error"] = "client gave no result (%s%s)" % ("producer " if None in ps else "",
+                                                             "consumer" if None in cs else "")
+            return res
+        p, c = _merged(ps), _merged(cs)  # type: ignore[arg-type]
         res["producer"], res["consumer"] = p, c
-        if p is None or c is None:
-            res["error"] = "client gave no result (%s%s)" % ("producer " if p is None else "",
-                                                             "consumer" if c is None else "")
-        elif not (p.get("ok") and c.get("ok")):
+        if not (p.get("ok") and c.get("ok")):
             res["error"] = "; ".join(p.get("errors", []) + c.get("errors", [])) or "client reported failure"
         return res
     finally:
-        for proc in (prod, cons):
-            if proc is not None:
-                stop_proc(proc)
+        for proc in reversed(procs):
+            stop_proc(proc)
 
 
-def saturation(broker: Broker, size: int, n: int, args, clients: str = "rhea") -> dict:
-    queue = f"bench-sat-{size}-{uuid.uuid4().hex[:8]}"
-    broker.prepare_queue(queue)
+def saturation(broker: Broker, size: int, n: int, args, clients: str = "rhea", pairs: int = 1) -> dict:
+    """n messages as fast as they go; with `pairs`, through that many queues at once, each with its own
+    producer and consumer process (n / pairs each): the figures are the aggregate."""
+    tag = uuid.uuid4().hex[:8]
+    queues = [f"bench-sat-{size}-{tag}" + (f"-{i}" if pairs > 1 else "") for i in range(pairs)]
+    each = n // pairs
+    n = each * pairs
+    for queue in queues:
+        broker.prepare_queue(queue)
     try:
-        warm = min(max(n // 10, 2000), 20000)
+        warm = min(max(each // 10, 2000), 20000, max(10, WARM_BYTES // size))
         # the warm-up numbers its messages from WARM_SEQ, so a leftover is told apart from the measured run's
-        w = run_pair(broker, queue, ["--messages", str(warm), "--size", str(size), "--inflight", str(args.inflight),
-                                     "--seq-base", str(WARM_SEQ)] + (["--durable"] if args.durable else []),
-                     ["--messages", str(warm), "--credit", str(args.credit), "--seq-base", str(WARM_SEQ)],
-                     60 + warm / 500, None, clients)
+        w = run_pairs(broker, queues, ["--messages", str(warm), "--size", str(size), "--inflight", str(args.inflight),
+                                       "--seq-base", str(WARM_SEQ)] + (["--durable"] if args.durable else []),
+                      ["--messages", str(warm), "--credit", str(args.credit), "--seq-base", str(WARM_SEQ)],
+                      60 + warm / 500, None, clients)
         if "error" in w:
             return {"error": "warm-up: " + w["error"], "raw": w}
         cal = calibrate()
         meter = CpuMeter(broker)
         limit = 60 + n / 1000
-        r = run_pair(broker, queue, ["--messages", str(n), "--size", str(size), "--inflight", str(args.inflight)]
-                     + (["--durable"] if args.durable else []),
-                     ["--messages", str(n), "--credit", str(args.credit)], limit, meter, clients)
+        r = run_pairs(broker, queues, ["--messages", str(each), "--size", str(size), "--inflight", str(args.inflight)]
+                      + (["--durable"] if args.durable else []),
+                      ["--messages", str(each), "--credit", str(args.credit)], limit, meter, clients)
     finally:
-        broker.drop_queue(queue)
+        for queue in queues:
+            broker.drop_queue(queue)
     if "error" in r:
         return {"error": r["error"], "raw": r}
     p, c = r["producer"], r["consumer"]
@@ -662,16 +710,27 @@ def syncs(r: dict, n: int) -> dict:
     return {"syncs": count, "syncs_per_s": count / r["cpu"]["wall_s"], "msgs_per_sync": n / count if count else None}
 
 
+def messages_for(n: int, size: int) -> int:
+    """A saturation run's messages: n, or fewer of large bodies (RUN_BYTES)."""
+    return min(n, max(100, RUN_BYTES // size))
+
+
+def rate_for(rate: float, size: int) -> float:
+    """The fixed-rate run's msg/s: rate, or less for large bodies (LATENCY_BYTES_PER_S)."""
+    return min(rate, max(1, LATENCY_BYTES_PER_S // size))
+
+
 def latency(broker: Broker, size: int, args, clients: str = "rhea") -> dict:
     queue = f"bench-lat-{size}-{uuid.uuid4().hex[:8]}"
     broker.prepare_queue(queue)
-    n = int(round(args.rate * args.duration))
+    rate = rate_for(args.rate, size)
+    n = int(round(rate * args.duration))
     try:
         meter = CpuMeter(broker)
         r = run_pair(broker, queue,
-                     ["--rate", str(args.rate), "--duration", str(args.duration), "--size", str(size),
+                     ["--rate", str(rate), "--duration", str(args.duration), "--size", str(size),
                       "--inflight", str(args.inflight)] + (["--durable"] if args.durable else []),
-                     ["--messages", str(n), "--credit", str(args.credit), "--warmup", str(min(int(args.rate), n // 2))],
+                     ["--messages", str(n), "--credit", str(args.credit), "--warmup", str(min(int(rate), n // 2))],
                      args.duration + 60, meter, clients)
     finally:
         broker.drop_queue(queue)
@@ -680,7 +739,7 @@ def latency(broker: Broker, size: int, args, clients: str = "rhea") -> dict:
     p, c = r["producer"], r["consumer"]
     lat = c["latency"]
     return {
-        "rate": p["send_rate"],
+        "rate": p["send_rate"], "rate_target": rate,
         "p50_ms": lat["p50_us"] / 1000, "p90_ms": lat["p90_us"] / 1000, "p99_ms": lat["p99_us"] / 1000,
         "p999_ms": lat["p999_us"] / 1000, "max_ms": lat["max_us"] / 1000, "n": lat["n"],
         "p99_all_ms": c["latency_all"]["p99_us"] / 1000,
@@ -744,11 +803,12 @@ def bench_broker(broker: Broker, args) -> dict:
         return out
     for size in args.sizes:
         runs = []
+        n = messages_for(args.messages, size)
         for i in range(args.repeat):
             if not broker.alive():
                 break
-            log(f"{broker.label}: saturation {size} B, run {i + 1}/{args.repeat}, {args.messages} messages")
-            r = saturation(broker, size, args.messages, args)
+            log(f"{broker.label}: saturation {size} B, run {i + 1}/{args.repeat}, {n} messages")
+            r = saturation(broker, size, n, args)
             if "error" in r:
                 r["broker_state"] = broker.describe_failure()
                 log(f"  FAILED: {r['error']}")
@@ -761,7 +821,7 @@ def bench_broker(broker: Broker, args) -> dict:
     for size in args.sizes:
         if not broker.alive():
             break
-        log(f"{broker.label}: latency {size} B at {args.rate:g} msg/s for {args.duration:g} s")
+        log(f"{broker.label}: latency {size} B at {rate_for(args.rate, size):g} msg/s for {args.duration:g} s")
         r = latency(broker, size, args)
         if "error" in r:
             r["broker_state"] = broker.describe_failure()
@@ -804,6 +864,8 @@ def bench_python_clients(broker: Broker, args) -> dict:
 # ---------------------------------------------------------------- report
 
 def size_name(size: int) -> str:
+    if size >= 2 ** 20 and size % 2 ** 20 == 0:
+        return f"{size // 2 ** 20} MB"
     return f"{size} B" if size < 1024 or size % 1024 else f"{size // 1024} KB"
 
 
@@ -839,7 +901,8 @@ def markdown(results: list[dict], args, command: str) -> str:
                  f"(one producer process, one consumer process), Python {platform.python_version()}.")
     lines.append(f"Settings: at-least-once (producer keeps ≤ {args.inflight} unsettled, consumer accepts with "
                  f"credit {args.credit}); messages {'durable' if args.durable else 'not durable (header.durable unset)'}; "
-                 f"saturation = {args.messages} messages after a warm-up, median of {args.repeat} "
+                 f"saturation = {args.messages} messages after a warm-up (of large bodies at most "
+                 f"{RUN_BYTES // 2 ** 30} GiB of them), median of {args.repeat} "
                  f"(range in brackets); latency = {args.rate:g} msg/s for {args.duration:g} s, first second left out. "
                  + (f"Brokers and clients ran at niceness {args.nice}. " if args.nice else "") +
                  f"Broker CPU = utime+stime of the broker's process tree per message.")
@@ -877,6 +940,8 @@ def markdown(results: list[dict], args, command: str) -> str:
                 lat, lcpu = "failed", ""
             else:
                 lat, lcpu = f"{l['p50_ms']:.2f} / {l['p99_ms']:.2f}", f"{l['broker_cpu_us_per_msg']:.1f}"
+                if rate_for(args.rate, size) != args.rate:
+                    lat += f" (@ {rate_for(args.rate, size):g}/s)"
             loads = ([a["other"]] if a else []) + ([l["other_load_cores"]] if l and "error" not in l else [])
             other = f"{max(loads):.2f}" if loads else ""
             calib = f"{a['cal']:.1f}" if a else ""
@@ -967,6 +1032,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--duration", type=float, default=10, help="seconds of the fixed-rate latency run (default 10)")
     ap.add_argument("--rate", type=float, default=1000, help="msg/s of the latency run (default 1000)")
     ap.add_argument("--sizes", default="100,1024", help="body sizes in bytes, comma-separated (default 100,1024)")
+    ap.add_argument("--large", action="store_true",
+                    help="add 64 KB, 1 MB and 10 MB bodies to --sizes (a run moves at most 3 GiB of them; their "
+                         "fixed-rate run goes at most 100 MiB/s: 1 MB at 100 msg/s)")
     ap.add_argument("--inflight", type=int, default=1000, help="producer's unsettled limit (default 1000)")
     ap.add_argument("--credit", type=int, default=1000, help="consumer's credit window (default 1000)")
     ap.add_argument("--durable", action="store_true", help="send messages with header.durable=true")
@@ -991,6 +1059,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-record", action="store_true", help="do not append to bench/RESULTS.md")
     args = ap.parse_args(argv)
     args.sizes = [int(s) for s in args.sizes.split(",") if s.strip()]
+    if args.large:
+        args.sizes += [s for s in LARGE_SIZES if s not in args.sizes]
     global NICE
     NICE = args.nice
     if args.messages < 1000 or args.repeat < 1 or args.duration <= 0 or args.rate <= 0:

@@ -15,7 +15,8 @@ import sys
 from typing import Any, Callable
 
 from haqueue.admin import AdminClient, AdminError
-from haqueue.audit.command import add_lag_arguments, run_lag  # argparse only: PySpark loads when the audit runs
+# argparse only: PySpark loads when an audit runs
+from haqueue.audit.command import add_lag_arguments, add_watch_arguments, run_lag, run_watch
 from haqueue.config import (DEFAULT_LISTEN, EXCHANGE_TYPES, SYNC_MODES, ConfigError, MetricsConfig, TlsConfig,
                             config_from_args, load_config, parse_address)
 
@@ -310,6 +311,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_audit(commands)
     _add_store(commands)
     _add_passwd(commands)
+    _add_place(commands)
     return parser
 
 
@@ -421,6 +423,81 @@ def _cluster_up(args: argparse.Namespace) -> int:
     return cluster_up(args.size, args.dir, parse_address(args.public), args.base_port, extra)
 
 
+# ---- haqueue place -----------------------------------------------------------------------
+
+def _add_place(commands: Subparsers) -> None:
+    p = commands.add_parser("place", help="print where each shard's replicas go, or how to move them",
+                            description="Print which nodes hold each shard's replicas, the preferred primary first "
+                                        "(shard i on nodes (i + j) mod n, no two replicas in one rack where racks "
+                                        "allow). With --from, rebalance that earlier assignment onto --nodes, "
+                                        "moving as few replicas as possible, and print the moves. "
+                                        "design/sharding.md has the rules.")
+    p.add_argument("--nodes", required=True, metavar="N1,N2,...", type=lambda text: text.split(","),
+                   help="the nodes, comma-separated")
+    p.add_argument("--shards", type=int, metavar="K", help="number of shards (required without --from)")
+    p.add_argument("--replicas", type=int, metavar="R", help="replicas per shard (required without --from)")
+    for option, what in (("--rack", "RACK"), ("--region", "REGION")):
+        p.add_argument(option, metavar=f"NODE={what}", action="append", default=[], type=_node_label,
+                       help=f"the node's {what.lower()} (repeatable: every node or none)")
+    p.add_argument("--format", choices=("table", "json"), default="table", help="output format (default table)")
+    p.add_argument("--from", dest="old", metavar="OLD.json", help="an earlier `place --format json` to rebalance")
+    p.set_defaults(func=_place)
+
+
+def _node_label(text: str) -> tuple[str, str]:
+    node, sep, label = text.partition("=")
+    if not sep or not node or not label:
+        raise argparse.ArgumentTypeError(f"expected NODE=VALUE, got {text!r}")
+    return node, label
+
+
+def _place(args: argparse.Namespace) -> int:
+    from haqueue.shard.assignment import from_json, to_json, to_table
+    from haqueue.shard.errors import ShardError
+    from haqueue.shard.placement import place
+    from haqueue.shard.rebalance import rebalance, replica_count
+    from haqueue.shard.topology import Topology
+    try:
+        topology = Topology.of(args.nodes, _labels("--rack", args.rack), _labels("--region", args.region))
+        if args.old is None:
+            if args.shards is None or args.replicas is None:
+                raise ShardError("--shards and --replicas are required (or --from an earlier assignment)")
+            placement = place(topology, args.shards, args.replicas)
+        else:
+            with open(args.old, encoding="utf-8") as f:
+                old, old_nodes = from_json(f.read(), args.old)
+            for option, given, held in (("--shards", args.shards, len(old)), ("--replicas", args.replicas,
+                                                                             replica_count(old))):
+                if given is not None and given != held:
+                    raise ShardError(f"{option} {given}, but {args.old} has {held}: --from keeps the shards and "
+                                     f"replicas of the assignment it rebalances")
+            placement = rebalance(old, old_nodes, topology)
+    except ShardError as e:
+        _error(f"place: {e}")
+        return EXIT_USAGE
+    except OSError as e:
+        _error(f"place: {args.old}: cannot read: {e.strerror}")
+        return EXIT_USAGE
+    for warning in placement.warnings:
+        _error(f"place: warning: {warning}")
+    with_moves = args.old is not None
+    if args.format == "json":
+        print(json.dumps(to_json(placement, with_moves)))
+    else:
+        print(to_table(placement, with_moves))
+    return EXIT_OK
+
+
+def _labels(option: str, pairs: list[tuple[str, str]]) -> dict[str, str]:
+    from haqueue.shard.errors import ShardError
+    labels: dict[str, str] = {}
+    for node, label in pairs:
+        if node in labels:
+            raise ShardError(f"{option}: node {node!r} given twice")
+        labels[node] = label
+    return labels
+
+
 # ---- haqueue store -----------------------------------------------------------------------
 
 def _add_store(commands: Subparsers) -> None:
@@ -453,6 +530,13 @@ def _add_audit(commands: Subparsers) -> None:
                                      "CSV tables and a PNG chart to --out and a summary to stdout.")
     add_lag_arguments(lag)
     lag.set_defaults(func=run_lag)
+    watch = sub.add_parser("watch", help="live replication lag and missing copies per queue and backup",
+                           description="Follow the brokers' audit events as they are written with Spark Structured "
+                                       "Streaming and print, per window, the replication lag percentiles per queue "
+                                       "and backup, and every confirmed message a ready backup did not log within "
+                                       "--bound (MISSING). Runs until interrupted, --for SECONDS, or --once.")
+    add_watch_arguments(watch)
+    watch.set_defaults(func=run_watch)
 
 
 if __name__ == "__main__":

@@ -14,16 +14,18 @@ from __future__ import annotations
 import os
 import sys
 from dataclasses import dataclass, field
+from datetime import timedelta
 from typing import Any, Sequence
 
 import pandas as pd
 from pyspark.sql import Column, DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
-from haqueue.audit import schema
+from haqueue.audit import measures, schema
 from haqueue.audit.command import EXIT_CANNOT_TELL, EXIT_LOSS, EXIT_OK, EXIT_USAGE
+from haqueue.audit.progress import Progress, describe_input
+from haqueue.audit.sources import read_events, read_ledgers, session
 
-PERCENTILES = (0.5, 0.95, 0.99)
 # A primary's dequeue counts as not mirrored on a backup only if that backup kept logging at least
 # this long afterwards (µs): otherwise its log may just have ended first (crash, or still running).
 MIRROR_GRACE_US = 1_000_000
@@ -68,81 +70,17 @@ class Audit:
         return int(self.ledgers["lost"].sum()) if len(self.ledgers) else 0
 
 
-def session(master: str | None = None) -> SparkSession:
-    """A Spark session: `master`, else spark-submit's, else local[*] (tuned for one small machine)."""
-    if master is None and "PYSPARK_GATEWAY_PORT" not in os.environ:  # not launched by spark-submit
-        master = "local[*]"
-    builder = (SparkSession.builder.appName("haqueue-audit").config("spark.sql.session.timeZone", "UTC")
-               .config("spark.ui.showConsoleProgress", "false"))
-    if master is not None:
-        builder = builder.master(master)
-    if master is not None and master.startswith("local"):
-        builder = (builder.config("spark.ui.enabled", "false")
-                   .config("spark.sql.shuffle.partitions", str(4 * (os.cpu_count() or 2)))
-                   .config("spark.driver.memory", "4g"))
-    spark = builder.getOrCreate()
-    spark.sparkContext.setLogLevel("ERROR")
-    return spark
-
-
-# ---- reading -----------------------------------------------------------------------------------
-
-_CORRUPT = "_corrupt_record"  # Spark puts a line here, and nulls in the fields, when it is not JSON
-
-
-def read_events(spark: SparkSession, directory: str) -> tuple[DataFrame, DataFrame]:
-    """(valid events, typed; bad lines with their problem). A bad line is counted, never fatal."""
-    lines = (_json_reader(spark, schema.DDL).option("recursiveFileLookup", "true")
-             .option("pathGlobFilter", "*.jsonl").json(directory))
-    problem = F.when(F.col(_CORRUPT).isNotNull(), F.lit("unparsable"))
-    problem = problem.when(_any_null(F.col(name) for name in schema.REQUIRED), F.lit("missing field"))
-    problem = problem.when(~F.col("event").isin(*schema.EVENTS), F.lit("unknown event"))
-    for kind, names in schema.REQUIRED_FOR.items():
-        problem = problem.when((F.col("event") == kind) & _any_null(F.col(name) for name in names),
-                               F.lit("missing field"))
-    return _checked(lines, problem, schema.FIELDS)
-
-
-def read_ledgers(spark: SparkSession, paths: Sequence[str]) -> tuple[DataFrame, DataFrame]:
-    """(valid ledger lines, typed; bad lines with their problem), as read_events."""
-    lines = _json_reader(spark, schema.LEDGER_DDL).json(list(paths))
-    problem = F.when(F.col(_CORRUPT).isNotNull(), F.lit("unparsable"))
-    problem = problem.when(_any_null(F.col(name) for name in schema.LEDGER_FIELDS), F.lit("missing field"))
-    problem = problem.when(~F.col("op").isin(*schema.LEDGER_OPS), F.lit("unknown op"))
-    return _checked(lines, problem, schema.LEDGER_FIELDS)
-
-
-def _json_reader(spark: SparkSession, ddl: str) -> Any:
-    return (spark.read.schema(f"{ddl}, `{_CORRUPT}` STRING").option("mode", "PERMISSIVE")
-            .option("columnNameOfCorruptRecord", _CORRUPT))
-
-
-def _checked(lines: DataFrame, problem: Column, fields: Sequence[str]) -> tuple[DataFrame, DataFrame]:
-    """(the lines without a problem, typed; the others as file, problem, line)."""
-    checked = lines.withColumn("file", F.col("_metadata.file_name")).withColumn("problem", problem)
-    valid = checked.filter(F.col("problem").isNull()).select(*fields)
-    bad = checked.filter(F.col("problem").isNotNull()).select(
-        "file", "problem", F.coalesce(F.col(_CORRUPT), F.to_json(F.struct(*fields))).alias("line"))
-    return valid, bad
-
-
-def _any_null(columns: Any) -> Column:
-    result = F.lit(False)
-    for column in columns:
-        result = result | column.isNull()
-    return result
-
-
 # ---- the analysis ------------------------------------------------------------------------------
 
 def analyse(spark: SparkSession, directory: str, since: int | None = None, until: int | None = None,
-            ledgers: Sequence[str] = ()) -> Audit:
+            ledgers: Sequence[str] = (), bound: timedelta = measures.DEFAULT_BOUND) -> Audit:
     """The whole audit of the events under `directory`; since/until (µs) bound the events judged (the
-    ledgers, if any, are judged whole)."""
+    ledgers, if any, are judged whole); `bound`: how long after a confirmation a copy may come
+    (measures.absent_copies)."""
     events, bad = read_events(spark, directory)
-    events = events.withColumn("judged", _window(F.col("t"), since, until)).persist()
+    events = measures.timed(events).withColumn("judged", _window(F.col("t"), since, until)).persist()
     try:
-        audit = _analyse(events, bad)
+        audit = _analyse(events, bad, bound)
         if ledgers:
             entries, bad_entries = read_ledgers(spark, ledgers)
             audit.ledgers, audit.ledger_problems = _ledger_tables(events, entries)
@@ -162,7 +100,7 @@ def _window(t: Column, since: int | None, until: int | None) -> Column:
     return judged
 
 
-def _analyse(ev: DataFrame, bad: DataFrame) -> Audit:
+def _analyse(ev: DataFrame, bad: DataFrame, bound: timedelta) -> Audit:
     primary_side = ev.filter(F.col("role") != schema.BACKUP)
     enqueues = primary_side.filter(F.col("event") == schema.ENQUEUE)
     completes = primary_side.filter(F.col("event") == schema.COMPLETE)
@@ -175,10 +113,12 @@ def _analyse(ev: DataFrame, bad: DataFrame) -> Audit:
     # Where and when each message was first enqueued (a message keeps its uid and seq everywhere).
     origin = enqueues.groupBy("uid", "seq").agg(F.min("t").alias("t_enq"), F.min("epoch").alias("enq_epoch"))
 
+    marks = ev.filter(F.col("event") == schema.MARK)
+
     totals = _totals(ev)
-    lag = _lag(replicas, origin)
+    lag = measures.live_lag(replicas.filter(F.col("judged")), enqueues)
     unattested = _unattested(primary_side, replicas).persist()
-    problems = _problems(completes, dequeues, replicas, mirrored, runs).unionByName(
+    problems = _problems(completes, dequeues, replicas, mirrored, runs, marks, bound).unionByName(
         _as_problem(unattested, UNATTESTED, "t")).persist()
     try:
         counts = (problems.groupBy("queue", "backup", "problem").agg(F.sum("weight").alias("n")).toPandas()
@@ -206,29 +146,13 @@ def _bad_table(bad: DataFrame) -> pd.DataFrame:
     return table
 
 
-def _lag(replicas: DataFrame, origin: DataFrame) -> DataFrame:
-    """Live replicas in the window with their lag (µs): receive time minus the primary's enqueue time,
-    from the primary's own enqueue event, else the time the message carried (its log may have lost it)."""
-    live = replicas.filter((F.col("mode") == schema.LIVE) & F.col("judged"))
-    enqueued = F.coalesce(F.col("t_enq"), F.when(F.col("enqueued") > 0, F.col("enqueued")))
-    return (live.join(origin.select("uid", "seq", "t_enq"), ["uid", "seq"], "left")
-            .select("queue", "backup", "t", (F.col("t") - enqueued).alias("lag_us")))
-
-
-def _percentiles(column: str, prefix: str) -> list[Column]:
-    """p50/p95/p99 (nearest rank: each is an observed value) and max, in milliseconds."""
-    approx = F.percentile_approx(column, list(PERCENTILES), 10_000)
-    return [*(F.round(approx[i] / 1000.0, 3).alias(f"{prefix}_p{int(p * 100)}_ms") for i, p in enumerate(PERCENTILES)),
-            F.round(F.max(column) / 1000.0, 3).alias(f"{prefix}_max_ms")]
-
-
 def _per_backup(replicas: DataFrame, lag: DataFrame) -> DataFrame:
     judged = replicas.filter(F.col("judged"))
     counts = judged.groupBy("queue", "backup").agg(
         F.count("*").alias("received"),
         F.sum((F.col("mode") == schema.LIVE).cast("int")).alias("live"),
         F.sum((F.col("mode") == schema.CATCHUP).cast("int")).alias("catchup"))
-    stats = lag.groupBy("queue", "backup").agg(*_percentiles("lag_us", "lag"))
+    stats = lag.groupBy("queue", "backup").agg(*measures.percentiles("lag_us", "lag"))
     return counts.join(stats, ["queue", "backup"], "left")
 
 
@@ -241,9 +165,10 @@ _COUNT_COLUMNS = {MISSING: "missing", UNVERIFIED: "unverified", DUPLICATE: "dupl
 
 
 def _problems(completes: DataFrame, dequeues: DataFrame, replicas: DataFrame, mirrored: DataFrame,
-              runs: DataFrame) -> DataFrame:
-    missing, unverified = _missing(completes, dequeues, replicas, runs)
-    frames = [_as_problem(missing, MISSING, "t_done"), _as_problem(unverified, UNVERIFIED, "t_done"),
+              runs: DataFrame, marks: DataFrame, bound: timedelta) -> DataFrame:
+    absent = measures.absent_copies(completes.filter(F.col("judged")), replicas, dequeues, bound)
+    frames = [_as_problem(measures.missing(absent, marks, bound), MISSING, "t"),
+              _as_problem(measures.unverified(absent, marks, bound), UNVERIFIED, "t"),
               _as_problem(_duplicates(replicas), DUPLICATE, "t", F.col("copies") - 1),
               _as_problem(_order_violations(replicas), OUT_OF_ORDER, "t"),
               _as_problem(_unmirrored(dequeues, replicas, mirrored, runs), NOT_MIRRORED, "t_deq")]
@@ -256,25 +181,6 @@ def _problems(completes: DataFrame, dequeues: DataFrame, replicas: DataFrame, mi
 def _as_problem(frame: DataFrame, problem: str, time: str, weight: Column | None = None) -> DataFrame:
     return frame.select(F.lit(problem).alias("problem"), "queue", "seq", "message_id", "backup",
                         F.col(time).alias("t"), (weight if weight is not None else F.lit(1)).alias("weight"))
-
-
-def _missing(completes: DataFrame, dequeues: DataFrame, replicas: DataFrame,
-             runs: DataFrame) -> tuple[DataFrame, DataFrame]:
-    """Confirmed messages a backup that was ready at confirmation never received: (missing, unverified).
-
-    A message consumed on the primary before it was confirmed needs no copy. A backup whose log
-    ends before the confirmation (it crashed, or is still writing) cannot be judged: unverified."""
-    expected = (completes.filter(F.col("judged"))
-                .select("uid", "seq", "queue", "message_id", F.col("t").alias("t_done"),
-                        F.explode("backups").alias("backup")))
-    first_dequeue = dequeues.groupBy("uid", "seq").agg(F.min("t").alias("t_deq"))
-    expected = (expected.join(first_dequeue, ["uid", "seq"], "left")
-                .filter(F.col("t_deq").isNull() | (F.col("t_deq") >= F.col("t_done"))).drop("t_deq"))
-    absent = expected.join(replicas.select("uid", "seq", "backup"), ["uid", "seq", "backup"], "left_anti")
-    r = runs.select(F.col("broker").alias("r_broker"), "start", "end")
-    covered = ((F.col("backup") == F.col("r_broker")) & (F.col("start") <= F.col("t_done"))
-               & (F.col("t_done") <= F.col("end")))
-    return absent.join(F.broadcast(r), covered, "left_semi"), absent.join(F.broadcast(r), covered, "left_anti")
 
 
 def _unattested(primary_side: DataFrame, replicas: DataFrame) -> DataFrame:
@@ -336,7 +242,7 @@ def _queue_table(primary_side: DataFrame, completes: DataFrame, origin: DataFram
                                             (schema.DEQUEUE, "dequeued"))))
     latency = (completes.filter(F.col("judged")).join(origin, ["uid", "seq"])
                .withColumn("completion_us", F.col("t") - F.col("t_enq"))
-               .groupBy("queue").agg(*_percentiles("completion_us", "completion")))
+               .groupBy("queue").agg(*measures.percentiles("completion_us", "completion")))
     result = counts.filter(F.col("queue").isNotNull()).join(latency, "queue", "left").toPandas()
     sums = backups.groupby("queue")[list(_COUNT_COLUMNS.values())].sum()
     result = result.merge(sums, left_on="queue", right_index=True, how="outer")
@@ -456,7 +362,7 @@ def _totals(ev: DataFrame) -> dict[str, Any]:
 # ---- the command -------------------------------------------------------------------------------
 
 def run_audit(events: str, out: str, master: str | None, since: int | None, until: int | None,
-              fail_on_loss: bool, ledgers: Sequence[str] = ()) -> int:
+              fail_on_loss: bool, ledgers: Sequence[str] = (), bound: timedelta = measures.DEFAULT_BOUND) -> int:
     """`haqueue audit lag`: analyse, write the tables and the chart, print the summary; the exit code."""
     from haqueue.audit import report
 
@@ -469,7 +375,8 @@ def run_audit(events: str, out: str, master: str | None, since: int | None, unti
         return EXIT_USAGE
     spark = session(master)
     try:
-        audit = analyse(spark, events, since, until, ledgers)
+        with Progress(spark.sparkContext, describe_input(events)):
+            audit = analyse(spark, events, since, until, ledgers, bound)
     finally:
         spark.stop()
     report.write(audit, out)

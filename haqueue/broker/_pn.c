@@ -3,11 +3,14 @@
  * python-qpid-proton's cffi wrappers release and retake the GIL around every C call, and a message
  * costs the broker about twenty of them: a tenth of its CPU went to the GIL's mutexes. This module
  * calls the same engine, the functions of the already loaded cproton_ffi library found with dlsym,
- * without releasing the GIL (each call is a few hundred nanoseconds of C). Links, deliveries and
+ * without releasing the GIL (each call is a few hundred nanoseconds of C; read and write release it
+ * around their system calls only, as socket.recv and send do). Links, deliveries, transports and
  * collectors are passed as their addresses (Python ints); engine.py keeps cffi for everything else.
  *
  *   bind(path, PN_DELIVERY)                      find the functions in the library at path
- *   drain(collector, whole, partial_links) -> list   the delivery events at the collector's head, popped
+ *   read(transport, fd, budget) -> int           socket -> proton's input buffer, no copy on the way
+ *   write(transport, fd, offset) -> (int, int)   proton's output buffer -> socket, likewise
+ *   drain(collector, limit) -> list              the delivery events at the collector's head, popped
  *   send(link, tag, data, settled) -> int        a new delivery with these bytes, or the pieces of a
  *                                                list of bytes one after the other (0 if settled)
  *   settle(delivery, outcome)                    give the outcome (unless 0), settle
@@ -17,8 +20,10 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <dlfcn.h>
+#include <errno.h>
 #include <stdbool.h>
 #include <stdint.h>
+#include <sys/socket.h>
 
 typedef struct { size_t size; const char *start; } pn_bytes;
 
@@ -47,11 +52,17 @@ static void (*delivery_abort)(void *);
 static void (*delivery_update)(void *, uint64_t);
 static int (*link_credit)(void *);
 static pn_bytes (*delivery_tag)(void *);
+static ssize_t (*transport_capacity)(void *);
+static char *(*transport_tail)(void *);
+static int (*transport_process)(void *, size_t);
+static ssize_t (*transport_pending)(void *);
+static const char *(*transport_head)(void *);
+static void (*transport_pop)(void *, size_t);
 
 static int PN_DELIVERY = -1;
 enum { ACCEPTED = 0x24, MODIFIED = 0x27, TRANSACTIONAL = 0x34 };
-/* What drain() reports: a whole message in hand, an outcome, or a delivery for engine.py to read
- * itself (in pieces, aborted, over the read size). */
+/* What drain() reports: a whole message in hand, an outcome, or a delivery for engine.py to handle
+ * itself (aborted, over the size limit, transactional). */
 enum { RAW = 0, TRANSFER = 1, OUTCOME = 2 };
 enum { MAX_BATCH = 4096 };
 
@@ -64,7 +75,7 @@ enum { MAX_BATCH = 4096 };
         }                                                                                          \
     } while (0)
 
-static PyObject *bind(PyObject *self, PyObject *args)
+static PyObject *bind_library(PyObject *self, PyObject *args)
 {
     const char *path;
     if (!PyArg_ParseTuple(args, "si", &path, &PN_DELIVERY))
@@ -97,6 +108,12 @@ static PyObject *bind(PyObject *self, PyObject *args)
     FIND(delivery_update, "pn_delivery_update");
     FIND(link_credit, "pn_link_credit");
     FIND(delivery_tag, "pn_delivery_tag");
+    FIND(transport_capacity, "pn_transport_capacity");
+    FIND(transport_tail, "pn_transport_tail");
+    FIND(transport_process, "pn_transport_process");
+    FIND(transport_pending, "pn_transport_pending");
+    FIND(transport_head, "pn_transport_head");
+    FIND(transport_pop, "pn_transport_pop");
     Py_RETURN_NONE;
 }
 
@@ -108,9 +125,12 @@ static void *address(PyObject *value)
 #define ADDRESS(p) PyLong_FromVoidPtr(p)
 
 /* One delivery event as an item of drain's list, or NULL with *skip set when there is nothing to
- * report (an outcome event with no outcome yet). A message of up to `whole` bytes is read whole,
- * unless its link is in `partial_links` (engine.py reads a message in pieces there). */
-static PyObject *item(void *delivery, Py_ssize_t whole, PyObject *partial_links, bool *skip)
+ * report: an outcome event with no outcome yet, a message not complete yet (proton holds its frames
+ * until the last one: the message is then read with one copy into one bytes object, and no frame
+ * costs Python anything). A message over `limit` bytes (0: none), complete or not, an aborted one, a
+ * transactional one, and one behind such a message on its link (not readable until engine.py has
+ * read that one: it keeps their order) go to engine.py. */
+static PyObject *item(void *delivery, size_t limit, bool *skip)
 {
     void *link = delivery_link(delivery);
     *skip = false;
@@ -131,19 +151,15 @@ static PyObject *item(void *delivery, Py_ssize_t whole, PyObject *partial_links,
                              (unsigned long long)(state ? state : ACCEPTED),
                              failed ? Py_True : Py_False, undeliverable ? Py_True : Py_False);
     }
-    bool pieces = false;
-    if (PySet_GET_SIZE(partial_links) > 0) {
-        PyObject *key = ADDRESS(link);
-        if (key == NULL)
-            return NULL;
-        pieces = PySet_Contains(partial_links, key) == 1;
-        Py_DECREF(key);
-    }
-    /* A transactional transfer (its state names the transaction) is read by engine.py: a cold path. */
-    if (!pieces && !delivery_aborted(delivery) && delivery_readable(delivery) && !delivery_partial(delivery)
-        && delivery_remote_state(delivery) != TRANSACTIONAL) {
+    if (!delivery_aborted(delivery) && delivery_readable(delivery)) {
         size_t pending = delivery_pending(delivery);
-        if ((Py_ssize_t)pending <= whole) {
+        bool over = limit && pending > limit;
+        if (delivery_partial(delivery) && !over) {
+            *skip = true;
+            return NULL;
+        }
+        /* A transactional transfer (its state names the transaction) is read by engine.py: a cold path. */
+        if (!over && delivery_remote_state(delivery) != TRANSACTIONAL) {
             PyObject *data = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)pending);
             if (data == NULL)
                 return NULL;
@@ -162,10 +178,10 @@ static PyObject *item(void *delivery, Py_ssize_t whole, PyObject *partial_links,
 
 static PyObject *drain(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 3 || !PySet_Check(args[2]))
-        return PyErr_Format(PyExc_TypeError, "drain(collector, whole, partial_links: set)");
+    if (nargs != 2)
+        return PyErr_Format(PyExc_TypeError, "drain(collector, limit)");
     void *collector = address(args[0]);
-    Py_ssize_t whole = PyLong_AsSsize_t(args[1]);
+    size_t limit = PyLong_AsSize_t(args[1]);
     if (PyErr_Occurred())
         return NULL;
     PyObject *items = PyList_New(0);
@@ -175,7 +191,7 @@ static PyObject *drain(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     while (PyList_GET_SIZE(items) < MAX_BATCH && (event = collector_peek(collector)) != NULL
            && event_type(event) == PN_DELIVERY) {
         bool skip;
-        PyObject *one = item(event_delivery(event), whole, args[2], &skip);
+        PyObject *one = item(event_delivery(event), limit, &skip);
         collector_pop(collector); /* even when it failed: the next call goes on with the next event */
         if (one == NULL && !skip) {
             Py_DECREF(items);
@@ -193,6 +209,80 @@ static PyObject *drain(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     return items;
 }
 
+/* Read the socket straight into proton's input buffer (no bytes object, no copy into proton) until it
+ * has nothing more or `budget` bytes came, letting proton decode each read. Returns the bytes read,
+ * or -1 once the peer closed or the socket failed (after handing proton what came before). If proton
+ * takes no more input (it stopped reading), what comes is read and dropped. */
+static PyObject *read_socket(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 3)
+        return PyErr_Format(PyExc_TypeError, "read(transport, fd, budget)");
+    void *transport = address(args[0]);
+    int fd = (int)PyLong_AsLong(args[1]);
+    Py_ssize_t budget = PyLong_AsSsize_t(args[2]);
+    if (PyErr_Occurred())
+        return NULL;
+    char dropped[16384];
+    Py_ssize_t total = 0;
+    while (total < budget) {
+        ssize_t capacity = transport_capacity(transport);
+        char *into = capacity > 0 ? transport_tail(transport) : dropped;
+        size_t room = capacity > 0 ? (size_t)capacity : sizeof dropped;
+        ssize_t n;
+        Py_BEGIN_ALLOW_THREADS
+        n = recv(fd, into, room, MSG_DONTWAIT);
+        Py_END_ALLOW_THREADS
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
+            break;
+        if (n <= 0)
+            return PyLong_FromLong(-1);
+        if (capacity > 0)
+            transport_process(transport, (size_t)n);
+        total += n;
+        if ((size_t)n < room)
+            break; /* the socket had no more: spare the call that would say so */
+    }
+    return PyLong_FromSsize_t(total);
+}
+
+/* Write proton's pending output to the socket from proton's own buffer. `offset` is how much of the
+ * buffer's head went out already: proton moves what is left to the buffer's start on every pop, so a
+ * pop waits until all it holds is written (a large message to a slow reader would otherwise be moved
+ * once per write). Returns (0, 0) when all is written, (1, offset) when the socket is full, (-1, 0)
+ * when it failed. */
+static PyObject *write_socket(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 3)
+        return PyErr_Format(PyExc_TypeError, "write(transport, fd, offset)");
+    void *transport = address(args[0]);
+    int fd = (int)PyLong_AsLong(args[1]);
+    ssize_t offset = PyLong_AsSsize_t(args[2]);
+    if (PyErr_Occurred())
+        return NULL;
+    ssize_t pending;
+    while ((pending = transport_pending(transport)) > offset) {
+        const char *head = transport_head(transport);
+        ssize_t n;
+        Py_BEGIN_ALLOW_THREADS
+        n = send(fd, head + offset, (size_t)(pending - offset), MSG_DONTWAIT | MSG_NOSIGNAL);
+        Py_END_ALLOW_THREADS
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
+            return Py_BuildValue("(in)", 1, offset);
+        if (n < 0)
+            return Py_BuildValue("(in)", -1, (Py_ssize_t)0);
+        offset += n;
+        if (offset < pending)
+            return Py_BuildValue("(in)", 1, offset);
+        transport_pop(transport, (size_t)pending); /* all of it: nothing to move, and proton adds more */
+        offset = 0;
+    }
+    return Py_BuildValue("(in)", 0, (Py_ssize_t)0);
+}
+
 /* Hand one buffer's bytes to proton (which copies them into its own). */
 static int send_piece(void *link, PyObject *piece)
 {
@@ -204,7 +294,7 @@ static int send_piece(void *link, PyObject *piece)
     return 0;
 }
 
-static PyObject *send(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+static PyObject *send_delivery(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
     Py_buffer tag;
     if (nargs != 4)
@@ -273,12 +363,16 @@ static PyObject *tag(PyObject *self, PyObject *delivery)
 }
 
 static PyMethodDef methods[] = {
-    {"bind", bind, METH_VARARGS, "bind(path, PN_DELIVERY): find proton's functions in the loaded library"},
+    {"bind", bind_library, METH_VARARGS, "bind(path, PN_DELIVERY): find proton's functions in the loaded library"},
+    {"read", (PyCFunction)(void (*)(void))read_socket, METH_FASTCALL,
+     "read(transport, fd, budget) -> bytes read from the socket into the transport, -1 once it is closed"},
+    {"write", (PyCFunction)(void (*)(void))write_socket, METH_FASTCALL,
+     "write(transport, fd, offset) -> (0, 0) all written, (1, offset) the socket is full, (-1, 0) it failed"},
     {"drain", (PyCFunction)(void (*)(void))drain, METH_FASTCALL,
-     "drain(collector, whole, partial_links) -> the delivery events at the head of the collector, popped: "
+     "drain(collector, limit) -> the delivery events at the head of the collector, popped: "
      "(TRANSFER, link, delivery, data, settled), (OUTCOME, link, delivery, state, failed, undeliverable) "
      "or (RAW, link, delivery)"},
-    {"send", (PyCFunction)(void (*)(void))send, METH_FASTCALL,
+    {"send", (PyCFunction)(void (*)(void))send_delivery, METH_FASTCALL,
      "send(link, tag, data, settled) -> the new delivery (0 when sent settled)"},
     {"settle", (PyCFunction)(void (*)(void))settle, METH_FASTCALL, "settle(delivery, outcome): update unless 0, settle"},
     {"credit", credit, METH_O, "credit(link) -> the link's credit"},

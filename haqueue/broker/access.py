@@ -73,18 +73,28 @@ class _Login:
         self.password_hash = password_hash
         self._accepted: bytes | None = None
 
-    def check(self, password: str) -> bool:
+    def quick_check(self, password: str) -> bool | None:
+        """The answer, unless only the slow check of a hash can give it (None)."""
         if self.password is not None:
             return hmac.compare_digest(self.password.encode(), password.encode())
         if self.password_hash is None:  # a user who logs in only with a client certificate
             return False
-        digest = hmac.new(self._key, password.encode(), hashlib.sha256).digest()
-        if self._accepted is not None and hmac.compare_digest(digest, self._accepted):
+        if self._accepted is not None and hmac.compare_digest(self._digest(password), self._accepted):
             return True
+        return None
+
+    def check(self, password: str) -> bool:
+        quick = self.quick_check(password)
+        if quick is not None:
+            return quick
+        assert self.password_hash is not None
         if verify(self.password_hash, password):
-            self._accepted = digest
+            self._accepted = self._digest(password)
             return True
         return False
+
+    def _digest(self, password: str) -> bytes:
+        return hmac.new(self._key, password.encode(), hashlib.sha256).digest()
 
 
 class Access:
@@ -103,10 +113,18 @@ class Access:
         self._permissions[name] = permissions
 
     def authenticate(self, mechanism: str, user: str, password: str) -> bool:
+        """Whether to admit; may take an scrypt computation (PasswordChecks keeps it off the loop)."""
         if mechanism == "ANONYMOUS":
             return self.anonymous
         login = self._logins.get(user)
         return login is not None and login.check(password)
+
+    def quick_check(self, mechanism: str, user: str, password: str) -> bool | None:
+        """authenticate's answer when it is cheap; None when a password hash must be computed."""
+        if mechanism == "ANONYMOUS":
+            return self.anonymous
+        login = self._logins.get(user)
+        return False if login is None else login.quick_check(password)
 
     def may(self, user: str | None, action: str, address: str | None = None) -> bool:
         return self._permissions.get(user or "", NOTHING).may(action, address)

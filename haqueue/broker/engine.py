@@ -19,6 +19,7 @@ import errno
 import heapq
 import itertools
 import logging
+from logging import INFO, WARNING
 import select
 import signal
 import socket
@@ -35,7 +36,9 @@ from ..config import LimitsConfig, ListenerConfig
 from . import _pn, heap
 from .connection_limits import ConnectionLimits
 from .errors import BrokerError, FRAMING_ERROR, MESSAGE_SIZE_EXCEEDED, NOT_IMPLEMENTED, RESOURCE_LIMIT, UNAUTHORIZED
-from .sasl import AMQP_HEADER, SASL_HEADER, Authenticator, SaslClient, SaslServer
+from .password_checks import Logins, PasswordChecks
+from .refusal_log import RefusalLog
+from .sasl import AMQP_HEADER, SASL_HEADER, SaslClient, SaslServer
 from .tls import certificate_user
 
 log = logging.getLogger("haqueue.engine")
@@ -47,7 +50,15 @@ _PN_DELIVERY = lib.PN_DELIVERY
 _pn.bind(cproton_ffi.__file__, _PN_DELIVERY)
 _PN_LINK_FLOW = lib.PN_LINK_FLOW
 _READ_SIZE = 256 * 1024
-_RECEIVE_WINDOW = 2000  # credit a publisher link holds; topped up when half is used
+# Credit a link the broker receives on holds (a publisher's, or a backup's from its primary): topped up
+# when half is used, to as many messages of the sizes it sends as make _RECEIVE_BYTES, between
+# _RECEIVE_MIN and _RECEIVE_WINDOW. A publisher of large messages thus holds them back in its own
+# memory, not the socket's or the broker's: a window of 2,000 messages of 1 MB had the rhea producer
+# spend 50 % more CPU per message than one of 20 (design/performance.md, "Large messages").
+_RECEIVE_WINDOW = 2000
+_RECEIVE_FIRST = 10  # a new publisher link's, until its messages' sizes are known
+_RECEIVE_MIN = 2
+_RECEIVE_BYTES = 16 * 1024 * 1024
 _EPOLL_IN = select.EPOLLIN | select.EPOLLRDHUP
 _EPOLL_OUT = select.EPOLLOUT
 
@@ -72,7 +83,8 @@ class LinkHandler:
         effect at commit. The engine leaves the delivery unsettled: the handler settles it."""
 
     def on_credit(self) -> None:
-        """The peer granted credit on a link the broker sends on."""
+        """A link the broker sends on may send more: the peer granted credit, or the connection's output,
+        once over limits.output_buffer, has drained (Link.output_full)."""
 
     def on_detach(self) -> None:
         """The link is gone (detached, closed, or its connection lost)."""
@@ -139,7 +151,7 @@ class Link:
     link the broker sends on, target for one it receives on)."""
 
     __slots__ = ("ptr", "addr", "conn", "name", "is_sender", "address", "dynamic", "browse", "handler",
-                 "_tag", "_received", "_partial", "settle_first", "_properties_ptr",
+                 "_tag", "_received", "_received_bytes", "window", "settle_first", "_properties_ptr",
                  "closed", "coordinator", "held", "honoured_filters")
 
     def __init__(self, ptr: Any, conn: "Connection", outgoing_address: str | None = None) -> None:
@@ -151,7 +163,8 @@ class Link:
         self.handler: LinkHandler | None = None
         self._tag = 0
         self._received = 0  # receiving: messages taken since the credit was last topped up: credit owed
-        self._partial: dict[int, bytearray] = {}  # a message read in pieces so far, by delivery
+        self._received_bytes = 0  # ... and their bytes
+        self.window = 0  # receiving: the credit the peer holds once topped up
         self.closed = False
         self.held = False  # receiving: credit is not topped up (flow control)
         # sending: the source filters the broker applies, echoed in its attach (the others are left out, so
@@ -219,9 +232,15 @@ class Link:
             lib.pn_link_drained(self.ptr)
             self.conn.engine.dirty.add(self.conn)
 
-    def backlog(self) -> int:
-        """Bytes waiting to be written on this link's connection."""
-        return self.conn.backlog()
+    def output_full(self) -> bool:
+        """Is more than limits.output_buffer waiting to be written on this link's connection? If so the
+        handler's on_credit is called once it has drained below that (a peer that reads its socket
+        slowly gets nothing more meanwhile, and nothing stalls once it has read)."""
+        conn = self.conn
+        if conn.backlog() <= conn.engine.limits.output_buffer:
+            return False
+        conn.output_waiters.add(self)
+        return True
 
     # -- settling ----------------------------------------------------------------------------
     def settle(self, delivery: int, outcome: int = ACCEPTED, condition: str | None = None,
@@ -246,9 +265,28 @@ class Link:
         self.conn.engine.dirty.add(self.conn)
 
     # -- receiving ---------------------------------------------------------------------------
-    def flow(self, credit: int) -> None:
-        lib.pn_link_flow(self.ptr, credit)
-        self.conn.engine.dirty.add(self.conn)
+    def received(self, size: int) -> None:
+        """A message of `size` bytes came: its credit is owed, and granted again once half the window is."""
+        self._received += 1
+        self._received_bytes += size
+        if (self._received >= self.window >> 1 or self._received_bytes >= _RECEIVE_BYTES >> 1) and not self.held:
+            self._top_up()
+
+    def _top_up(self) -> None:
+        """Bring the peer's credit up to the window, first sized to the messages taken since the last top-up.
+        Credit granted cannot be taken back: when the window shrinks below what the peer holds, the peer
+        gets none until it is under."""
+        peer_holds = self.window - self._received
+        if self._received_bytes:
+            size = self._received_bytes // self._received
+            self.window = max(_RECEIVE_MIN, min(_RECEIVE_WINDOW, _RECEIVE_BYTES // max(size, 1)))
+        grant = self.window - peer_holds
+        if grant > 0:
+            lib.pn_link_flow(self.ptr, grant)
+            self.conn.engine.dirty.add(self.conn)
+        else:
+            self.window = peer_holds
+        self._received = self._received_bytes = 0
 
     def hold_credit(self) -> None:
         """Stop topping up the peer's credit: once it has sent what it holds, it can send no more."""
@@ -258,8 +296,7 @@ class Link:
         """Top the credit up to the window again, now and from here on."""
         self.held = False
         if self._received:
-            self.flow(self._received)
-            self._received = 0
+            self._top_up()
 
     def close(self, condition: str | None = None, description: str = "") -> None:
         if self.closed:
@@ -285,6 +322,8 @@ class Connection:
         self.peer = peer
         self.host = peer.rpartition(":")[0]  # the source address, as the per-address limit counts it
         self.transport = lib.pn_transport()
+        self.transport_addr = address(self.transport)
+        self.written = 0  # bytes at the head of proton's output buffer already written (_pn.write)
         if client is None:
             assert listener is not None
             lib.pn_transport_set_server(self.transport)
@@ -316,6 +355,7 @@ class Connection:
         self.next_tick = 0
         self.sessions = 0
         self.links: dict[int, Link] = {}  # by address
+        self.output_waiters: set[Link] = set()  # links held back by a full output (Link.output_full)
         self.remote_container = ""
         self.attachment: Any = None  # the broker's per-connection state
         self.client_error: str | None = None  # why an outgoing connection failed
@@ -385,9 +425,11 @@ class Connection:
         what = "TLS error" if self._tls_ready else "TLS handshake failed"
         if self.client is not None:
             self.client_error = f"{what}: {error}"
-            log.warning("connection to %s: %s: %s", self.peer, what, error)
+            self.engine.refusal_log(WARNING, self.peer, f"{what}: {error}", "connection to %s: %s: %s", self.peer,
+                                    what, error)
         else:
-            log.warning("connection %s refused: %s: %s", self.peer, what, error)
+            self.engine.refusal_log(WARNING, self.peer, f"{what}: {error}", "connection %s refused: %s: %s",
+                                    self.peer, what, error)
         self.phase = "refused"
         self._tls_pump()
         self.close_after_write()
@@ -418,23 +460,7 @@ class Connection:
         if self.phase == "sasl":
             assert self.sasl is not None
             out, rest = self.sasl.feed(data)
-            if out:
-                self.write_plain(out)
-            if self.client is not None:
-                return self._after_client_sasl(rest)
-            if self.sasl.done or self.sasl.failed:
-                if self.sasl.user is None:
-                    log.warning("connection %s refused: %s", self.peer, self.sasl.failed or "authentication failed")
-                    # Let the client read the outcome and close first: closing at once makes proton
-                    # report a framing error instead of the authentication failure.
-                    self.phase = "refused"
-                    self.engine.call_later(1.0, self.abort)
-                    return b""
-                self.user = self.sasl.user
-                self.phase = "header"
-                self.header = b""
-                return self._before_amqp(rest) if rest else b""
-            return b""
+            return self._sasl_progress(out, rest)
         self.header += data
         if len(self.header) < 8:
             return b""
@@ -442,7 +468,7 @@ class Connection:
         assert self.listener is not None  # only a connection the broker accepted reads a protocol header
         options = self.listener.options
         if header == SASL_HEADER and self.user is None:
-            self.sasl = SaslServer(self.listener.mechanisms(self.engine.anonymous), self.engine.authenticate,
+            self.sasl = SaslServer(self.listener.mechanisms(self.engine.anonymous), self._authenticate,
                                    self.certificate_user)
             self.phase = "sasl"
             self.write_plain(self.sasl.greeting())
@@ -450,23 +476,61 @@ class Connection:
         if header == AMQP_HEADER:
             if self.user is None:
                 if options.sasl == "required" or not self.engine.anonymous:
-                    log.warning("connection %s refused: SASL is required on %s:%s", self.peer,
-                                options.host, options.port)
+                    self.engine.refusal_log(WARNING, self.peer, "no SASL", "connection %s refused: SASL is "
+                                            "required on %s:%s", self.peer, options.host, options.port)
                     self.write_plain(SASL_HEADER)
                     self.close_after_write()
                     return b""
                 self.user = "anonymous"
             self.phase = "amqp"
             return header + rest
-        log.warning("connection %s refused: bad protocol header %r", self.peer, header)
+        self.engine.refusal_log(WARNING, self.peer, f"header {header!r}", "connection %s refused: bad protocol header %r",
+                                self.peer, header)
         self.write_plain(SASL_HEADER if options.sasl == "required" else AMQP_HEADER)
         self.close_after_write()
         return b""
 
+    def _authenticate(self, mechanism: str, user: str, password: str, answer: Callable[[bool], None]) -> None:
+        def later(ok: bool) -> None:
+            answer(ok)
+            self._sasl_answered()
+        self.engine.password_checks.check(mechanism, user, password, answer, later)
+
+    def _sasl_answered(self) -> None:
+        """A password checked off the loop has its answer: the SASL exchange goes on."""
+        if self.closed or not isinstance(self.sasl, SaslServer):
+            return
+        data = self._sasl_progress(*self.sasl.resume())
+        if data:
+            self._push(data)
+
+    def _sasl_progress(self, out: bytes, rest: bytes) -> bytes:
+        """Send what the SASL layer answered; once it is over, the bytes after it go on."""
+        assert self.sasl is not None
+        if out:
+            self.write_plain(out)
+        if self.client is not None:
+            return self._after_client_sasl(rest)
+        if not (self.sasl.done or self.sasl.failed):  # more frames to come, or a check under way
+            return b""
+        if self.sasl.user is None:
+            reason = self.sasl.failed or "authentication failed"
+            self.engine.refusal_log(WARNING, self.peer, reason, "connection %s refused: %s", self.peer, reason)
+            # Let the client read the outcome and close first: closing at once makes proton
+            # report a framing error instead of the authentication failure.
+            self.phase = "refused"
+            self.engine.call_later(1.0, self.abort)
+            return b""
+        self.user = self.sasl.user
+        self.phase = "header"
+        self.header = b""
+        return self._before_amqp(rest) if rest else b""
+
     def _after_client_sasl(self, rest: bytes) -> bytes:
         assert isinstance(self.sasl, SaslClient)
         if self.sasl.failed:
-            log.warning("connection to %s: %s", self.peer, self.sasl.failed)
+            self.engine.refusal_log(WARNING, self.peer, self.sasl.failed, "connection to %s: %s", self.peer,
+                                    self.sasl.failed)
             self.client_error = self.sasl.failed
             self.abort()
             return b""
@@ -500,7 +564,7 @@ class Connection:
 
     # -- output ------------------------------------------------------------------------------
     def backlog(self) -> int:
-        return max(lib.pn_transport_pending(self.transport), 0) + len(self.raw_out)
+        return max(lib.pn_transport_pending(self.transport) - self.written, 0) + len(self.raw_out)
 
     def flush(self) -> None:
         """Write what the layers have; register for EPOLLOUT when the socket is full."""
@@ -509,7 +573,14 @@ class Connection:
         transport = self.transport
         engine = self.engine
         blocked = False
-        if self.phase == "amqp":
+        if self.phase == "amqp" and self.tls is None and not self.raw_out:
+            # from proton's buffer, no copy on the way; what it holds is popped once all written
+            status, self.written = _pn.write(self.transport_addr, self.fd, self.written)
+            if status < 0:
+                self.abort()
+                return
+            blocked = status > 0
+        elif self.phase == "amqp":  # through TLS, or after bytes that wait in raw_out
             while True:
                 pending = lib.pn_transport_pending(transport)
                 if pending <= 0:
@@ -519,24 +590,10 @@ class Connection:
                 chunk = engine.out_view[:n]
                 if self.tls is not None:
                     self.tls.write(chunk)
-                    lib.pn_transport_pop(transport, n)
                     self._tls_pump()
-                    continue
-                if self.raw_out:
+                else:
                     self.raw_out += chunk
-                    lib.pn_transport_pop(transport, n)
-                    continue
-                try:
-                    sent = self.sock.send(chunk)
-                except BlockingIOError:
-                    sent = 0
-                except OSError:
-                    self.abort()
-                    return
-                lib.pn_transport_pop(transport, sent)
-                if sent < n:
-                    blocked = True
-                    break
+                lib.pn_transport_pop(transport, n)
         if self.raw_out and not blocked:
             try:
                 sent = self.sock.send(self.raw_out)
@@ -552,6 +609,15 @@ class Connection:
             engine.epoll.modify(self.fd, _EPOLL_IN | (_EPOLL_OUT if blocked else 0))
         if not blocked and self._finished():
             self.abort()
+            return
+        if self.output_waiters and self.backlog() <= engine.limits.output_buffer:
+            waiters, self.output_waiters = self.output_waiters, set()
+            for link in waiters:
+                if link.handler is not None and not link.closed:
+                    try:
+                        link.handler.on_credit()
+                    except Exception:
+                        log.exception("link credit handler failed")
 
     def _finished(self) -> bool:
         if self.closing and not self.raw_out:
@@ -619,6 +685,7 @@ class Connection:
         self.links[link.addr] = link
         lib.pn_link_open(ptr)
         if credit:
+            link.window = credit
             lib.pn_link_flow(ptr, credit)
         self.engine.dirty.add(self)
         return link
@@ -657,11 +724,12 @@ class Engine:
     """The event loop: sockets, proton transports, timers and signals."""
 
     def __init__(self, handler: EngineHandler, limits: LimitsConfig, container_id: str,
-                 authenticate: Authenticator, anonymous: bool) -> None:
+                 logins: Logins, anonymous: bool) -> None:
         self.handler = handler
         self.limits = limits
         self.container_id = container_id.encode()
-        self.authenticate = authenticate
+        self.password_checks = PasswordChecks(logins, self.call_soon_threadsafe)
+        self.refusal_log = RefusalLog(log)
         self.anonymous = anonymous
         self.connection_limits = ConnectionLimits(limits)
         self._closed_since_trim = 0  # connections gone since the heap's free memory was last given back
@@ -671,10 +739,7 @@ class Engine:
         self.connections: dict[int, Connection] = {}  # by fd
         self._by_ptr: dict[Any, Connection] = {}
         self.links: dict[int, Link] = {}  # by address
-        self.partial_links: set[int] = set()  # links with a message read in pieces so far (_on_raw_transfer)
         self._collector = address(self.collector)
-        # Messages up to this size arrive whole from _pn.drain; larger ones come in pieces, or are refused.
-        self._whole = min(_READ_SIZE, limits.max_message_size or _READ_SIZE)
         self.dirty: set[Connection] = set()
         self.out_buffer = ffi.new("char[]", _READ_SIZE)
         self.out_view = ffi.buffer(self.out_buffer)
@@ -872,6 +937,11 @@ class Engine:
             conn.tick(now_ms)
 
     def _read(self, conn: Connection) -> None:
+        if conn.phase == "amqp" and conn.tls is None:  # the socket straight into proton's buffer
+            if _pn.read(conn.transport_addr, conn.fd, _READ_SIZE) < 0:
+                conn.input_closed()
+            self.dirty.add(conn)
+            return
         try:
             data = conn.sock.recv(_READ_SIZE)
         except (BlockingIOError, InterruptedError):
@@ -910,8 +980,6 @@ class Engine:
         if self.links.pop(link.addr, None) is None:
             return
         link.conn.links.pop(link.addr, None)
-        self.partial_links.discard(link.addr)
-        link._partial.clear()  # a message read part way: its bytes go now
         link.closed = True
         handler, link.handler = link.handler, None  # its handler keeps the link, not the other way: no cycle
         if handler is not None:
@@ -929,7 +997,7 @@ class Engine:
         links = self.links
         while True:
             try:
-                items = _pn.drain(self._collector, self._whole, self.partial_links)
+                items = _pn.drain(self._collector, self.limits.max_message_size)
             except Exception:
                 log.exception("error reading proton's delivery events")
                 continue
@@ -968,49 +1036,36 @@ class Engine:
 
     def _on_message(self, link: Link, delivery: int, data: bytes, settled: bool) -> None:
         """A whole message from a publisher (read and advanced past by _pn.drain)."""
-        self._credit_used(link)
+        link.received(len(data))
         link.handler.on_message(delivery, data, settled)  # type: ignore[union-attr]
 
-    @staticmethod
-    def _credit_used(link: Link) -> None:
-        link._received += 1
-        if link._received >= _RECEIVE_WINDOW // 2 and not link.held:
-            lib.pn_link_flow(link.ptr, link._received)
-            link._received = 0
-
     def _on_raw_transfer(self, link: Link, handle: int) -> None:
-        """A delivery _pn.drain left to be read here: aborted, in pieces, or larger than a whole read."""
+        """A delivery _pn.drain left to be handled here: aborted, over limits.max_message_size (whole or
+        not yet), a whole transactional one, or one that was behind such a message on its link."""
         delivery = _delivery(handle)
         if lib.pn_delivery_aborted(delivery):
-            self._forget_partial(link, handle)
-            lib.pn_delivery_settle(delivery)
+            lib.pn_delivery_settle(delivery)  # what proton held of it goes with it
             return
         if not lib.pn_delivery_readable(delivery):
             return
         ptr = link.ptr
         pending = lib.pn_delivery_pending(delivery)
-        partial = lib.pn_delivery_partial(delivery)
         # Clients' messages only: what a primary sends its backups (batches, events) is the broker's own.
         limit = self.limits.max_message_size if link.conn.client is None else 0
-        if limit and pending > limit and not partial and not link._partial:
+        if limit and pending > limit:
+            if lib.pn_delivery_partial(delivery):
+                link.close(MESSAGE_SIZE_EXCEEDED, f"message larger than limits.max_message_size {limit} bytes")
+                return
             lib.pn_link_advance(ptr)  # its bytes are dropped with the settlement
             link.settle(handle, REJECTED, MESSAGE_SIZE_EXCEEDED,
                         f"message of {pending} bytes is over limits.max_message_size {limit}")
             return
-        buffered = link._partial.setdefault(handle, bytearray())
-        self.partial_links.add(link.addr)
+        if lib.pn_delivery_partial(delivery):
+            return  # the broker's own, over the clients' limit: read once whole
+        buffer = bytearray(pending)  # a cold path: the copy into bytes below does not matter
         if pending:
-            chunk = bytearray(pending)
-            lib.pn_link_recv(ptr, ffi.from_buffer(chunk), pending)
-            buffered += chunk
-        if limit and len(buffered) > limit:
-            self._forget_partial(link, handle)
-            link.close(MESSAGE_SIZE_EXCEEDED, f"message larger than limits.max_message_size {limit} bytes")
-            return
-        if partial:
-            return
-        data = bytes(buffered)
-        self._forget_partial(link, handle)
+            lib.pn_link_recv(ptr, ffi.from_buffer(buffer), pending)
+        data = bytes(buffer)
         lib.pn_link_advance(ptr)
         settled = bool(lib.pn_delivery_settled(delivery))
         if lib.pn_delivery_remote_state(delivery) == TRANSACTIONAL:
@@ -1022,15 +1077,10 @@ class Engine:
         """A transfer whose state names a transaction (AMQP 1.0 part 4): [txn-id]."""
         fields = _data_object(lib.pn_disposition_data(lib.pn_delivery_remote(_delivery(handle))))
         txn_id = bytes(fields[0]) if isinstance(fields, list) and fields and fields[0] is not None else b""
-        self._credit_used(link)
+        link.received(len(data))
         handler = link.handler
         if handler is None or not handler.on_txn_message(handle, data, settled, txn_id):
             link.settle(handle, REJECTED, NOT_IMPLEMENTED, "this link takes no transactional transfers")
-
-    def _forget_partial(self, link: Link, handle: int) -> None:
-        link._partial.pop(handle, None)
-        if not link._partial:
-            self.partial_links.discard(link.addr)
 
     def _on_outcome(self, link: Link, delivery: int, state: int, failed: bool, undeliverable: bool) -> None:
         """A consumer settled or gave an outcome for a message the broker sent."""
@@ -1072,8 +1122,8 @@ class Engine:
             except BrokerError as e:
                 conn.refusal = (e.condition, e.description)
         if conn.refusal is not None:
-            log.info("connection %s (%s, user %s) refused: %s", conn.peer, conn.remote_container, conn.user,
-                     conn.refusal[1])
+            self.refusal_log(INFO, conn.peer, conn.refusal[1], "connection %s (%s, user %s) refused: %s", conn.peer,
+                             conn.remote_container, conn.user, conn.refusal[1])
             conn.close(*conn.refusal)
             return
         lib.pn_connection_open(conn.ptr)
@@ -1159,7 +1209,7 @@ class Engine:
         conn.links[link.addr] = link
         lib.pn_link_open(ptr)
         if not link.is_sender:
-            link._received = _RECEIVE_WINDOW  # the whole window is owed: granted unless the handler holds it
+            link.window = link._received = _RECEIVE_FIRST  # the whole window is owed: granted unless held
             if not link.held:
                 link.resume_credit()
         elif lib.pn_link_credit(ptr):

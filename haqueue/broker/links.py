@@ -199,12 +199,11 @@ class Consumer(LinkHandler):
         self.owns_queue = owns_queue  # a dynamic or private queue that goes with this link
         self.presettled = link.settle_first
         self.unsettled: dict[Any, Entry] = {}
-        self._output_limit = broker.config.limits.output_buffer
 
     def credit(self) -> int:
         link = self.link
-        if link.closed or link.backlog() > self._output_limit:
-            return 0  # a peer that does not read its socket gets nothing more
+        if link.closed or link.output_full():
+            return 0  # a peer that does not read its socket gets nothing more until it has read
         return link.credit()
 
     def deliver(self, entry: Entry) -> None:

@@ -16,7 +16,7 @@ import bisect
 import heapq
 import logging
 import time
-from typing import Any, Callable, Protocol
+from typing import Any, Callable, Iterable, Protocol
 
 from .completion import Completion
 from .flow import BLOCK, LOW_WATER, Blocker, MemoryAlarm, ceiling
@@ -37,6 +37,17 @@ class Entry:
         self.expiry = expiry  # monotonic deadline; 0.0: never expires
         self.state = AVAILABLE
         self.durable = durable  # a durable message on a queue a store journals: the journals hear of it
+
+
+def seq_ranges(seqs: Iterable[int]) -> list[tuple[int, int]]:
+    """Seqs as sorted (first, last) runs: how a batch of them is written and sent."""
+    runs: list[tuple[int, int]] = []
+    for seq in sorted(seqs):
+        if runs and seq == runs[-1][1] + 1:
+            runs[-1] = (runs[-1][0], seq)
+        else:
+            runs.append((seq, seq))
+    return runs
 
 
 def _seq(entry: Entry) -> int:

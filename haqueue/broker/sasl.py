@@ -22,8 +22,9 @@ _MECHANISMS, _INIT, _OUTCOME = 0x40, 0x41, 0x44
 OK, AUTH_FAILED, SYS_ERROR = 0, 1, 2
 _FRAME = struct.Struct(">IBBH")
 
-# (mechanism, user, password) -> whether to admit
-Authenticator = Callable[[str, str, str], bool]
+# (mechanism, user, password, answer): calls answer(whether to admit), at once or later (a password
+# hash checked off the loop: the connection then calls SaslServer.resume)
+Authenticator = Callable[[str, str, str, Callable[[bool], None]], None]
 
 
 def _frame(descriptor: int, fields: list) -> bytes:
@@ -43,6 +44,7 @@ class SaslServer:
         self.certificate_user = certificate_user
         self.user: str | None = None
         self.done = False
+        self.checking = False  # a password check is under way: bytes wait in the buffer
         self.failed: str | None = None  # why authentication failed
         self._buffer = b""
 
@@ -54,7 +56,7 @@ class SaslServer:
         """(bytes to send, bytes that follow the SASL exchange)."""
         self._buffer += data
         out = b""
-        while not self.done and len(self._buffer) >= 8:
+        while not self.done and not self.checking and len(self._buffer) >= 8:
             size, doff, ftype, _channel = _FRAME.unpack_from(self._buffer)
             if size < 8 or ftype != 1 or size > 65536:
                 self.failed = f"malformed SASL frame (size {size}, type {ftype})"
@@ -84,38 +86,51 @@ class SaslServer:
             return _frame(_OUTCOME, [ubyte(SYS_ERROR)])
         fields = list(frame.value) + [None, None]
         mechanism, response = str(fields[0]), fields[1] or b""
-        self.done = True
-        user = self._check(mechanism, bytes(response))
-        if user is None:
-            return _frame(_OUTCOME, [ubyte(AUTH_FAILED)])
-        self.user = user
-        return _frame(_OUTCOME, [ubyte(OK)])
+        self._check(mechanism, bytes(response))
+        return self._outcome()
 
-    def _check(self, mechanism: str, response: bytes) -> str | None:
+    def _check(self, mechanism: str, response: bytes) -> None:
         if mechanism not in self.mechanisms:
-            self.failed = f"mechanism {mechanism} not offered"
-            return None
-        if mechanism == "ANONYMOUS":
-            return ANONYMOUS_USER if self.authenticate("ANONYMOUS", ANONYMOUS_USER, "") else None
-        if mechanism == "EXTERNAL":
-            return self._external(response.decode("utf-8", "replace"))
-        parts = response.split(b"\0")
-        if len(parts) != 3:
-            self.failed = "malformed PLAIN response"
-            return None
-        user, password = parts[1].decode("utf-8", "replace"), parts[2].decode("utf-8", "replace")
-        if not self.authenticate("PLAIN", user, password):
-            self.failed = f"wrong user name or password for '{user}'"
-            return None
-        return user
+            self._decided(None, f"mechanism {mechanism} not offered")
+        elif mechanism == "ANONYMOUS":
+            self._ask("ANONYMOUS", ANONYMOUS_USER, "", "anonymous access is not allowed")
+        elif mechanism == "EXTERNAL":
+            self._external(response.decode("utf-8", "replace"))
+        else:
+            parts = response.split(b"\0")
+            if len(parts) != 3:
+                self._decided(None, "malformed PLAIN response")
+                return
+            user, password = parts[1].decode("utf-8", "replace"), parts[2].decode("utf-8", "replace")
+            self._ask("PLAIN", user, password, f"wrong user name or password for '{user}'")
 
-    def _external(self, wanted: str) -> str | None:
+    def _ask(self, mechanism: str, user: str, password: str, refusal: str) -> None:
+        self.checking = True
+        self.authenticate(mechanism, user, password, lambda ok: self._decided(user if ok else None, refusal))
+
+    def _decided(self, user: str | None, refusal: str) -> None:
+        self.checking = False
+        self.done = True
+        self.user = user
+        if user is None:
+            self.failed = refusal
+
+    def _outcome(self) -> bytes:
+        if self.checking:
+            return b""
+        return _frame(_OUTCOME, [ubyte(OK if self.user is not None else AUTH_FAILED)])
+
+    def resume(self) -> tuple[bytes, bytes]:
+        """Once a check that answered later is done: (the outcome to send, the bytes that followed)."""
+        return self._outcome(), self._buffer if self.user is not None else b""
+
+    def _external(self, wanted: str) -> None:
         """The TLS layer has verified the certificate (its CA vouches for the name): the client is that user.
         It may name the identity it wants (RFC 4422's authzid), but only the certificate's own."""
         if wanted and wanted != self.certificate_user:
-            self.failed = f"EXTERNAL: the certificate of '{self.certificate_user}' cannot log in as '{wanted}'"
-            return None
-        return self.certificate_user
+            self._decided(None, f"EXTERNAL: the certificate of '{self.certificate_user}' cannot log in as '{wanted}'")
+        else:
+            self._decided(self.certificate_user, "")
 
 
 class SaslClient:

@@ -74,7 +74,7 @@ class Broker:
         self.memory = MemoryAlarm(config.limits.memory_limit)
         self.registry = Registry(config.auto_create, _queue_defaults(config.limits), self.schedule, self.memory)
         self.access = Access(config.users, config.anonymous)
-        self.engine = Engine(self, config.limits, config.name, self.access.authenticate, self.access.anonymous)
+        self.engine = Engine(self, config.limits, config.name, self.access, self.access.anonymous)
         self.management = Management(self)
         self.admission: list[Admission] = []
         self.endpoints: dict[str, Callable[[Link], LinkHandler]] = {}

@@ -8,7 +8,7 @@ stores exactly the bytes the primary holds.
 from __future__ import annotations
 
 import struct
-from typing import Any, Iterable, cast
+from typing import Any, cast
 
 from proton import Message
 
@@ -70,17 +70,6 @@ def unpack_batch(body: bytes) -> list[tuple[int, bytes]]:
         pairs.append((seq, body[offset:offset + size]))
         offset += size
     return pairs
-
-
-def ranges(seqs: Iterable[int]) -> list[tuple[int, int]]:
-    """Sorted seqs as (first, last) runs."""
-    runs: list[tuple[int, int]] = []
-    for seq in sorted(seqs):
-        if runs and seq == runs[-1][1] + 1:
-            runs[-1] = (runs[-1][0], seq)
-        else:
-            runs.append((seq, seq))
-    return runs
 
 
 def encode_ranges(runs: list[tuple[int, int]]) -> bytes:

@@ -28,23 +28,19 @@ def is_quorum(mode: str) -> bool:
     return mode in (QUORUM_MEM, QUORUM_DISK)
 
 
-class Quorum:
-    """One publish waiting for votes: `needed` distinct backups."""
-
-    __slots__ = ("completion", "voters")
-
-    def __init__(self, completion: Completion) -> None:
-        completion.hold()
-        self.completion = completion
-        self.voters: set[str] = set()
-
-
 class Quorums:
-    """The guard and observer of every message-replicated queue under a quorum mode."""
+    """The guard and observer of every message-replicated queue under a quorum mode.
+
+    Each backup votes once per message: for a live enqueue when it settles the transfer, for the
+    messages it caught up with when it settles the caught-up marker (ReplicatingSubscription keeps the
+    two apart), so votes are counted, not collected per voter. In a 3-broker cluster one vote is a
+    majority: no count is kept at all, a publish costs a dict entry.
+    """
 
     def __init__(self, cluster_size: int) -> None:
         self.needed = cluster_size // 2  # a majority is size // 2 + 1, and the primary is one of them
-        self.pending: dict[Queue, dict[int, Quorum]] = {}
+        self.pending: dict[Queue, dict[int, Completion]] = {}
+        self.votes: dict[Queue, dict[int, int]] = {}  # votes so far, when more than one is needed
 
     def guard(self, queue: Queue) -> None:
         if self.needed:
@@ -52,23 +48,32 @@ class Quorums:
             queue.observers.append(self)
 
     def hold(self, queue: Queue, entry: Entry, completion: Completion) -> None:
-        self.pending.setdefault(queue, {})[entry.seq] = Quorum(completion)
-
-    def vote(self, queue: Queue, seq: int, backup: str) -> None:
-        """`backup` has the message (it settled its live enqueue)."""
+        completion.hold()
         pending = self.pending.get(queue)
-        quorum = pending.get(seq) if pending else None
-        if pending is not None and quorum is not None:
-            quorum.voters.add(backup)
-            if len(quorum.voters) >= self.needed:
-                del pending[seq]
-                quorum.completion.release()
+        if pending is None:
+            pending = self.pending[queue] = {}
+        pending[entry.seq] = completion
 
-    def caught_up(self, queue: Queue, backup: str, missing: set[int]) -> None:
-        """`backup` holds every message of the queue but `missing` (a returning backup's catch-up): a vote
-        for each, so publishes made while too few backups were there are confirmed once enough are back."""
-        for seq in [s for s in self.pending.get(queue, ()) if s not in missing]:
-            self.vote(queue, seq, backup)
+    def vote(self, queue: Queue, seq: int) -> None:
+        """A backup has the message (it settled its live enqueue)."""
+        pending = self.pending.get(queue)
+        if pending is None or seq not in pending:
+            return
+        if self.needed > 1:
+            votes = self.votes.setdefault(queue, {})
+            count = votes.get(seq, 0) + 1
+            if count < self.needed:
+                votes[seq] = count
+                return
+            votes.pop(seq, None)
+        pending.pop(seq).release()
+
+    def caught_up(self, queue: Queue, before: int) -> None:
+        """A returning backup holds every message of the queue older than `before` (its first live
+        enqueue, which it votes for as it settles): a vote for each, so publishes made while too few
+        backups were there are confirmed once enough are back."""
+        for seq in [s for s in self.pending.get(queue, ()) if s < before]:
+            self.vote(queue, seq)
 
     def status(self) -> dict[str, int]:
         return {"needed_backups": self.needed, "waiting": sum(len(p) for p in self.pending.values())}
@@ -82,8 +87,11 @@ class Quorums:
 
     def dequeued(self, queue: Queue, entry: Entry) -> None:
         pending = self.pending.get(queue)
-        quorum = pending.pop(entry.seq, None) if pending else None
-        if quorum is not None:
-            quorum.completion.release()
+        completion = pending.pop(entry.seq, None) if pending else None
+        if completion is not None:
+            completion.release()
+            if self.needed > 1:
+                self.votes.get(queue, {}).pop(entry.seq, None)
         if queue.deleted and not pending:
             self.pending.pop(queue, None)
+            self.votes.pop(queue, None)

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..broker.completion import Completion
 from ..broker.engine import ACCEPTED, Link, LinkHandler
-from ..broker.queue import DEQUEUED, Entry, Queue
+from ..broker.queue import DEQUEUED, Entry, Queue, seq_ranges
 from . import protocol
 
 if TYPE_CHECKING:
@@ -76,6 +76,7 @@ class ReplicatingSubscription(LinkHandler):
         self.marker_sent = False
         self.marker: Any = None  # the caught-up marker's delivery
         self._events_timer = False
+        self.first_live = queue.next_seq  # older messages reach the backup by catch-up (or it has them)
         live = queue.entries()
         starts = [first for first, _ in have]
         self.catchup = [e for e in live if not _in_runs(starts, have, e.seq)]
@@ -228,7 +229,7 @@ class ReplicatingSubscription(LinkHandler):
                 now = [s for s in seqs if limit is None or s < limit]
                 if now:
                     later = [s for s in seqs if limit is not None and s >= limit]
-                    link.send(protocol.encode_ranges(protocol.ranges(now)), settled=True,
+                    link.send(protocol.encode_ranges(seq_ranges(now)), settled=True,
                               tag=protocol.message_tag(kind, 0, 0))
                     credit -= 1
                     seqs[:] = later
@@ -265,13 +266,12 @@ class ReplicatingSubscription(LinkHandler):
                 if completion is not None:
                     completion.release()
                 elif quorums is not None:
-                    quorums.vote(self.queue, seq, self.backup.name)
+                    quorums.vote(self.queue, seq)
         elif self.marker_sent and not self.caught_up and delivery == self.marker:
             self.backup.primary.ha.context_changing()
             self.caught_up = True
             if self.quorums is not None:
-                missing = {seq for seqs in self.deliveries.values() for seq in seqs} | {e.seq for e in self.pending}
-                self.quorums.caught_up(self.queue, self.backup.name, missing)
+                self.quorums.caught_up(self.queue, self.first_live)
             self.backup.changed()
 
     def overdue(self, timeout: float) -> bool:

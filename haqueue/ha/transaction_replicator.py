@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any
 
-from ..broker.queue import Entry, Queue
+from ..broker.queue import Entry, Queue, seq_ranges
 from . import protocol
 
 if TYPE_CHECKING:
@@ -59,7 +59,7 @@ class TransactionReplicator:
             for queue, entry in commit.entries:
                 queue.journal(entry)
             for replicator, seqs in commit.dequeues:
-                replicator.apply_dequeues(protocol.ranges(seqs))
+                replicator.apply_dequeues(seq_ranges(seqs))
         for queue, entry in commit.entries:
             for hook in self.backup.ha.replication_hooks:
                 hook(queue, protocol.ENQUEUE, entry.seq, 0, entry.data)

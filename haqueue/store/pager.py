@@ -138,7 +138,7 @@ class QueuePager:
                 size = self.lengths[i] - records.ENQUEUE_OVERHEAD
                 store.live[location >> SHIFT] -= 1
                 store.live_bytes -= size
-                store.append(records.dequeue(journal.qid, self.seqs[i]))
+                store.dequeue(journal.qid, self.seqs[i])
                 dropped.append((self.seqs[i], size, 0))
             if location != DROPPED:
                 self.locations[i] = DROPPED

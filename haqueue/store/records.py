@@ -16,7 +16,9 @@ MAGIC = b"HQ"
 _HEAD = struct.Struct(">2sII")  # magic, length, crc
 HEAD_SIZE = _HEAD.size
 _ENQUEUE = struct.Struct(">BIQd")  # type, qid, seq, expiry (wall clock, 0: never)
-_DEQUEUE = struct.Struct(">BIQ")
+_DEQUEUE = struct.Struct(">BIQ")  # a version-1 journal's dequeue: one per message
+_DEQUEUES = struct.Struct(">BI")  # type, qid; then (first, last) u64 pairs
+_RANGE = struct.Struct(">QQ")
 _QID = struct.Struct(">I")
 _GROUP = struct.Struct(">BI")
 MAX_RECORD = 1 << 31  # a length above this is garbage, not a record
@@ -27,19 +29,27 @@ QUEUE, QUEUE_DELETED = ord("Q"), ord("q")  # payload: qid u32, then JSON {name, 
 EXCHANGE, EXCHANGE_DELETED = ord("X"), ord("x")  # JSON {name, type, uid, args} / {name, uid}
 BINDING, UNBOUND = ord("B"), ord("b")  # JSON {exchange, queue, key, uid, args} / {exchange, queue, key}
 ENQUEUE, DEQUEUE = ord("E"), ord("D")
+DEQUEUES = ord("R")  # one queue's dequeues of a loop pass, as seq ranges (version 2)
 GROUP = ord("G")  # payload: count u32: the next `count` records are kept whole or not at all (a transaction)
 
-VERSION = 1
+VERSION = 2  # the journal this broker writes
+READABLE = (1, 2)  # version 1 wrote a D record per dequeue
 
 
 def _frame(body: bytes) -> bytes:
     return _HEAD.pack(MAGIC, len(body), zlib.crc32(body)) + body
 
 
-def enqueue(qid: int, seq: int, expiry: float, data: bytes) -> bytes:
+def enqueue_head(qid: int, seq: int, expiry: float, data: bytes) -> bytes:
+    """An E record up to its message: the journal writes the two one after the other, never joined
+    (a copy of every durable message's bytes)."""
     head = _ENQUEUE.pack(ENQUEUE, qid, seq, expiry)
     crc = zlib.crc32(data, zlib.crc32(head))
-    return b"".join((_HEAD.pack(MAGIC, len(head) + len(data), crc), head, data))
+    return _HEAD.pack(MAGIC, len(head) + len(data), crc) + head
+
+
+def enqueue(qid: int, seq: int, expiry: float, data: bytes) -> bytes:
+    return enqueue_head(qid, seq, expiry, data) + data
 
 
 ENQUEUE_OVERHEAD = HEAD_SIZE + _ENQUEUE.size
@@ -56,8 +66,14 @@ def message_at(record: bytes) -> bytes | None:
     return found.data if found is not None and found.type == ENQUEUE else None
 
 
-def dequeue(qid: int, seq: int) -> bytes:
-    return _frame(_DEQUEUE.pack(DEQUEUE, qid, seq))
+def dequeues(qid: int, runs: list[tuple[int, int]]) -> bytes:
+    """The dequeues of a pass on one queue: (first, last) runs of seqs."""
+    pack = _RANGE.pack
+    return _frame(b"".join([_DEQUEUES.pack(DEQUEUES, qid), *[pack(first, last) for first, last in runs]]))
+
+
+def _runs(body: memoryview | bytes, start: int, end: int) -> list[tuple[int, int]]:
+    return list(_RANGE.iter_unpack(body[start + _DEQUEUES.size:end]))
 
 
 def group(count: int) -> bytes:
@@ -106,6 +122,9 @@ def _decode(body: memoryview, offset: int, end: int) -> Record:
     if kind == DEQUEUE:
         _, qid, seq = _DEQUEUE.unpack_from(body)
         return Record(kind, offset, end, qid, seq)
+    if kind == DEQUEUES:
+        _, qid = _DEQUEUES.unpack_from(body)
+        return Record(kind, offset, end, qid, fields=_runs(body, 0, len(body)))
     if kind == GROUP:
         _, count = _GROUP.unpack_from(body)
         return Record(kind, offset, end, seq=count)
@@ -170,6 +189,7 @@ def read_segment(path: str, data: bytes, last: bool,
     pos, n = 0, len(data)
     unpack_head, crc32 = _HEAD.unpack_from, zlib.crc32
     unpack_enqueue, unpack_dequeue, skip = _ENQUEUE.unpack_from, _DEQUEUE.unpack_from, _ENQUEUE.size
+    unpack_dequeues = _DEQUEUES.unpack_from
     while pos < n:
         start = pos + HEAD_SIZE
         if start <= n:
@@ -182,6 +202,10 @@ def read_segment(path: str, data: bytes, last: bool,
         if kind == ENQUEUE:
             _, qid, seq, expiry = unpack_enqueue(data, start)
             found.append((ENQUEUE, qid, seq, expiry, data[start + skip:end] if bodies else b"", pos, end - pos))
+        elif kind == DEQUEUES:
+            qid = unpack_dequeues(data, start)[1]
+            for low, high in _runs(data, start, end):
+                found.extend([(DEQUEUE, qid, seq, 0.0, b"", pos, end - pos) for seq in range(low, high + 1)])
         elif kind == DEQUEUE:
             _, qid, seq = unpack_dequeue(data, start)
             found.append((DEQUEUE, qid, seq, 0.0, b"", pos, end - pos))

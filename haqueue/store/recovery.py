@@ -79,9 +79,9 @@ def read_journal(directory: str, repair: bool, bodies: bool = True) -> Image:
         header = found[0] if found else None
         if header is not None and (not isinstance(header, Record) or header.type != records.SEGMENT):
             raise Corrupt(path, 0, "the segment does not start with its header")
-        if header is not None and header.fields.get("version") != records.VERSION:
-            raise Corrupt(path, 0, f"journal version {header.fields.get('version')} is not "
-                                   f"{records.VERSION}, the one this broker reads")
+        if header is not None and header.fields.get("version") not in records.READABLE:
+            raise Corrupt(path, 0, f"journal version {header.fields.get('version')} is not one this broker "
+                                   f"reads ({', '.join(map(str, records.READABLE))})")
         if header is not None:
             image.created[number] = float(header.fields.get("created", 0.0))
         _apply(image, found, number)

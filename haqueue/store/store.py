@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from ..broker.completion import Completion
 from ..broker.errors import RecoveryError
-from ..broker.queue import Entry, Queue
+from ..broker.queue import Entry, Queue, seq_ranges
 from ..config import StoreConfig
 from . import records
 from .pager import SHIFT, QueuePager, Reader
@@ -70,7 +70,8 @@ class QueueJournal:
         self.memory_bytes += size
         self.where[entry] = store.next_location()
         store.live[store.segment] += 1
-        store.append(records.enqueue(self.qid, entry.seq, entry.expiry + store.clock if entry.expiry else 0.0, data))
+        store.append_message(records.enqueue_head(self.qid, entry.seq, entry.expiry + store.clock if entry.expiry else 0.0,
+                                                  data), data)
 
     def dequeued(self, queue: Queue, entry: Entry) -> None:
         location = self.where.pop(entry, None)
@@ -82,7 +83,7 @@ class QueueJournal:
         store.live_bytes -= size
         self.memory_bytes -= size
         if not queue.deleted:  # a deleted queue's record says it all
-            store.append(records.dequeue(self.qid, entry.seq))
+            store.dequeue(self.qid, entry.seq)
 
     def merged(self, queue: Queue, entries: list[Entry]) -> None:
         for entry in entries:
@@ -101,14 +102,21 @@ class AtomicGroup:
     def __init__(self, store: "Store") -> None:
         self.store = store
         self.pending = store.pending
-        self.at = len(store.pending)
+        self.at = 0
+        self.first = 0
 
     def __enter__(self) -> None:
-        self.store.append(records.group(0))
+        store = self.store
+        store.write_dequeues()  # the pass's dequeues so far are not the group's
+        self.at = len(store.pending)
+        self.first = store.appended
+        store.append(records.group(0))
 
     def __exit__(self, *exc: object) -> None:
-        assert self.store.pending is self.pending, "a writer job was made inside an atomic group"
-        self.pending[self.at] = records.group(len(self.pending) - self.at - 1)
+        store = self.store
+        store.write_dequeues()  # the group's own
+        assert store.pending is self.pending, "a writer job was made inside an atomic group"
+        self.pending[self.at] = records.group(store.appended - self.first - 1)
 
 
 class Store:
@@ -122,8 +130,10 @@ class Store:
         self.wiring = WiringJournal(self)
         self.next_qid = 1
         # This pass's records and the completions they will release, handed to the writer at its end.
-        self.pending: list[bytes] = []
+        self.pending: list[bytes] = []  # an E record as two pieces: its head, then the message
         self.pending_size = 0
+        self.appended = 0  # records appended, ever
+        self.dequeues: dict[int, list[int]] = {}  # qid -> this pass's dequeues, one record each at its end
         self.waiting: list[Completion] = []
         self.scheduled = False
         self.deleted = False  # Dispatchable: the broker skips deleted items
@@ -253,7 +263,31 @@ class Store:
     def append(self, record: bytes) -> None:
         self.pending.append(record)
         self.pending_size += len(record)
+        self.appended += 1
         self._flush_at_end_of_pass()
+
+    def append_message(self, head: bytes, data: bytes) -> None:
+        """An E record, head and message as they are (writev writes them one after the other)."""
+        pending = self.pending
+        pending.append(head)
+        pending.append(data)
+        self.pending_size += len(head) + len(data)
+        self.appended += 1
+        self._flush_at_end_of_pass()
+
+    def dequeue(self, qid: int, seq: int) -> None:
+        seqs = self.dequeues.get(qid)
+        if seqs is None:
+            seqs = self.dequeues[qid] = []
+            self._flush_at_end_of_pass()
+        seqs.append(seq)
+
+    def write_dequeues(self) -> None:
+        """The dequeues so far, a record per queue: at the end of the pass, and around an atomic group."""
+        if self.dequeues:
+            dequeues, self.dequeues = self.dequeues, {}
+            for qid, seqs in dequeues.items():
+                self.append(records.dequeues(qid, seq_ranges(seqs)))
 
     def atomically(self) -> "AtomicGroup":
         """Records appended within form one group that recovery keeps whole or not at all."""
@@ -273,10 +307,11 @@ class Store:
     def dispatch(self) -> None:
         """The end of a loop pass: hand this pass's records to the writer as one job."""
         self.scheduled = False
-        if self.pending or self.waiting:
+        if self.pending or self.waiting or self.dequeues:
             self._flush()
 
     def _flush(self, unlink: list[int] | None = None) -> None:
+        self.write_dequeues()
         job = Job(self.pending, self.pending_size, done=self.waiting, unlink=unlink or [])
         self.pending, self.pending_size, self.waiting = [], 0, []
         self._submit(job)
@@ -369,7 +404,7 @@ class Store:
                     self.live[self.segment] += 1
                     pager.locations[i] = self.next_location()
                     expiry = pager.expiries[i]
-                    self.append(records.enqueue(journal.qid, pager.seqs[i], expiry, data))
+                    self.append_message(records.enqueue_head(journal.qid, pager.seqs[i], expiry, data), data)
                     count += 1
         return count
 

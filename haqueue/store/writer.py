@@ -43,7 +43,7 @@ def fsync_directory(directory: str) -> None:
 
 @dataclass(slots=True)
 class Job:
-    records: list[bytes]
+    records: list[bytes]  # in order; a record may come in pieces (an E record: its head, then the message)
     size: int
     roll: int = 0  # start segment `roll` before writing the records
     done: list[Any] = field(default_factory=list)  # given back once synced (completions)

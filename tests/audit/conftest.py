@@ -20,9 +20,9 @@ sys.path.insert(0, str(HERE.parent / "ha"))
 @pytest.fixture(scope="session")
 def spark():
     pytest.importorskip("pyspark")
-    from haqueue.audit import lag
+    from haqueue.audit import sources
 
-    session = lag.session("local[2]")
+    session = sources.session("local[2]")
     yield session
     session.stop()
 

@@ -4,6 +4,7 @@ failover; bad input counted, never fatal; the time window; the command line and 
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from datetime import datetime, timezone
 
@@ -222,3 +223,25 @@ def test_ledgers_find_lost_duplicated_unexpected_and_what_is_left(spark, tmp_pat
         ("duplicated", "q", "msg-2"), ("lost", "q", "msg-6"), ("unexpected", "q", "9")]
     assert audit.missing == 1 and audit.lost == 1  # msg-6: found from the events and from the ledgers
     assert rows(audit.bad_input, ["file", "problem", "lines"])[-1] == ("consumer.jsonl", "unknown op", 1)
+
+
+def test_a_long_audit_shows_its_progress_on_stderr(tmp_path):
+    """What it reads, then Spark's tasks as they finish, on stderr; stdout keeps the summary alone."""
+    log = EventLog()
+    for seq in range(1, 30_001):
+        t = T0 + seq * 20
+        log.message("b0", 1, schema.ENQUEUE, t, schema.PRIMARY, 1, seq)
+        log.message("b1", 2, schema.REPLICATE, t + 100, schema.BACKUP, 1, seq, mode=schema.LIVE, enqueued=t)
+        log.message("b0", 1, schema.COMPLETE, t + 500, schema.PRIMARY, 1, seq, backups=["b1"])
+    for broker, run, role in (("b0", 1, schema.PRIMARY), ("b1", 2, schema.BACKUP)):
+        log.mark(broker, run, T0 + SECOND, role, 1)
+    events = log.write(tmp_path / "events")
+    size = sum(f.stat().st_size for f in events.iterdir()) / 1e6
+    result = run_haqueue(["audit", "lag", "--events", str(events), "--out", str(tmp_path / "out"),
+                          "--master", "local[2]"], timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    progress = [line for line in result.stderr.splitlines() if line.startswith("haqueue audit: ")]
+    assert progress[0] == f"haqueue audit: reading 2 event files, {size:,.1f} MB"
+    tasks = [line for line in progress[1:] if re.fullmatch(r"haqueue audit: Spark job \d+: [\d,]+/[\d,]+ tasks", line)]
+    assert tasks, result.stderr[-3000:]
+    assert result.stdout.startswith("haqueue audit: 90,002 events from 2 brokers")

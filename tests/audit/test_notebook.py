@@ -1,5 +1,5 @@
 """The notebook shipped with the package runs headless (nbclient) on a small event set and shows
-the same figures as the command."""
+the same figures as the command, and its live section runs `haqueue audit watch`."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -28,6 +28,9 @@ def test_notebook_runs_on_a_small_event_set(tmp_path, monkeypatch):
     text = "".join(o.get("text", "") for o in outputs if o.output_type == "stream")
     assert "77 events, 0 bad lines" in text
     assert "LOSS: 1 confirmed message missing on a ready backup" in text
+    # The live section: the streaming job, once over the same events, finds the same missing message.
+    assert "2027-01-15 08:00:00.000–2027-01-15 08:00:01.000 q b2: 10 live, lag ms p50 0.300" in text
+    assert "MISSING q on b2: message msg-7 (seq 7)" in text
     images = [o for o in outputs if "image/png" in o.get("data", {})]
     assert len(images) == 2  # the lag distribution and the lag-over-time chart
     assert (tmp_path / "lag.png").exists()

@@ -2,7 +2,12 @@
 client sees, through proton clients (links and `$management` requests) and `haqueue admin`."""
 from __future__ import annotations
 
+import base64
+import hashlib
 import json
+import os
+import threading
+import time
 
 import pytest
 from proton import Delivery, Message
@@ -17,6 +22,7 @@ pytestmark = pytest.mark.timeout(120)
 UNAUTHORIZED = "amqp:unauthorized-access"
 PASSWORDS = {"ops": "ops-secret-1", "app": "app-secret-2", "legacy": "legacy-secret-3", "reader": "reader-secret-4"}
 ALL = {"send": ["*"], "receive": ["*"], "manage": ["*"], "admin": True}
+COSTLY_N = 1 << 17
 
 
 def passwd(password: str) -> str:
@@ -24,6 +30,13 @@ def passwd(password: str) -> str:
     p = run_haqueue(["passwd"], input=password + "\n")
     assert p.returncode == 0, p.stderr
     return p.stdout.strip()
+
+
+def costly_hash(password: str) -> str:
+    """A hash as `haqueue passwd` writes them, but 8 times as costly to check (scrypt N = 2**17, 128 MiB)."""
+    salt = os.urandom(16)
+    key = hashlib.scrypt(password.encode(), salt=salt, n=COSTLY_N, r=8, p=1, maxmem=256 << 20, dklen=32)
+    return f"$scrypt$ln=17,r=8,p=1${base64.b64encode(salt).decode().rstrip('=')}${base64.b64encode(key).decode().rstrip('=')}"
 
 
 @pytest.fixture(scope="module")
@@ -36,6 +49,7 @@ def broker(tmp_path_factory):
             "legacy": PASSWORDS["legacy"],  # a plain password, as before permissions: allowed everything
             "reader": {"password_hash": passwd(PASSWORDS["reader"]),
                        "allow": {"receive": ["orders.*", "events"], "manage": ["orders.*"]}},
+            "costly": {"password_hash": costly_hash("costly-secret-7"), "allow": {}},
         },
         "queues": [{"name": "orders.eu"}, {"name": "payments"}, {"name": "public.news"}],
         "exchanges": [{"name": "events", "type": "topic"}, {"name": "audit", "type": "fanout"}],
@@ -293,12 +307,51 @@ def test_hashed_password_logs_in_and_a_wrong_one_does_not(broker):
         Client(broker, user="reader", password="not-the-password-5", allowed_mechs="PLAIN", timeout=5)
 
 
+def test_wrong_passwords_against_a_costly_hash_never_hold_up_other_clients(broker):
+    """Checking `costly`'s hash takes one scrypt of 128 MiB. Three wrong logins at once are checked one
+    after the other, away from the loop: a client already connected gets its answers all along."""
+    started = time.monotonic()
+    hashlib.scrypt(b"x", salt=b"s" * 16, n=COSTLY_N, r=8, p=1, maxmem=256 << 20, dklen=32)
+    one_check = time.monotonic() - started
+    refused = []
+
+    def wrong_login() -> None:
+        try:
+            Client(broker, user="costly", password="not-it-8", allowed_mechs="PLAIN", timeout=30).close()
+        except Exception as e:  # the refusal
+            refused.append(e)
+
+    with connect(broker, "ops") as c:
+        c.roundtrip()
+        logins = [threading.Thread(target=wrong_login) for _ in range(3)]
+        for t in logins:
+            t.start()
+        waits = []
+        while any(t.is_alive() for t in logins):
+            started = time.monotonic()
+            c.roundtrip()
+            waits.append(time.monotonic() - started)
+        for t in logins:
+            t.join()
+    assert len(refused) == 3
+    assert len(waits) > 3 and max(waits) < one_check / 2, (waits, one_check)
+    Client(broker, user="costly", password="costly-secret-7", allowed_mechs="PLAIN").close()  # the right one logs in
+
+
+def test_a_client_retrying_a_wrong_password_is_logged_once(broker):
+    """Five attempts in a row from one host: one warning (the next, a minute on, would count the rest)."""
+    for _ in range(5):
+        with pytest.raises(Exception):
+            Client(broker, user="legacy", password="wrong-again-9", allowed_mechs="PLAIN", timeout=5)
+    assert broker.log().count("refused: wrong user name or password for 'legacy'") == 1
+
+
 def test_passwords_are_never_logged(broker):
     with pytest.raises(Exception):
         Client(broker, user="app", password="wrong-password-6", allowed_mechs="PLAIN", timeout=5)
     wait_for(lambda: "wrong user name or password for 'app'" in broker.log(), 5, message="the failed login logged")
     log = broker.log()
-    for secret in [*PASSWORDS.values(), "wrong-password-6", "not-the-password-5"]:
+    for secret in [*PASSWORDS.values(), "wrong-password-6", "not-the-password-5", "wrong-again-9"]:
         assert secret not in log
 
 

@@ -29,7 +29,7 @@ def _queue(qid: int, name: str = "q") -> bytes:
 
 def test_records_read_back_as_written(tmp_path):
     path = _write(tmp_path, 1, _segment(1, _queue(7), records.enqueue(7, 42, 1234.5, b"\x00Sw\xa1\x02hi"),
-                                        records.dequeue(7, 41)))
+                                        records.dequeues(7, [(41, 41)])))
     found, torn, _ = records.read_segment(path, open(path, "rb").read(), last=True)
     assert torn is None
     assert [chr(r.type) for r in found[:2]] == ["S", "Q"]
@@ -44,7 +44,7 @@ def test_latest_update_wins_and_deleted_queues_lose_their_messages(tmp_path):
     _write(tmp_path, 1, _segment(1, _queue(1, "a"), _queue(2, "b"),
                                  records.enqueue(1, 1, 0, b"one"), records.enqueue(1, 2, 0, b"two"),
                                  records.enqueue(2, 1, 0, b"b-one"), records.enqueue(1, 1, 0, b"one again"),
-                                 records.dequeue(1, 2)))
+                                 records.dequeues(1, [(2, 2)])))
     _write(tmp_path, 2, _segment(2, _queue(1, "a"), records.queue_deleted(2), records.enqueue(1, 3, 0, b"three")))
     image = read_journal(str(tmp_path), repair=False)
     assert {q.name for q in image.queues.values()} == {"a"}
@@ -52,6 +52,31 @@ def test_latest_update_wins_and_deleted_queues_lose_their_messages(tmp_path):
     assert {seq: m[0] for seq, m in a.messages.items()} == {1: b"one again", 3: b"three"}
     assert {seq: m[2] for seq, m in a.messages.items()} == {1: 1, 3: 2}
     assert a.max_seq == 3 and image.max_qid == 2
+
+
+def test_a_pass_of_dequeues_is_one_record_of_seq_ranges(tmp_path):
+    messages = [records.enqueue(1, seq, 0, b"m%d" % seq) for seq in range(1, 11)]
+    _write(tmp_path, 1, _segment(1, _queue(1), *messages, records.dequeues(1, [(2, 4), (6, 6), (8, 10)])))
+    image = read_journal(str(tmp_path), repair=False)
+    assert sorted(image.queues[1].messages) == [1, 5, 7]
+
+
+def test_a_version_1_journal_with_a_record_per_dequeue_is_still_read(tmp_path):
+    """A broker upgraded over its old journal: version 1 segments, one D record per dequeue."""
+    header = records.wiring(records.SEGMENT, {"version": 1, "segment": 1, "created": 1.0e9})
+    d_record = records._frame(bytes([records.DEQUEUE]) + (1).to_bytes(4, "big") + (2).to_bytes(8, "big"))
+    _write(tmp_path, 1, [header, _queue(1), records.enqueue(1, 1, 0, b"one"), records.enqueue(1, 2, 0, b"two"),
+                         d_record])
+    image = read_journal(str(tmp_path), repair=False)
+    assert {seq: m[0] for seq, m in image.queues[1].messages.items()} == {1: b"one"}
+
+
+def test_a_journal_of_an_unknown_version_is_refused_naming_the_versions_read(tmp_path):
+    header = records.wiring(records.SEGMENT, {"version": 9, "segment": 1, "created": 1.0e9})
+    _write(tmp_path, 1, [header, _queue(1)])
+    with pytest.raises(Corrupt) as raised:
+        read_journal(str(tmp_path), repair=False)
+    assert "journal version 9 is not one this broker reads (1, 2)" in str(raised.value)
 
 
 @pytest.mark.parametrize("tail", [b"HQ\x00\x00\x01", records.enqueue(1, 9, 0, b"cut")[:-2], b"\x00" * 300])
@@ -75,7 +100,7 @@ def test_a_transaction_cut_short_is_dropped_whole(tmp_path, cut):
     """A crash while a commit's records were written (its group cut anywhere) loses all of it, never
     part: the messages before it stay, the torn tail starts at the group's head."""
     before = _segment(1, _queue(1), records.enqueue(1, 1, 0, b"kept"))
-    txn = _transaction(records.enqueue(1, 2, 0, b"txn-a"), records.dequeue(1, 1), records.enqueue(1, 3, 0, b"txn-b"))
+    txn = _transaction(records.enqueue(1, 2, 0, b"txn-a"), records.dequeues(1, [(1, 1)]), records.enqueue(1, 3, 0, b"txn-b"))
     whole = b"".join(txn)
     ends = {1: 5, 2: len(txn[0]) + len(txn[1]), 3: len(whole) - 3}
     path = _write(tmp_path, 1, before + [whole[:ends[cut]]])
@@ -87,7 +112,7 @@ def test_a_transaction_cut_short_is_dropped_whole(tmp_path, cut):
 
 
 def test_a_whole_transaction_is_applied_with_the_records_after_it(tmp_path):
-    txn = _transaction(records.enqueue(1, 2, 0, b"txn-a"), records.dequeue(1, 1), records.enqueue(1, 3, 0, b"txn-b"))
+    txn = _transaction(records.enqueue(1, 2, 0, b"txn-a"), records.dequeues(1, [(1, 1)]), records.enqueue(1, 3, 0, b"txn-b"))
     _write(tmp_path, 1, _segment(1, _queue(1), records.enqueue(1, 1, 0, b"one"), *txn, records.enqueue(1, 4, 0, b"four")))
     image = read_journal(str(tmp_path), repair=False)
     assert not image.torn

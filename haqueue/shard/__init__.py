@@ -1,0 +1,1 @@
+"""Sharded primaries (design/sharding.md): where each shard's replicas go, and which shard owns a queue."""

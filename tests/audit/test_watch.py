@@ -1,0 +1,172 @@
+"""`haqueue audit watch` on real brokers: a 3-broker cluster writes audit events while a producer and a
+consumer run; the streaming job follows the files as they grow. A loss planted on a backup
+(HAQUEUE_TEST_DROP_REPLICA: the backup acknowledges its N-th live copy without keeping it) is named,
+queue, backup and message id, within two windows of the confirmation; and the job, run --once over a
+recorded run, reports the same lag percentiles and missing messages as `haqueue audit lag`."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Callable
+
+import pandas as pd
+import pytest
+
+from ha_harness import HaCluster, Load, wait_for
+from harness import REPO_ROOT, run_haqueue
+
+pytestmark = pytest.mark.slow
+
+QUEUE = "watched"
+WINDOW = 10.0  # seconds
+DROPPED = 300  # the live copy b2 drops
+
+
+class WatchProcess:
+    """`haqueue audit watch ARGS` running, its output lines collected with the time each was read
+    (time.time(): the brokers' clock)."""
+
+    def __init__(self, args: list[str]) -> None:
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")])))
+        self.process = subprocess.Popen([sys.executable, "-m", "haqueue", "audit", "watch", *args], cwd=REPO_ROOT,
+                                        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        self.lines: list[tuple[float, str]] = []  # stdout
+        self.errors: list[tuple[float, str]] = []  # stderr
+        threading.Thread(target=self._read, args=(self.process.stdout, self.lines), daemon=True).start()
+        threading.Thread(target=self._read, args=(self.process.stderr, self.errors), daemon=True).start()
+
+    @staticmethod
+    def _read(stream, into: list) -> None:
+        for line in stream:
+            into.append((time.time(), line.rstrip("\n")))
+
+    def line(self, wanted: Callable[[str], bool], timeout: float, what: str) -> tuple[float, str]:
+        """The first line `wanted` accepts, and when it was read (bounded wait)."""
+        def found():
+            assert self.process.poll() is None or any(wanted(text) for _, text in self.lines), \
+                f"the watch exited {self.process.returncode}: {self.output()}"
+            return next(((t, text) for t, text in self.lines if wanted(text)), None)
+        try:
+            return wait_for(found, timeout, interval=0.2, message=what)
+        except AssertionError as e:
+            raise AssertionError(f"{e}; the watch printed:\n{self.output()}") from None
+
+    def output(self) -> str:
+        errors = "\n".join(text for _, text in self.errors)
+        return "\n".join(text for _, text in self.lines) + "\n" + errors[-3000:]
+
+    def stop(self) -> int:
+        """Ctrl-C, as a user stops it; the exit code."""
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGINT)
+            try:
+                self.process.wait(60)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        return self.process.returncode
+
+
+@pytest.fixture
+def watch_process():
+    made: list[WatchProcess] = []
+
+    def start(*args: str) -> WatchProcess:
+        made.append(WatchProcess(list(args)))
+        return made[-1]
+
+    yield start
+    for watch in made:
+        watch.stop()
+
+
+class Producer(Load):
+    """Load's producer alone: a message consumed before its confirmation needs no copy on a backup,
+    so no consumer may take the one b2 drops before the primary confirms it."""
+
+    def _consume(self) -> None:
+        pass
+
+
+def events_of(directory: Path) -> list[dict]:
+    return [json.loads(line) for f in sorted(directory.glob("*.jsonl")) for line in f.read_text().splitlines()
+            if line.endswith("}")]
+
+
+def test_a_planted_loss_is_named_within_two_windows(ha_cluster, watch_process, tmp_path):
+    pytest.importorskip("pyspark")
+    events = tmp_path / "events"
+    c: HaCluster = ha_cluster(extra={"audit": {"dir": str(events)}})
+    c[2].env = {"HAQUEUE_TEST_DROP_REPLICA": f"{QUEUE}:{DROPPED}"}
+    c.start_cluster()
+    watch = watch_process("--events", str(events), "--window", f"{WINDOW:g}s", "--bound", "5s",
+                          "--master", "local[2]")
+    warmup = Producer(c.public, "warmup").start()  # the watch in its stride: its first windows out
+    try:
+        watch.line(lambda text: " warmup b2: " in text, 240, "the watch's first window")
+    finally:
+        warmup.stop()
+    load = Producer(c.public, QUEUE, ledger=tmp_path / "ledger.jsonl").start()  # message-ids: watched-<n>
+    try:
+        wait_for(lambda: load.confirmed_count() >= DROPPED + 50, 60, message="traffic past the dropped message")
+        found, alarm = watch.line(lambda text: text.startswith("MISSING"), 4 * WINDOW, "the missing message")
+        for backup in ("b1", "b2"):  # and the lag of both backups, per window
+            watch.line(lambda text: f" {QUEUE} {backup}: " in text and " live, lag ms p50 " in text, 4 * WINDOW,
+                       f"a window of {backup}'s lag")
+    finally:
+        load.stop()
+    c.shutdown()
+    assert watch.stop() == 0
+    assert sum(text.startswith("MISSING") for _, text in watch.lines) == 1
+
+    # The message b2 dropped: confirmed by b0 naming b2, never logged by b2.
+    logged = events_of(events)
+    held = {(e["uid"], e["seq"]) for e in logged if e["broker"] == "b2" and e["event"] == "replicate"}
+    dropped = [e for e in logged if e["broker"] == "b0" and e["event"] == "complete" and "b2" in e["backups"]
+               and (e["uid"], e["seq"]) not in held]
+    assert len(dropped) == 1, dropped
+    lost = dropped[0]
+    assert alarm.startswith(f"MISSING {QUEUE} on b2: message {lost['message_id']} (seq {lost['seq']}), confirmed ")
+    print(f"named {found - lost['t'] / 1e6:.1f} s after its confirmation: {alarm}")
+    assert found - lost["t"] / 1e6 <= 2 * WINDOW
+
+
+def test_once_over_a_recorded_run_agrees_with_audit_lag(ha_cluster, spark, tmp_path):
+    """The same events, a real cluster's run with a loss planted on b2, through both jobs: the lag
+    percentiles per queue and backup over the whole run (one window holding it all) and the missing
+    messages are the same."""
+    from haqueue.audit import lag
+
+    events, out = tmp_path / "events", tmp_path / "watch"
+    c: HaCluster = ha_cluster(extra={"audit": {"dir": str(events)}})
+    c[2].env = {"HAQUEUE_TEST_DROP_REPLICA": f"{QUEUE}:{DROPPED}"}
+    c.start_cluster()
+    load = Producer(c.public, QUEUE, ledger=tmp_path / "ledger.jsonl").start()
+    try:
+        wait_for(lambda: load.confirmed_count() >= 1500, 60, message="1,500 confirmed")
+    finally:
+        load.stop()
+    c.shutdown()  # every broker's last mark: its log covers every confirmation
+
+    batch = lag.analyse(spark, str(events))
+    result = run_haqueue(["audit", "watch", "--events", str(events), "--once", "--window", "100000d",
+                          "--parquet", str(out), "--master", "local[2]"], timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    rows = pd.read_parquet(out)
+    columns = ["queue", "backup", "live", "lag_p50_ms", "lag_p95_ms", "lag_p99_ms", "lag_max_ms"]
+    streamed = rows[rows["kind"] == "lag"][columns].sort_values(["queue", "backup"], ignore_index=True)
+    whole = batch.backups[batch.backups["live"] > 0][columns].sort_values(["queue", "backup"], ignore_index=True)
+    print(streamed.to_string(), whole.to_string(), sep="\n")
+    assert streamed[["queue", "backup"]].values.tolist() == [[QUEUE, "b1"], [QUEUE, "b2"]]
+    pd.testing.assert_frame_equal(streamed, whole, check_dtype=False)
+
+    missing = rows[rows["kind"] == "missing"][["queue", "backup", "seq", "message_id"]]
+    problems = batch.problems[batch.problems["problem"] == "missing"][["queue", "backup", "seq", "message_id"]]
+    assert sorted(map(tuple, missing.values.tolist())) == sorted(map(tuple, problems.values.tolist()))
+    assert len(missing) == 1 and missing.iloc[0]["backup"] == "b2"
