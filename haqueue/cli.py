@@ -17,8 +17,8 @@ from typing import Any, Callable
 from haqueue.admin import AdminClient, AdminError
 # argparse only: PySpark loads when an audit runs
 from haqueue.audit.command import add_lag_arguments, add_watch_arguments, run_lag, run_watch
-from haqueue.config import (DEFAULT_LISTEN, EXCHANGE_TYPES, SYNC_MODES, ConfigError, TlsConfig, config_from_args,
-                            load_config, parse_address)
+from haqueue.config import (DEFAULT_LISTEN, EXCHANGE_TYPES, SYNC_MODES, ConfigError, MetricsConfig, TlsConfig,
+                            config_from_args, load_config, parse_address)
 
 EXIT_OK, EXIT_REFUSED, EXIT_USAGE = 0, 1, 2
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
@@ -40,6 +40,9 @@ def _add_broker(commands: Subparsers) -> None:
     p.add_argument("--listen", metavar="HOST:PORT", action="append", default=[], help="listen here (repeatable)")
     p.add_argument("--name", help="broker name (default: the host name)")
     p.add_argument("--data-dir", metavar="DIR", help="where the broker keeps state (default: ./data)")
+    p.add_argument("--metrics", metavar="HOST:PORT", type=_address,
+                   help="serve Prometheus metrics at http://HOST:PORT/metrics (with --config: in place of its "
+                        "metrics section)")
     p.set_defaults(func=_broker)
 
 
@@ -52,6 +55,8 @@ def _broker(args: argparse.Namespace) -> int:
     except ConfigError as e:
         _error(str(e))
         return EXIT_USAGE
+    if args.metrics:  # checked by argparse
+        config.metrics = MetricsConfig(parse_address(args.metrics))
     if config.ha is not None and config.ha.coordinator == "zookeeper":
         try:
             import kazoo  # noqa: F401
@@ -62,9 +67,10 @@ def _broker(args: argparse.Namespace) -> int:
     from haqueue.broker.server import Broker, run  # lazily: admin commands need none of the broker
 
     def plugins(broker: Broker) -> None:
+        store = None
         if config.store.enabled:
             from haqueue.store import Store
-            Store(broker, config.store)
+            store = Store(broker, config.store)
         ha = None
         if config.ha is not None:
             from haqueue.ha import HaBroker
@@ -75,6 +81,9 @@ def _broker(args: argparse.Namespace) -> int:
         if config.audit is not None:  # after HA: it records HA's role, epoch and replication
             from haqueue.audit.events import AuditLog
             AuditLog(broker, config.audit, ha)
+        if config.metrics is not None:
+            from haqueue.metrics import serve_metrics
+            serve_metrics(broker, config.metrics, ha, store)
     return run(config, [plugins])
 
 
@@ -96,7 +105,7 @@ def _call(client: AdminClient, operation: str, type: str, name: str | None = Non
 
 
 def _print_json(value: Any) -> None:
-    print(json.dumps(value, default=str))  # default: AMQP types JSON lacks (timestamps, binary, ...)
+    print(json.dumps(value, default=str), flush=True)  # default: AMQP types JSON lacks (timestamps, binary, ...)
 
 
 def _key_value(text: str) -> tuple[str, Any]:
@@ -143,6 +152,10 @@ def _add_admin(commands: Subparsers) -> None:
     tls.add_argument("--tls-key", metavar="FILE", help="the certificate's private key")
     actions = p.add_subparsers(dest="admin_command", metavar="COMMAND", required=True)
     _add_action(actions, "status", _status, "print the broker's status as one JSON object")
+    stat = _add_action(actions, "stat", _stat, "a terminal view of the broker's queues (depth, bytes, message "
+                                               "rates, consumers) and, on a primary, its backups (state, lag, "
+                                               "catch-up), like qpid-stat -q; rates over --interval")
+    _add_watch_options(stat)
     _add_queue(actions)
     _add_exchange(actions)
     _add_binding(actions)
@@ -174,6 +187,45 @@ def _admin(args: argparse.Namespace) -> int:
 
 def _status(client: AdminClient, args: argparse.Namespace) -> None:
     _print_json(_call(client, "READ", "broker"))
+
+
+def _positive_seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = 0.0
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be a number of seconds above 0, got {text!r}")
+    return value
+
+
+def _positive_int(text: str) -> int:
+    if not (text.isascii() and text.isdigit() and int(text) > 0):
+        raise argparse.ArgumentTypeError(f"must be a whole number above 0, got {text!r}")
+    return int(text)
+
+
+def _add_watch_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--watch", action="store_true", help="show it again every --interval until Ctrl-C")
+    p.add_argument("--interval", metavar="S", type=_positive_seconds, default=1.0,
+                   help="seconds between two looks (default 1)")
+    p.add_argument("--count", metavar="N", type=_positive_int, help="show it N times, --interval apart (--watch "
+                                                                    "that stops)")
+
+
+def _watching(args: argparse.Namespace) -> bool:
+    return args.watch or args.count is not None
+
+
+def _stat(client: AdminClient, args: argparse.Namespace) -> None:
+    from haqueue.admin_stat import run
+    run(lambda operation, type_: _call(client, operation, type_), args.interval, _watching(args), args.count,
+        _write, sys.stdout.isatty())
+
+
+def _write(text: str) -> None:
+    sys.stdout.write(text)
+    sys.stdout.flush()
 
 
 def _store_status(client: AdminClient, args: argparse.Namespace) -> None:
@@ -275,7 +327,10 @@ def main(argv: list[str] | None = None) -> int:
 def _add_ha(actions: Subparsers) -> None:
     p = actions.add_parser("ha", help="HA role and status")
     sub = p.add_subparsers(dest="ha_command", metavar="COMMAND", required=True)
-    _add_action(sub, "status", _ha_status, "print role, state, epoch, brokers (and backups on a primary) as JSON")
+    status = _add_action(sub, "status", _ha_status, "print role, state, epoch, brokers (and backups on a primary, "
+                                                    "with lag and catch-up progress) as JSON; with --watch, one "
+                                                    "object a line every --interval")
+    _add_watch_options(status)
     promote = _add_action(sub, "promote", _ha_promote, "make this backup the primary (refused unless ready)")
     promote.add_argument("--force", action="store_true", help="promote even if the backup is not ready")
     ping = _add_action(sub, "ping", _ha_ping, "exit 0 only if the broker answers in time")
@@ -284,7 +339,9 @@ def _add_ha(actions: Subparsers) -> None:
 
 
 def _ha_status(client: AdminClient, args: argparse.Namespace) -> None:
-    _print_json(_call(client, "READ", "ha"))
+    from haqueue.admin_stat import repeat
+    repeat(lambda: _print_json(_call(client, "READ", "ha")), args.interval, _watching(args), args.count,
+           wait_first=False)
 
 
 def _ha_promote(client: AdminClient, args: argparse.Namespace) -> None:

@@ -138,6 +138,13 @@ class StoreConfig:
 
 
 @dataclass
+class MetricsConfig:
+    """The `metrics:` section: serve Prometheus metrics over HTTP at /metrics (design/metrics.md)."""
+
+    listen: tuple[str, int]
+
+
+@dataclass
 class AllowConfig:
     """What a user may do (design/permissions.md): address globs per action, and the admin operations."""
 
@@ -177,6 +184,7 @@ class BrokerConfig:
     ha: HaConfig | None = None
     audit: AuditConfig | None = None
     store: StoreConfig = field(default_factory=StoreConfig)
+    metrics: MetricsConfig | None = None  # None: no metrics endpoint
 
 
 def parse_address(text: str) -> tuple[str, int]:
@@ -514,6 +522,7 @@ _TOP: dict[str, Check] = {
     "ha": _ha,
     "audit": _record(AuditConfig, {"dir": _name, "max_bytes": _int(4096)},
                      ("dir",)),
+    "metrics": _record(MetricsConfig, {"listen": _address}, ("listen",)),
     "store": _record(StoreConfig, {"enabled": _bool, "segment_bytes": _int(4096), "compact_ratio": _ratio,
                                     "page_above": _int(0)}),
 }

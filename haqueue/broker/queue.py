@@ -171,6 +171,11 @@ class Queue:
         self.depth = 0
         self.bytes = 0  # message data held: the bytes of the live entries
         self.dropped = 0  # entries dropped to make room (overflow: drop-head)
+        # Totals since start, read by management and metrics (design/metrics.md); depth = enqueued - dequeued.
+        self.enqueued = 0  # messages that came in: published, replicated, recovered
+        self.dequeued = 0  # messages that left, for any reason: consumed, expired, dropped, dead-lettered, purged
+        self.expired = 0  # messages whose time to live ran out here
+        self.dead_lettered = 0  # rejected messages sent on to the dead-letter address
         self.expiring = 0  # entries with an expiry, so the TTL sweep can skip queues without
         self.consumers: list[Subscriber] = []
         self.browsers: list[Subscriber] = []
@@ -255,6 +260,7 @@ class Queue:
         durable = bool(self.journals) and (is_durable(data) if durable is None else durable)
         entry = Entry(self.next_seq, data, expiry, durable)
         self.next_seq += 1
+        self.enqueued += 1
         paging = self.pager is not None and self.pager.count > 0
         if not paging:
             self._log.append(entry)
@@ -297,6 +303,7 @@ class Queue:
             return
         entry.state = DEQUEUED
         self.depth -= 1
+        self.dequeued += 1
         size = len(entry.data)
         self.bytes -= size
         memory = self.memory
@@ -362,7 +369,7 @@ class Queue:
             i += 1
             if entry.state == AVAILABLE:
                 if entry.expiry and entry.expiry <= now:
-                    i = max(i - self._drop(entry), 0)
+                    i = max(i - self._drop_expired(entry), 0)
                     n = len(log)
                     continue
                 self._cursor = self._base + i
@@ -372,6 +379,7 @@ class Queue:
 
     def _expired(self, entry: Entry, now: float) -> bool:
         if entry.expiry and entry.expiry <= now:
+            self.expired += 1
             self.dequeue(entry)
             return True
         return False
@@ -383,6 +391,10 @@ class Queue:
         base = self._base
         self.dequeue(entry)
         return self._base - base
+
+    def _drop_expired(self, entry: Entry) -> int:
+        self.expired += 1
+        return self._drop(entry)
 
     def dispatch(self) -> None:
         """Hand available entries to consumers with credit (round robin), then feed browsers."""
@@ -488,7 +500,7 @@ class Queue:
                     continue
                 budget -= 1
                 if entry.expiry and entry.expiry <= now:
-                    i = max(i - self._drop(entry), 0)
+                    i = max(i - self._drop_expired(entry), 0)
                     n = len(log)
                     continue
                 if selector.matches(_fields(views, entry)):
@@ -523,7 +535,7 @@ class Queue:
             if entry.state == DEQUEUED:
                 continue
             if entry.expiry and entry.expiry <= now:
-                i = max(i - self._drop(entry), 0)
+                i = max(i - self._drop_expired(entry), 0)
                 n = len(log)
                 continue
             if selector is not None:
@@ -557,6 +569,7 @@ class Queue:
         now = time.monotonic()
         for entry in self._log:
             if entry.state == AVAILABLE and entry.expiry and entry.expiry <= now:
+                self.expired += 1
                 self.dequeue(entry)
 
     def _compact(self) -> None:
@@ -613,6 +626,7 @@ class Queue:
         """Add what a store's recovery gave the pager directly (never in memory) to depth and bytes."""
         if self.pager is not None:
             self.depth += self.pager.count
+            self.enqueued += self.pager.count
             self.bytes += self.pager.bytes
 
     def _depage(self, n: int) -> None:
@@ -651,6 +665,7 @@ class Queue:
         if self.pager is not None and self.pager.count:
             for seq, size, in_memory in self.pager.drop(first, last):
                 self.depth -= 1
+                self.dequeued += 1
                 self.bytes -= size
                 self._out_of_memory(in_memory)
                 gone.append((seq, b""))
@@ -689,6 +704,7 @@ class Queue:
         self._cursor = self._base
         self._returned = []
         self.depth += len(added)
+        self.enqueued += len(added)
         self._grow(sum(len(e.data) for e in added))
         self.expiring += sum(1 for e in added if e.expiry)
         if self._log:
@@ -726,4 +742,6 @@ class Queue:
 
     def info(self) -> dict[str, Any]:
         return {"name": self.name, "depth": self.depth, "bytes": self.bytes, "dropped": self.dropped,
-                "consumers": len(self.consumers) + len(self.browsers), "args": dict(self.args)}
+                "enqueued": self.enqueued, "dequeued": self.dequeued, "expired": self.expired,
+                "dead_lettered": self.dead_lettered, "consumers": len(self.consumers) + len(self.browsers),
+                "temporary": self.temporary, "args": dict(self.args)}

@@ -251,6 +251,7 @@ class Broker:
         if queue.dead_letter_address:
             try:
                 self.deliver(queue.dead_letter_address, entry.data)
+                queue.dead_lettered += 1
                 return
             except BrokerError as e:
                 log.warning("queue %s: rejected message not dead-lettered: %s", queue.name, e.description)

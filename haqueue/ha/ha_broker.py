@@ -54,6 +54,7 @@ class HaBroker:
         self.context_hooks: list[Callable[[], None]] = []
         self.promotion_hooks: list[Callable[[], None]] = []
         self.public_listener_bound = False
+        self.failovers_seen = 0  # the epoch rose from one a primary held to a newer one, since this process started
         self.status_hooks: list[Callable[[dict[str, Any]], None]] = []  # a coordinator adds its fields
         broker.access.add_user(config.username, config.password, PEER_PERMISSIONS)
         broker.engine.connection_limits.exempt_users.add(config.username)  # per-user limits are for clients
@@ -155,6 +156,8 @@ class HaBroker:
     def raise_epoch(self, epoch: int) -> None:
         """This broker has seen `epoch` (persisted); a newer one than it had changes its context."""
         if epoch > self.epoch.epoch:
+            if self.epoch.had_primary:  # not a brand-new cluster's first primary
+                self.failovers_seen += 1
             self.context_changing()
         self.epoch.raise_to(epoch)
 

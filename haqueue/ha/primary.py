@@ -69,10 +69,22 @@ class BackupReports(LinkHandler):
         self.backup.reported = time.monotonic()
 
 
+class BackupCounters:
+    """Totals for one backup, by name, for as long as this broker is primary: they outlive the backup's
+    reconnections (and its RemoteBackup), so a backup that went away still shows (metrics)."""
+
+    __slots__ = ("confirmed", "timeout_drops")
+
+    def __init__(self) -> None:
+        self.confirmed = 0  # live enqueues it confirmed
+        self.timeout_drops = 0  # times it was dropped for not confirming within backup_timeout
+
+
 class RemoteBackup:
     def __init__(self, primary: "Primary", name: str) -> None:
         self.primary = primary
         self.name = name
+        self.counters = primary.counters.setdefault(name, BackupCounters())
         self.wiring: WiringSubscription | None = None
         self.subscriptions: dict[str, ReplicatingSubscription] = {}
         self.state = CATCHUP
@@ -90,6 +102,17 @@ class RemoteBackup:
     def unconfirmed(self) -> int:
         """Live enqueues sent and not yet confirmed (held in its memory, or on its disk, as the mode says)."""
         return sum(sub.unconfirmed for sub in self.subscriptions.values())
+
+    def catchup_progress(self) -> dict[str, int]:
+        """Catch-up messages done (sent, or dequeued meanwhile) and in all, over its queues still catching up."""
+        catching_up = [sub for sub in self.subscriptions.values() if not sub.caught_up]
+        total = sum(sub.catchup_total for sub in catching_up)
+        return {"done": total - sum(len(sub.catchup) for sub in catching_up), "total": total}
+
+    def lag_seconds(self, now: float) -> float:
+        """How long the oldest live enqueue sent to it and not yet confirmed has waited (0: none waits)."""
+        oldest = [sent for sub in self.subscriptions.values() if (sent := sub.oldest_unconfirmed())]
+        return now - min(oldest) if oldest else 0.0
 
     def changed(self) -> None:
         """Re-judge readiness: wiring received and every message-replicated queue caught up."""
@@ -150,6 +173,7 @@ class Primary:
         self.ha = ha
         self.broker = ha.broker
         self.backups: dict[str, RemoteBackup] = {}
+        self.counters: dict[str, BackupCounters] = {}  # every backup seen while primary, by name
         self.state = RECOVERING if expected else ACTIVE
         # Backups that were ready under the old primary: publishes wait for them to be ready again.
         self.expected: dict[str, QueueGuard] = {name: QueueGuard(name) for name in expected}
@@ -266,6 +290,7 @@ class Primary:
         timeout = self.ha.config.backup_timeout
         for backup in list(self.backups.values()):
             if backup.overdue(timeout):
+                backup.counters.timeout_drops += 1
                 backup.drop(f"no confirmation within {timeout:g}s")
 
     # -- the backups' links ----------------------------------------------------------------------
@@ -317,12 +342,14 @@ class Primary:
         return sub
 
     def status(self) -> dict[str, Any]:
+        now = time.monotonic()
         status: dict[str, Any] = {
             "sync": self.ha.config.sync,
-            "backups": [{"name": b.name, "state": b.state, "lag": b.lag, "unconfirmed": b.unconfirmed,
+            "backups": [{"name": b.name, "state": b.state, "lag": b.lag, "lag_seconds": round(b.lag_seconds(now), 3),
+                         "catchup": b.catchup_progress(), "unconfirmed": b.unconfirmed,
                          "confirms_from": "disk" if from_disk(self.ha.config.sync) else "memory",
                          "memory": b.report.get("memory"), "disk": b.report.get("disk"),
-                         "reported_seconds_ago": round(time.monotonic() - b.reported, 1) if b.reported else None}
+                         "reported_seconds_ago": round(now - b.reported, 1) if b.reported else None}
                         for b in self.backups.values()],
             "expected": sorted(self.expected)}
         if self.quorums is not None:

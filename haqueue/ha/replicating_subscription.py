@@ -80,6 +80,7 @@ class ReplicatingSubscription(LinkHandler):
         live = queue.entries()
         starts = [first for first, _ in have]
         self.catchup = [e for e in live if not _in_runs(starts, have, e.seq)]
+        self.catchup_total = len(self.catchup)  # what the catch-up started with (its progress: status)
         gone = _missing(have, [e.seq for e in live])
         if gone:  # the backup holds messages the primary no longer has
             self.link.send(protocol.encode_ranges(gone), settled=True, tag=protocol.message_tag(protocol.DEQUEUE, 0, 0))
@@ -258,6 +259,7 @@ class ReplicatingSubscription(LinkHandler):
             return
         if seqs is not None:
             self.unconfirmed -= len(seqs)
+            self.backup.counters.confirmed += len(seqs)
             held, quorums = self.held, self.quorums
             for seq in seqs:
                 completion = held.pop(seq, None)
@@ -274,13 +276,18 @@ class ReplicatingSubscription(LinkHandler):
 
     def overdue(self, timeout: float) -> bool:
         """Has a live enqueue waited longer than timeout for this backup's confirmation?"""
+        oldest = self.oldest_unconfirmed()
+        return oldest > 0.0 and time.monotonic() - oldest > timeout
+
+    def oldest_unconfirmed(self) -> float:
+        """When (monotonic) the oldest live transfer this backup has not confirmed yet was sent; 0.0: none."""
         sent, deliveries = self.sent, self.deliveries
         if not deliveries:
             sent.clear()
-            return False
+            return 0.0
         while sent and sent[0][1] not in deliveries:
             sent.popleft()
-        return bool(sent) and time.monotonic() - sent[0][0] > timeout
+        return sent[0][0] if sent else 0.0
 
     def on_detach(self) -> None:
         self.close()

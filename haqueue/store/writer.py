@@ -17,6 +17,8 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from .sync_latency import SyncLatency
+
 log = logging.getLogger("haqueue.store")
 
 _IOV_MAX = 1024
@@ -64,6 +66,7 @@ class Writer:
         self.failing: str | None = None  # why the disk refuses writes, while it does
         self.last_sync_seconds = 0.0
         self.syncs = 0
+        self.latency = SyncLatency()  # of every sync that made jobs durable (metrics read it)
         self._thread = threading.Thread(target=self._run, name="journal-writer", daemon=True)
         self._thread.start()
 
@@ -154,6 +157,7 @@ class Writer:
         started = time.monotonic()
         os.fdatasync(self._fd)
         self.last_sync_seconds = time.monotonic() - started
+        self.latency.observe(self.last_sync_seconds)
         self.syncs += 1
         removed = [n for job in batch for n in job.unlink]
         for number in removed:

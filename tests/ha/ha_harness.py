@@ -252,6 +252,17 @@ class HaCluster:
         return "\n".join(out)
 
 
+def with_metrics(c: HaCluster) -> dict[str, str]:
+    """Give every broker of a cluster not started yet a metrics endpoint on a free port; its address by
+    broker name."""
+    addresses = {}
+    for b in c:
+        address = f"127.0.0.1:{free_port()}"
+        b.config["metrics"] = {"listen": address}
+        addresses[b.name] = address
+    return addresses
+
+
 Cluster = TypeVar("Cluster", bound=HaCluster)
 
 

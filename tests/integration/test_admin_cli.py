@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import threading
 
 import pytest
 from proton import Message
@@ -86,3 +87,54 @@ def test_unreachable_broker_exits_2():
     p = run_haqueue(["admin", "-b", f"127.0.0.1:{free_port()}", "--timeout", "3", "status"], timeout=30)
     assert p.returncode == 2, (p.returncode, p.stdout, p.stderr)
     assert p.stderr.strip()
+
+
+# ---- admin stat ----------------------------------------------------------------------------------
+
+def _publish_steadily(broker, address: str, stop: threading.Event) -> None:
+    with Client(broker) as c:
+        while not stop.is_set():
+            c.send(address, ["tick"])
+            stop.wait(0.02)
+
+
+def _view_rows(view: str) -> dict[str, list[str]]:
+    return {line.split()[0]: line.split() for line in view.splitlines()[2:] if line.strip()}
+
+
+def test_stat_shows_queues_depths_and_rates(broker):
+    with Client(broker) as c:
+        c.send("busy", ["x" * 100] * 30)
+        c.send("idle", ["y"])
+        c.receiver("idle", credit=1)  # a consumer, holding nothing back: the message is delivered to it
+        stop = threading.Event()
+        pump = threading.Thread(target=_publish_steadily, args=(broker, "busy", stop))
+        pump.start()
+        try:
+            p = admin(broker, "stat", "--interval", "1")
+        finally:
+            stop.set()
+            pump.join(10)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.startswith(f"{broker.name}: standalone active"), p.stdout
+    rows = _view_rows(p.stdout)
+    assert rows["queue"] == ["queue", "depth", "bytes", "enq/s", "deq/s", "consumers"], p.stdout
+    busy, idle = rows["busy"], rows["idle"]
+    assert int(busy[1]) > 30 and float(busy[3]) > 5 and float(busy[4]) == 0 and busy[5] == "0", p.stdout
+    assert idle[1:] == ["1", idle[2], "0.0", "0.0", "1"], p.stdout
+    assert not [name for name in rows if name.startswith("amq.tmp")], p.stdout  # temporary queues left out
+
+
+def test_stat_watch_refreshes_count_times(broker):
+    with Client(broker) as c:
+        c.send("w", ["a"])
+    p = admin(broker, "stat", "--watch", "--count", "3", "--interval", "0.2")
+    assert p.returncode == 0, p.stderr
+    views = p.stdout.split(f"{broker.name}: standalone active")[1:]
+    assert len(views) == 3 and all("\nw " in v and v.endswith("\n\n") for v in views), p.stdout
+
+
+def test_stat_refuses_bad_intervals(broker):
+    for bad in (["--interval", "0"], ["--interval", "soon"], ["--watch", "--count", "0"]):
+        p = admin(broker, "stat", *bad)
+        assert p.returncode == 2 and ("--interval" in p.stderr or "--count" in p.stderr), (bad, p.stderr)
