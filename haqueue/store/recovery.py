@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import os
 import re
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -17,6 +18,8 @@ from .records import Corrupt, MessageRecord, Record
 from .writer import segment_path
 
 log = logging.getLogger("haqueue.store")
+
+PROGRESS_EVERY = 2.0  # seconds between progress lines of a long recovery
 
 _SEGMENT_NAME = re.compile(r"^(\d{8})\.seg$")
 
@@ -64,7 +67,14 @@ def read_journal(directory: str, repair: bool, bodies: bool = True) -> Image:
     Raises Corrupt on a bad record that is not a torn tail."""
     image = Image()
     numbers = segment_numbers(directory)
+    sizes = [os.path.getsize(segment_path(directory, n)) for n in numbers]
+    started = last_said = time.monotonic()
     for i, number in enumerate(numbers):
+        if time.monotonic() - last_said >= PROGRESS_EVERY:  # a journal of many GB takes a while: say how far
+            last_said = time.monotonic()
+            log.info("store %s: recovering: segment %d of %d, %d of %d MB read, %d records, %.0f s so far",
+                     directory, i + 1, len(numbers), sum(sizes[:i]) >> 20, sum(sizes) >> 20, image.records,
+                     last_said - started)
         path = segment_path(directory, number)
         with open(path, "rb") as f:
             data = f.read()

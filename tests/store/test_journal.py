@@ -2,11 +2,12 @@
 and recovery's "latest update wins"."""
 from __future__ import annotations
 
+import logging
 import threading
 
 import pytest
 
-from haqueue.store import records
+from haqueue.store import records, recovery
 from haqueue.store.recovery import read_journal
 from haqueue.store.records import Corrupt
 from haqueue.store.writer import Job, Writer, segment_path
@@ -171,3 +172,17 @@ def test_writer_syncs_jobs_in_order_and_reports_each_once(tmp_path):
     assert 1 <= writer.syncs <= len(jobs)  # group commit: usually far fewer syncs than jobs
     data = open(segment_path(str(tmp_path), 1), "rb").read()
     assert data == b"".join(r for job in jobs for r in job.records)
+
+
+def test_a_long_recovery_logs_its_progress(tmp_path, monkeypatch, caplog):
+    """Every PROGRESS_EVERY seconds (here: at every segment) a line says how far recovery has read."""
+    for number in (1, 2, 3):
+        _write(tmp_path, number, _segment(number, _queue(1), records.enqueue(1, number, 0, b"x" * 1000)))
+    monkeypatch.setattr(recovery, "PROGRESS_EVERY", 0.0)
+    with caplog.at_level(logging.INFO, logger="haqueue.store"):
+        image = read_journal(str(tmp_path), repair=False)
+    assert image.records == 9
+    progress = [r.getMessage() for r in caplog.records if "recovering:" in r.getMessage()]
+    assert [line.split("recovering: ")[1].split(",")[0] for line in progress] == \
+           ["segment 1 of 3", "segment 2 of 3", "segment 3 of 3"]
+    assert ", 3 records," in progress[1] and ", 6 records," in progress[2]
