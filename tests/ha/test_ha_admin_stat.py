@@ -62,9 +62,9 @@ def test_ha_status_watch_shows_catchup_progress(ha_cluster):
     p = c[0]
     c.promote(p)
     c.wait_ready(c[1])
-    n = 20000
+    n = 20000  # of 10 KB: a 200 MB catch-up, which a dozen of the watch's 0.05 s polls see part way here
     for start in range(0, n, 10000):
-        send_all(c.public, "big", [Message(body="x" * 1000, durable=True) for _ in range(start, start + 10000)],
+        send_all(c.public, "big", [Message(body="x" * 10000, durable=True) for _ in range(start, start + 10000)],
                  timeout=60)
     watch = _watch(c, p, 0.05)
     try:
