@@ -327,3 +327,13 @@ def test_zookeeper_config_errors(tmp_path):
                                            "coordinator": "zookeeper"}}))
     r = run_haqueue(["broker", "--config", str(path)])
     assert r.returncode == 2 and "ha.zookeeper: missing" in r.stderr, r.stderr
+    r = run_haqueue(["broker", "--config", _config(tmp_path, {"hosts": "127.0.0.1:2181", "preferred": "yes"})])
+    assert r.returncode == 2 and "ha.zookeeper.preferred: " in r.stderr, r.stderr
+    r = run_haqueue(["broker", "--config", _config(tmp_path, {"hosts": "127.0.0.1:2181", "failback_delay": -1})])
+    assert r.returncode == 2 and "ha.zookeeper.failback_delay: " in r.stderr, r.stderr
+    quorum = yaml.safe_load(open(_config(tmp_path, {"hosts": "127.0.0.1:2181", "preferred": True})))
+    quorum["ha"]["sync"] = "quorum_mem"
+    path.write_text(yaml.safe_dump(quorum))
+    r = run_haqueue(["broker", "--config", str(path)])
+    assert r.returncode == 2 and "ha.zookeeper.preferred: needs ha.sync all or all_disk, got quorum_mem" in r.stderr, \
+        r.stderr
