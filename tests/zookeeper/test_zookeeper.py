@@ -13,7 +13,7 @@ from proton import Message
 
 from ha_harness import HA_USER, receive, send_all
 from harness import BrokerProcess, free_port, run_haqueue, wait_for
-from zk_cluster import PinnedPublisher, Producer, drain
+from zk_cluster import PinnedPublisher, Producer, drain, received_of_confirmed
 
 
 @pytest.mark.slow
@@ -65,9 +65,7 @@ def test_kill9_primary_under_load(zk_cluster):
         wait_for(lambda: producer.count() >= base + 500, 30, message="500 confirmed after the failover")
     finally:
         producer.stop()
-    confirmed = producer.snapshot()
-    got = drain([new.address], "load", set(confirmed))
-    lost = sorted(set(confirmed) - set(got))
+    confirmed, got, lost = received_of_confirmed(producer, new.address)
     print(f"ZooKeeper failover (session_timeout {c.session_timeout}s): primary seen after "
           f"{elected - killed:.2f}s, first publish accepted after {served - killed:.2f}s; "
           f"{len(confirmed)} confirmed, {len(got)} received, {len(got) - len(set(got))} duplicates, lost {lost[:10]}")
