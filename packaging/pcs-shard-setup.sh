@@ -6,7 +6,8 @@
 #   haqueue-s<i>-clone   per shard i, a promotable clone of ocf:haqueue:haqueue with the config
 #                        CONFIG_DIR/shard-<i>.yaml: one broker on each of the shard's R replica nodes
 #                        (clone-max=R, -INFINITY on every other node), one promoted (its primary),
-#                        and a promoted-role score of 9500 on its preferred primary's node, so that a
+#                        and a promoted-role score of 9500 on its preferred primary's node while the
+#                        broker there is primary or ready (or the freshest of a new cluster), so that a
 #                        ready broker there outranks a primary elsewhere (the agent's scores: primary
 #                        10000, ready 1000-1999, catching up 10): the preferred primary is re-elected
 #                        once it is ready again, never while it is catching up or joining
@@ -86,8 +87,12 @@ echo "$PLAN" | while read -r kind shard preferred replicas others; do
         # shellcheck disable=SC2046  # one word per node
         $PCS constraint location "$clone" avoids $(echo "$others" | tr ',' ' ')
     fi
+    # Only while the broker there is primary or ready (its promotion score >= 1000), or the freshest of a
+    # new or restarting cluster (1): a preferred broker restarted after a crash (no score) or catching up
+    # (10) must not outrank a ready backup elsewhere, which alone holds every confirmed message.
     $PCS constraint location "$clone" rule constraint-id="haqueue-s${shard}-preferred" role=Promoted \
-        score="$PREFERRED_SCORE" '#uname' eq "$preferred"
+        score="$PREFERRED_SCORE" '#uname' eq "$preferred" and \
+        '(' "master-haqueue-s${shard}" gte integer 1000 or "master-haqueue-s${shard}" eq integer 1 ')'
 done
 
 echo "$PLAN" | while read -r kind node vip; do

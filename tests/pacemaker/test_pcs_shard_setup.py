@@ -2,8 +2,9 @@
 from `haqueue place --format json` for 3 nodes in 2 racks and 6 shards of 2 replicas; the test reads the
 clones and constraints back from the CIB's XML, then lets Pacemaker's own scheduler (`crm_simulate`) run that
 CIB on three simulated nodes: every shard promoted on its preferred primary's node, instances only on its
-replicas; and, with the agent's promotion scores injected, a preferred node that comes back catching up
-leaves the primary where it is, and takes it back once ready (design/sharding.md, "Coordination")."""
+replicas; and, with the agent's promotion scores injected, a preferred primary that crashes is replaced by
+the ready backup (not restarted in place as primary), leaves the primary there while it catches up, and
+takes it back once ready (design/sharding.md, "Coordination")."""
 from __future__ import annotations
 
 import json
@@ -22,7 +23,7 @@ NODES = ["n1", "n2", "n3"]
 RACKS = {"n1": "r1", "n2": "r1", "n3": "r2"}
 VIPS = {"n1": "192.0.2.101", "n2": "192.0.2.102", "n3": "192.0.2.103"}
 # the agent's promotion scores (agents/haqueue; design/pacemaker.md)
-PRIMARY_SCORE, READY_SCORE, CATCHING_UP_SCORE = 10000, 1000, 10
+PRIMARY_SCORE, READY_SCORE, CATCHING_UP_SCORE, FRESHEST_SCORE = 10000, 1000, 10, 1
 
 pytestmark = pytest.mark.skipif(not all(shutil.which(p) for p in ("pcs", "cibadmin", "crm_simulate", "crm_mon")),
                                 reason="needs pcs and pacemaker-cli-utils (make setup installs them)")
@@ -59,6 +60,10 @@ def roles(cib: Path) -> dict[str, dict[str, str]]:
 
 def promoted(cib: Path, shard: int) -> list[str]:
     return sorted(n for n, role in roles(cib).get(f"haqueue-s{shard}", {}).items() if role == "Promoted")
+
+
+def expressions(rule: ET.Element) -> list[tuple[str | None, ...]]:
+    return [(e.get("attribute"), e.get("operation"), e.get("value")) for e in rule.findall("expression")]
 
 
 def nvpairs(element: ET.Element, tag: str) -> dict[str, str]:
@@ -99,9 +104,12 @@ def test_pcs_shard_setup_makes_one_promotable_clone_per_shard_as_placed(tmp_path
         mine = [c for c in locations if c.get("rsc") == clone.get("id")]
         banned = sorted(c.get("node") for c in mine if c.get("score") == "-INFINITY")
         assert banned == sorted(set(NODES) - set(replicas))
-        rules = [(rule.get("role"), rule.get("score"), e.get("attribute"), e.get("operation"), e.get("value"))
-                 for c in mine for rule in c.findall("rule") for e in rule.findall("expression")]
-        assert rules == [("Promoted", "9500", "#uname", "eq", replicas[0])]
+        [rule] = [rule for c in mine for rule in c.findall("rule")]
+        assert (rule.get("role"), rule.get("score"), rule.get("boolean-op")) == ("Promoted", "9500", "and")
+        assert expressions(rule) == [("#uname", "eq", replicas[0])]
+        [scored] = rule.findall("rule")  # only while primary or ready (>= 1000), or the freshest of a new cluster (1)
+        assert scored.get("boolean-op") == "or"
+        assert expressions(scored) == [(f"master-haqueue-s{i}", "gte", "1000"), (f"master-haqueue-s{i}", "eq", "1")]
     for node, ip in VIPS.items():
         vip = next(p for p in root.iter("primitive") if p.get("id") == f"haqueue-vip-{node}")
         assert (vip.get("type"), nvpairs(vip, "instance_attributes")["ip"]) == ("IPaddr2", ip)
@@ -111,6 +119,9 @@ def test_pcs_shard_setup_makes_one_promotable_clone_per_shard_as_placed(tmp_path
     for name, value in (("stonith-enabled", "false"), ("no-quorum-policy", "ignore")):
         run(["crm_attribute", "-t", "crm_config", "-n", name, "-v", value], env={"CIB_file": str(cib)})
     simulate(cib, *(a for n in NODES for a in ("-u", n)))  # probes
+    for i, replicas in shards.items():  # a brand-new cluster: every broker the freshest (the agent's 1)
+        for node in replicas:
+            promotion_score(cib, node, i, FRESHEST_SCORE)
     simulate(cib)  # starts and promotions
     running = roles(cib)
     for i, replicas in shards.items():
@@ -118,18 +129,19 @@ def test_pcs_shard_setup_makes_one_promotable_clone_per_shard_as_placed(tmp_path
         assert promoted(cib, i) == [replicas[0]]
     assert all(running[f"haqueue-vip-{n}"] == {n: "Started"} for n in NODES)
 
-    # Shard 0's preferred node fails: its other replica, ready, is promoted there (the agent's scores)
+    # Shard 0's preferred primary crashes; its monitor fails and its stop clears its score, while the other
+    # replica is a ready backup: that one is promoted, not the preferred broker restarted in place (joining)
     preferred, other = shards[0]
     promotion_score(cib, other, 0, READY_SCORE)
-    simulate(cib, "-d", preferred)
-    assert promoted(cib, 0) == [other]
-    promotion_score(cib, other, 0, PRIMARY_SCORE)
-    # It comes back and catches up (joining: no score, then 10): 9500 + 10 < 10000, the primary stays
-    simulate(cib, "-u", preferred)
-    simulate(cib)
-    promotion_score(cib, preferred, 0, CATCHING_UP_SCORE)
+    run(["crm_attribute", "-N", preferred, "-l", "reboot", "-n", "master-haqueue-s0", "-D"], env={"CIB_file": str(cib)})
+    simulate(cib, "--op-inject", f"haqueue-s0_monitor_2000@{preferred}=7")
     simulate(cib)
     assert promoted(cib, 0) == [other] and preferred in roles(cib)["haqueue-s0"]
+    # It catches up (10): 10 < 10000, the primary stays
+    promotion_score(cib, other, 0, PRIMARY_SCORE)
+    promotion_score(cib, preferred, 0, CATCHING_UP_SCORE)
+    simulate(cib)
+    assert promoted(cib, 0) == [other]
     # Ready: 9500 + 1000 > 10000, Pacemaker demotes the primary elsewhere and promotes the preferred one
     promotion_score(cib, preferred, 0, READY_SCORE)
     simulate(cib)
