@@ -98,7 +98,7 @@ class ZooKeeperConfig:
     path: str = "/haqueue"  # the cluster's znode; one per cluster
     session_timeout: float = 4.0  # seconds; a primary that cannot renew its lease within it stops serving
     weight: int = 0  # breaks ties between equally up-to-date candidates: the higher wins
-    preferred: bool = False  # the group's preferred primary: first among ready candidates, failed back to
+    preferred: bool = False  # this broker is its group's preferred primary: ranked first when ready, resigned to
     failback_delay: float = 30.0  # seconds the preferred member is ready before a primary resigns to it; 0: never
 
 
