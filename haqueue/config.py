@@ -98,6 +98,8 @@ class ZooKeeperConfig:
     path: str = "/haqueue"  # the cluster's znode; one per cluster
     session_timeout: float = 4.0  # seconds; a primary that cannot renew its lease within it stops serving
     weight: int = 0  # breaks ties between equally up-to-date candidates: the higher wins
+    preferred: bool = False  # this broker is its group's preferred primary: ranked first when ready, resigned to
+    failback_delay: float = 30.0  # seconds the preferred member is ready before a primary resigns to it; 0: never
 
 
 @dataclass
@@ -421,6 +423,8 @@ _ZOOKEEPER: dict[str, Check] = {
     "path": _zk_path,
     "session_timeout": _positive_seconds,
     "weight": _int(0),
+    "preferred": _bool,
+    "failback_delay": _seconds,
 }
 
 _HA: dict[str, Check] = {
@@ -502,6 +506,9 @@ def _ha(value: Any, path: str) -> HaConfig:
         raise _Bad(f"{path}.zookeeper", "missing (ha.coordinator is zookeeper: give at least its hosts)")
     if not zookeeper and "zookeeper" in fields:
         raise _Bad(f"{path}.zookeeper", "given but ha.coordinator is not zookeeper")
+    if zookeeper and fields["zookeeper"].preferred and fields.get("sync", "all") not in ("all", "all_disk"):
+        raise _Bad(f"{path}.zookeeper.preferred", f"needs ha.sync all or all_disk, got {fields['sync']}: under a "
+                                                  f"quorum mode a ready backup may lack confirmed messages")
     return HaConfig(**fields)
 
 

@@ -10,7 +10,8 @@
 # Usage: VIP=192.0.2.100 packaging/pcs-setup.sh
 #
 # Settings (environment variables; defaults in brackets):
-#   VIP            the virtual IP (required)
+#   VIP            the virtual IP (required); none: the clone alone (pcs-shard-setup.sh makes a clone
+#                  per shard this way, and VIPs per node)
 #   CIDR_NETMASK   its prefix length [24]
 #   NIC            the interface it goes on [eth0]
 #   CONFIG         the broker config on every node [/etc/haqueue/haqueue.yaml]
@@ -22,6 +23,8 @@
 #   RESOURCE       the resource name; the clone is RESOURCE-clone [haqueue]
 #   PCS            the pcs command [pcs]; PCS="pcs -f cib.xml" edits a CIB file instead, which
 #                  you then push with `pcs cluster cib-push cib.xml`
+#   FORCE          set to --force to create the clone where the agent is not installed (a CIB file
+#                  prepared on another machine): pcs then cannot check the agent's parameters
 #
 # The broker configs must have an ha: section listing every broker and no ha.public (the VIP is
 # the public address); each broker listens on 0.0.0.0 (or the VIP's port on all addresses) so
@@ -39,6 +42,7 @@ set -eu
 : "${NODES:=3}"
 : "${RESOURCE:=haqueue}"
 : "${PCS:=pcs}"
+: "${FORCE:=}"
 
 CLONE="${RESOURCE}-clone"
 
@@ -47,7 +51,8 @@ set -x
 # The brokers. Monitors: every 2 s on the primary, 3 s on the backups (the intervals must differ
 # per role); a broker that does not answer within PING_TIMEOUT fails its monitor. Demote is a
 # restart as a backup (stop, then start), so it gets the sum of both timeouts.
-$PCS resource create "$RESOURCE" ocf:haqueue:haqueue \
+# shellcheck disable=SC2086  # FORCE is empty or one word
+$PCS resource create "$RESOURCE" ocf:haqueue:haqueue $FORCE \
     config="$CONFIG" binary="$BINARY" data_dir="$DATA_DIR" logfile="$LOGFILE" ping_timeout="$PING_TIMEOUT" \
     op start timeout=30s \
     op stop timeout=30s \
@@ -57,6 +62,8 @@ $PCS resource create "$RESOURCE" ocf:haqueue:haqueue \
     op monitor interval=3s timeout=15s role=Unpromoted \
     op notify timeout=10s \
     promotable "$CLONE" promoted-max=1 promoted-node-max=1 clone-max="$NODES" clone-node-max=1 notify=false
+
+[ "$VIP" != none ] || exit 0
 
 # The clients' address follows the primary.
 $PCS resource create "${RESOURCE}-vip" ocf:heartbeat:IPaddr2 \

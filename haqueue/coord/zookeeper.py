@@ -2,7 +2,7 @@
 cannot prove it still holds the election stops serving. The protocol is in design/zookeeper.md.
 
 Under `ha.zookeeper.path`:
-  members/<name>  ephemeral, one per broker: its role, state, applied, epoch, freshness, weight (JSON)
+  members/<name>  ephemeral, one per broker: its role, state, applied, epoch, freshness, weight, preferred (JSON)
   epoch           the cluster epoch, raised by compare-and-set on the znode's version
   primary         ephemeral, created in one transaction with the epoch's raise: who won
 
@@ -67,19 +67,29 @@ def restarting(members: dict[str, dict[str, Any]], zk_epoch: int) -> bool:
         (zk_epoch > 0 or any(m.get("had_primary") for m in members.values()))
 
 
+def ready_backups(members: dict[str, dict[str, Any]]) -> list[str]:
+    return [n for n, m in members.items() if m.get("role") == BACKUP and m.get("state") == READY]
+
+
 def rank(members: dict[str, dict[str, Any]], zk_epoch: int) -> list[str]:
-    """The candidates best first: ready backups by applied, then weight ("latest update wins"); in a
-    brand-new cluster (no election yet, no member has had a primary) every joining member; after a total
-    outage the joining members with the freshest store, by weight: none with a fresher one present."""
-    ready = [n for n, m in members.items() if m.get("role") == BACKUP and m.get("state") == READY]
+    """The candidates best first: ready backups, the preferred first (under sync all every ready backup
+    holds every confirmed message: they are equally eligible), then by applied, then weight ("latest update
+    wins"); in a brand-new cluster (no election yet, no member has had a primary) every joining member;
+    after a total outage the joining members with the freshest store: none with a fresher one present.
+    Among joining members: the preferred first, then by weight."""
+    def preferred(n: str) -> bool:
+        return bool(members[n].get("preferred"))
+
+    ready = ready_backups(members)
     if ready:
-        return sorted(ready, key=lambda n: (-int(members[n].get("applied", 0)), -int(members[n].get("weight", 0)), n))
+        return sorted(ready, key=lambda n: (not preferred(n), -int(members[n].get("applied", 0)),
+                                            -int(members[n].get("weight", 0)), n))
     if not members or any(m.get("state") != JOINING for m in members.values()):
         return []
     if restarting(members, zk_epoch):
         best = max(freshness(m) for m in members.values())
         members = {n: m for n, m in members.items() if freshness(m) == best}
-    return sorted(members, key=lambda n: (-int(members[n].get("weight", 0)), n))
+    return sorted(members, key=lambda n: (not preferred(n), -int(members[n].get("weight", 0)), n))
 
 
 class ZooKeeperCoordinator:
@@ -97,6 +107,7 @@ class ZooKeeperCoordinator:
         self.worker.start()  # raises ZooKeeperUnusable: the broker does not start
         atexit.register(self.worker.close)  # a broker stopped cleanly leaves the cluster at once
         ha.status_hooks.append(self._status)
+        ha.restart_hooks.append(self.worker.close)  # a resigning or fenced primary's znodes go at once
         ha.broker.management.register("ha", "PROMOTE", self._admin_promote)
         self.engine.every(LEASE_CHECK, self.check_lease)
         self.engine.every(STATE_INTERVAL, self._publish_state)
@@ -109,7 +120,7 @@ class ZooKeeperCoordinator:
         address = ha.config_address
         return {"name": self.name, "role": ha.role, "state": ha.state, "applied": ha.backup.applied,
                 "epoch": ha.epoch.epoch, "had_primary": ha.epoch.had_primary, "freshness": list(ha.freshness()),
-                "eligible": self.eligible(), "weight": self.config.weight,
+                "eligible": self.eligible(), "weight": self.config.weight, "preferred": self.config.preferred,
                 "address": f"{address.host}:{address.port}" if address else None, "forced": self.forced}
 
     def eligible(self) -> bool:
@@ -153,6 +164,12 @@ class ZooKeeperCoordinator:
         self.forced = False
         self._publish_state()
 
+    def fail_back(self, preferred: str) -> None:
+        """Preferred-primary re-election (Kafka's): the preferred member has been ready for failback_delay;
+        resigning ends this session (deleting the primary node) so that it wins the next election."""
+        if self.ha.role == PRIMARY:
+            self.ha.resign(f"the preferred primary {preferred} has been ready for {self.config.failback_delay:g}s")
+
     def epoch_seen(self, epoch: int) -> None:
         """The cluster epoch in ZooKeeper: a primary behind it is a zombie; a backup refuses primaries behind it."""
         ha = self.ha
@@ -181,6 +198,7 @@ class ZooKeeperCoordinator:
         status["zookeeper"] = {"hosts": worker.hosts, "path": self.config.path, "session": worker.session_state,
                                "session_timeout": worker.timeout, "primary": worker.primary_name,
                                "zk_epoch": worker.zk_epoch, "members": worker.members,
+                               "preferred": self.config.preferred, "failback_delay": self.config.failback_delay,
                                "lease_left": round(self.lease_until - time.monotonic(), 3)
                                if self.ha.role == PRIMARY else None}
 
@@ -218,6 +236,8 @@ class _Worker:
         self._leader_session: int | None = None  # set while we hold the primary node
         self._resign = False
         self._no_primary_since: float | None = None
+        self._preferred_ready_since: float | None = None  # while primary: since when a preferred member is ready
+        self._failing_back = False
         # The epoch our transaction is raising ZooKeeper's to: its own watch event must not count as
         # news of another primary (it would mark a brand-new winner as having had one, and it resigns).
         self.claiming: int | None = None
@@ -333,6 +353,7 @@ class _Worker:
         self._read_members()
         if self._leader_session is not None:
             self._renew()
+            self._fail_back_when_due()
         elif self._primary_owner() is None:
             self._elect()
         else:
@@ -391,6 +412,24 @@ class _Worker:
         else:
             self._leader_session = None
             coordinator.call(lambda: coordinator.fence("the primary node in ZooKeeper is no longer ours"))
+
+    def _fail_back_when_due(self) -> None:
+        """A primary that is not preferred hands over once a preferred member has been ready continuously
+        for failback_delay (as seen at each step); 0 keeps the current primary."""
+        delay = self.coordinator.config.failback_delay
+        if not delay or self._desired.get("preferred") or self._failing_back or self._leader_session is None:
+            return
+        preferred = sorted(n for n in ready_backups(self.members) if self.members[n].get("preferred"))
+        now = time.monotonic()
+        if not preferred:
+            self._preferred_ready_since = None
+            return
+        if self._preferred_ready_since is None:
+            self._preferred_ready_since = now
+        if now - self._preferred_ready_since >= delay:
+            self._failing_back = True
+            coordinator, name = self.coordinator, preferred[0]
+            coordinator.call(lambda: coordinator.fail_back(name))
 
     def _elect(self) -> None:
         """Only an eligible candidate contends; the k-th best waits k steps for the better ones first.

@@ -56,6 +56,9 @@ class HaBroker:
         self.public_listener_bound = False
         self.failovers_seen = 0  # the epoch rose from one a primary held to a newer one, since this process started
         self.status_hooks: list[Callable[[dict[str, Any]], None]] = []  # a coordinator adds its fields
+        # Called after a graceful shutdown, just before re-executing as a backup (a coordinator ends its session,
+        # so the others need not wait for it to expire).
+        self.restart_hooks: list[Callable[[], None]] = []
         broker.access.add_user(config.username, config.password, PEER_PERMISSIONS)
         broker.engine.connection_limits.exempt_users.add(config.username)  # per-user limits are for clients
         # ha.tls: the peer listener (this broker's address in ha.brokers) takes only peers with a certificate
@@ -223,8 +226,16 @@ class HaBroker:
             self._exec()
         self.broker.engine.call_later(0, self._restart)
 
+    def resign(self, reason: str) -> None:
+        """Step down cleanly (a coordinator's failback to the preferred primary): close every connection,
+        write what is pending, then restart as a backup."""
+        log.warning("%s resigns: %s; restarting as a backup", self.broker.name, reason)
+        self.broker.engine.call_later(0, self._restart)
+
     def _restart(self) -> None:
         self.broker.engine.shutdown()
+        for hook in self.restart_hooks:
+            hook()
         self._exec()
 
     @staticmethod

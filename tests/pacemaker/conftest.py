@@ -4,6 +4,8 @@
                 module, built on first use and always torn down (namespaces, bridge, processes,
                 mount points). Skipped, with the reason, when not root or when this machine
                 cannot make network namespaces.
+`sharded_pcmk_cluster`  the same three nodes running 2 shards (pcmk_shards.py), built for the module
+                once every shard is promoted on its preferred node.
 `cluster`       the same cluster, restored to healthy before the test: link up, no move/ban
                 constraint, failures cleaned up, one active primary holding the VIP and two
                 ready backups.
@@ -15,16 +17,29 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
+from typing import Callable, Iterator
 
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from pcmk_cluster import PacemakerCluster, missing_programs, namespaces_work  # noqa: E402
+from pcmk_shards import ShardedPacemakerCluster  # noqa: E402
 
 
 @pytest.fixture(scope="module")
 def pcmk_cluster():
+    yield from running(PacemakerCluster, lambda cluster: cluster.wait_healthy(90))
+
+
+@pytest.fixture(scope="module")
+def sharded_pcmk_cluster():
+    yield from running(ShardedPacemakerCluster, lambda cluster: cluster.wait_preferred_primaries(120))
+
+
+def running(make: Callable[[], PacemakerCluster], ready: Callable[[PacemakerCluster], object]) \
+        -> Iterator[PacemakerCluster]:
+    """A cluster made, booted and `ready`, torn down afterwards whatever happens."""
     if os.geteuid() != 0:
         pytest.skip("needs root: the cluster runs in network namespaces with bind mounts")
     why = namespaces_work()
@@ -34,10 +49,10 @@ def pcmk_cluster():
     if missing:
         pytest.fail(f"missing {', '.join(missing)}: apt-get install pacemaker corosync pcs resource-agents "
                     "pacemaker-cli-utils libxml2-utils (make setup does)", pytrace=False)
-    cluster = PacemakerCluster()
+    cluster = make()
     try:
         cluster.create()
-        cluster.wait_healthy(90)
+        ready(cluster)
         yield cluster
     except BaseException:
         print(cluster.describe())

@@ -265,17 +265,7 @@ class PacemakerCluster:
         shutil.chown(cib, *hacluster)
         cib.chmod(0o600)
         (node.dir("etc-corosync") / "corosync.conf").write_text(self._corosync_conf())
-        config = {
-            "name": node.name,
-            "listen": [f"0.0.0.0:{CLIENT_PORT}", f"{node.ip}:{PEER_PORT}"],
-            "data_dir": "/var/lib/haqueue",
-            "ha": {"brokers": [n.peer_address for n in self.nodes], "username": HA_USER,
-                   "password": self.password, "backup_timeout": BACKUP_TIMEOUT,
-                   "recovery_wait": RECOVERY_WAIT},
-        }
-        conf = node.dir("etc-haqueue") / "haqueue.yaml"
-        conf.write_text(yaml.safe_dump(config, sort_keys=False))
-        conf.chmod(0o600)
+        self.write_broker_configs(node)
         mounts = [("run", "/run"), ("lib-pacemaker", "/var/lib/pacemaker"), ("log-pacemaker", "/var/log/pacemaker"),
                   ("lib-corosync", "/var/lib/corosync"), ("etc-corosync", "/etc/corosync"),
                   ("etc-haqueue", "/etc/haqueue"), ("lib-haqueue", "/var/lib/haqueue"),
@@ -287,6 +277,25 @@ class PacemakerCluster:
                   f"hostname {node.name}",
                   f"exec python3 -I {Path(__file__).with_name('node_init.py')} {node.root}"]
         (node.root / "boot.sh").write_text("\n".join(lines) + "\n")
+
+    def write_broker_configs(self, node: Node) -> None:
+        """The node's /etc/haqueue (before it boots): one broker, one of the cluster's HA group."""
+        self.write_broker_config(node, "haqueue.yaml", {
+            "name": node.name,
+            "listen": [f"0.0.0.0:{CLIENT_PORT}", f"{node.ip}:{PEER_PORT}"],
+            "data_dir": "/var/lib/haqueue",
+            "ha": self.ha_section([n.peer_address for n in self.nodes]),
+        })
+
+    def ha_section(self, brokers: list[str]) -> dict:
+        return {"brokers": brokers, "username": HA_USER, "password": self.password,
+                "backup_timeout": BACKUP_TIMEOUT, "recovery_wait": RECOVERY_WAIT}
+
+    @staticmethod
+    def write_broker_config(node: Node, name: str, config: dict) -> None:
+        conf = node.dir("etc-haqueue") / name
+        conf.write_text(yaml.safe_dump(config, sort_keys=False))
+        conf.chmod(0o600)
 
     def _corosync_conf(self) -> str:
         nodes = "\n".join(f"    node {{\n        name: {n.name}\n        nodeid: {n.index}\n"

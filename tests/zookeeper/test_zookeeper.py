@@ -13,7 +13,7 @@ from proton import Message
 
 from ha_harness import HA_USER, receive, send_all
 from harness import BrokerProcess, free_port, run_haqueue, wait_for
-from zk_cluster import PinnedPublisher, Producer, drain
+from zk_cluster import PinnedPublisher, Producer, drain, received_of_confirmed
 
 
 @pytest.mark.slow
@@ -65,9 +65,7 @@ def test_kill9_primary_under_load(zk_cluster):
         wait_for(lambda: producer.count() >= base + 500, 30, message="500 confirmed after the failover")
     finally:
         producer.stop()
-    confirmed = producer.snapshot()
-    got = drain([new.address], "load", set(confirmed))
-    lost = sorted(set(confirmed) - set(got))
+    confirmed, got, lost = received_of_confirmed(producer, new.address)
     print(f"ZooKeeper failover (session_timeout {c.session_timeout}s): primary seen after "
           f"{elected - killed:.2f}s, first publish accepted after {served - killed:.2f}s; "
           f"{len(confirmed)} confirmed, {len(got)} received, {len(got) - len(set(got))} duplicates, lost {lost[:10]}")
@@ -327,3 +325,13 @@ def test_zookeeper_config_errors(tmp_path):
                                            "coordinator": "zookeeper"}}))
     r = run_haqueue(["broker", "--config", str(path)])
     assert r.returncode == 2 and "ha.zookeeper: missing" in r.stderr, r.stderr
+    r = run_haqueue(["broker", "--config", _config(tmp_path, {"hosts": "127.0.0.1:2181", "preferred": "yes"})])
+    assert r.returncode == 2 and "ha.zookeeper.preferred: " in r.stderr, r.stderr
+    r = run_haqueue(["broker", "--config", _config(tmp_path, {"hosts": "127.0.0.1:2181", "failback_delay": -1})])
+    assert r.returncode == 2 and "ha.zookeeper.failback_delay: " in r.stderr, r.stderr
+    quorum = yaml.safe_load(open(_config(tmp_path, {"hosts": "127.0.0.1:2181", "preferred": True})))
+    quorum["ha"]["sync"] = "quorum_mem"
+    path.write_text(yaml.safe_dump(quorum))
+    r = run_haqueue(["broker", "--config", str(path)])
+    assert r.returncode == 2 and "ha.zookeeper.preferred: needs ha.sync all or all_disk, got quorum_mem" in r.stderr, \
+        r.stderr

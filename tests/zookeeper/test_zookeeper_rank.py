@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from types import SimpleNamespace
 
 import pytest
 
@@ -11,9 +12,10 @@ from haqueue.coord.zookeeper import _Worker, rank  # noqa: E402
 
 
 def member(state: str = "joining", role: str = "backup", freshness=(0, 0, 0), had_primary: bool = True,
-           weight: int = 0, applied: int = 0, eligible: bool = True) -> dict:
+           weight: int = 0, applied: int = 0, eligible: bool = True, preferred: bool = False) -> dict:
     return {"role": role, "state": state, "freshness": list(freshness), "epoch": freshness[0],
-            "had_primary": had_primary, "weight": weight, "applied": applied, "eligible": eligible}
+            "had_primary": had_primary, "weight": weight, "applied": applied, "eligible": eligible,
+            "preferred": preferred}
 
 
 # After a total outage: b0 was epoch 4's primary, b1 a ready backup of it, b2 dropped out earlier.
@@ -49,6 +51,29 @@ def test_a_ready_backup_beats_every_joining_one_and_a_catching_up_one_blocks_the
     assert rank(members, zk_epoch=4) == []  # it follows a primary: not a total outage
     members = dict(OUTAGE, b3=member(role="primary", state="active", freshness=(4, 2, 200)))
     assert rank(members, zk_epoch=4) == []
+
+
+def test_a_ready_preferred_member_comes_first_among_ready_backups_whatever_it_applied():
+    """Under sync all every ready backup holds every confirmed message: the preferred one (back from a
+    restart, so with fewer transfers applied) is first; the others keep the applied, weight, name order."""
+    members = {"b0": member(state="ready", applied=10, preferred=True), "b1": member(state="ready", applied=900),
+               "b2": member(state="ready", applied=500, weight=9)}
+    assert rank(members, zk_epoch=4) == ["b0", "b1", "b2"]
+    assert rank(dict(members, b0=member(state="catchup", preferred=True)), zk_epoch=4) == ["b1", "b2"]
+    assert rank(dict(members, b0=member(state="joining", preferred=True)), zk_epoch=4) == ["b1", "b2"]
+
+
+def test_a_preferred_member_never_beats_a_fresher_store_after_a_total_outage():
+    members = dict(OUTAGE, b1=member(freshness=(4, 1, 150), preferred=True))
+    assert rank(members, zk_epoch=4) == ["b0"]
+    equal = {"b0": member(freshness=(4, 1, 150), weight=5), "b1": member(freshness=(4, 1, 150), preferred=True),
+             "b2": member(freshness=(4, 0, 150), preferred=True)}
+    assert rank(equal, zk_epoch=4) == ["b1", "b0"]  # equally fresh: the preferred first, before weight
+
+
+def test_a_brand_new_cluster_elects_its_preferred_member_first():
+    members = {"b0": member(had_primary=False, weight=3), "b1": member(had_primary=False, preferred=True)}
+    assert rank(members, zk_epoch=0) == ["b1", "b0"]
 
 
 class Contended(Exception):
@@ -90,3 +115,46 @@ def test_after_a_total_outage_the_freshest_contends_at_once_when_every_broker_is
     # not yet eligible (it has not met every peer): it does not contend, and no one else does
     waiting = dict(OUTAGE, b0=member(freshness=(4, 2, 160), eligible=False))
     assert not any(contends(worker(n, waiting, no_primary_for=60.0)) for n in waiting)
+
+
+def leader(name: str, members: dict, failback_delay: float) -> tuple[_Worker, list[str]]:
+    """A primary's worker deciding on failback from member data alone; returns the names it resigned to."""
+    w = object.__new__(_Worker)
+    w.members = {n: m for n, m in members.items() if n != name}
+    w._desired = members[name]
+    w._leader_session, w._preferred_ready_since, w._failing_back = 1, None, False
+    resigned: list[str] = []
+    w.coordinator = SimpleNamespace(config=SimpleNamespace(failback_delay=failback_delay),
+                                    call=lambda fn: fn(), fail_back=resigned.append)
+    return w, resigned
+
+
+def test_a_primary_resigns_once_the_preferred_member_has_been_ready_for_failback_delay():
+    members = {"b1": member(role="primary", state="active"), "b0": member(state="ready", preferred=True),
+               "b2": member(state="ready")}
+    w, resigned = leader("b1", members, failback_delay=30)
+    w._fail_back_when_due()
+    assert resigned == [] and w._preferred_ready_since is not None
+    w._preferred_ready_since -= 29.5
+    w._fail_back_when_due()
+    assert resigned == []
+    w.members["b0"] = member(state="catchup", preferred=True)  # not continuously ready: the wait starts again
+    w._fail_back_when_due()
+    assert w._preferred_ready_since is None
+    w.members["b0"] = member(state="ready", preferred=True)
+    w._fail_back_when_due()
+    w._preferred_ready_since -= 30
+    w._fail_back_when_due()
+    w._fail_back_when_due()
+    assert resigned == ["b0"]  # once
+
+
+def test_failback_delay_zero_or_a_preferred_primary_keeps_the_primary():
+    members = {"b1": member(role="primary", state="active"), "b0": member(state="ready", preferred=True)}
+    w, resigned = leader("b1", members, failback_delay=0)
+    w._fail_back_when_due()
+    assert resigned == [] and w._preferred_ready_since is None
+    members = {"b1": member(role="primary", state="active", preferred=True), "b0": member(state="ready", preferred=True)}
+    w, resigned = leader("b1", members, failback_delay=1)
+    w._fail_back_when_due()
+    assert resigned == [] and w._preferred_ready_since is None

@@ -204,6 +204,13 @@ class Producer:
         self.thread.join(timeout)
 
 
+def received_of_confirmed(producer: Producer, address: str) -> tuple[dict[int, tuple[float, str]], list[int], list[int]]:
+    """Drain the producer's queue from `address`: what was confirmed, what was received, which confirmed were not."""
+    confirmed = producer.snapshot()
+    got = drain([address], producer.queue, set(confirmed))
+    return confirmed, got, sorted(set(confirmed) - set(got))
+
+
 def drain(addresses: list[str], queue: str, expected: set[int], timeout: float = 60.0) -> list[int]:
     """Receive (and accept) from whichever broker serves until every expected body was seen."""
     got: list[int] = []
