@@ -1,11 +1,11 @@
-/* The hot path's calls into proton, made from C (engine.py uses them; design/performance.md).
+/* The hot path's calls into proton, made from C (proton_adapter.py uses them; design/performance.md).
  *
  * python-qpid-proton's cffi wrappers release and retake the GIL around every C call, and a message
  * costs the broker about twenty of them: a tenth of its CPU went to the GIL's mutexes. This module
  * calls the same engine, the functions of the already loaded cproton_ffi library found with dlsym,
  * without releasing the GIL (each call is a few hundred nanoseconds of C; read and write release it
  * around their system calls only, as socket.recv and send do). Links, deliveries, transports and
- * collectors are passed as their addresses (Python ints); engine.py keeps cffi for everything else.
+ * collectors are passed as their addresses (Python ints); proton_adapter.py keeps cffi for everything else.
  *
  *   bind(path, PN_DELIVERY)                      find the functions in the library at path
  *   read(transport, fd, budget) -> int           socket -> proton's input buffer, no copy on the way
@@ -61,7 +61,7 @@ static void (*transport_pop)(void *, size_t);
 
 static int PN_DELIVERY = -1;
 enum { ACCEPTED = 0x24, MODIFIED = 0x27, TRANSACTIONAL = 0x34 };
-/* What drain() reports: a whole message in hand, an outcome, or a delivery for engine.py to handle
+/* What drain() reports: a whole message in hand, an outcome, or a delivery for proton_adapter.py to handle
  * itself (aborted, over the size limit, transactional). */
 enum { RAW = 0, TRANSFER = 1, OUTCOME = 2 };
 enum { MAX_BATCH = 4096 };
@@ -128,8 +128,8 @@ static void *address(PyObject *value)
  * report: an outcome event with no outcome yet, a message not complete yet (proton holds its frames
  * until the last one: the message is then read with one copy into one bytes object, and no frame
  * costs Python anything). A message over `limit` bytes (0: none), complete or not, an aborted one, a
- * transactional one, and one behind such a message on its link (not readable until engine.py has
- * read that one: it keeps their order) go to engine.py. */
+ * transactional one, and one behind such a message on its link (not readable until proton_adapter.py has
+ * read that one: it keeps their order) go to proton_adapter.py. */
 static PyObject *item(void *delivery, size_t limit, bool *skip)
 {
     void *link = delivery_link(delivery);
@@ -158,7 +158,7 @@ static PyObject *item(void *delivery, size_t limit, bool *skip)
             *skip = true;
             return NULL;
         }
-        /* A transactional transfer (its state names the transaction) is read by engine.py: a cold path. */
+        /* A transactional transfer (its state names the transaction) is read by proton_adapter.py: a cold path. */
         if (!over && delivery_remote_state(delivery) != TRANSACTIONAL) {
             PyObject *data = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)pending);
             if (data == NULL)

@@ -1,4 +1,4 @@
-"""Types of the C module _pn.c: the hot path's calls into proton (engine.py)."""
+"""Types of the C module _pn.c: the hot path's calls into proton (proton_adapter.py)."""
 from typing import Any
 
 RAW: int

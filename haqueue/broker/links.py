@@ -6,11 +6,11 @@ import time
 from typing import TYPE_CHECKING, Any, Callable
 
 from .completion import Completion
-from .engine import ACCEPTED, MODIFIED, REJECTED, RELEASED, Link, LinkHandler
 from .errors import DECODE, BrokerError, INVALID_FIELD, NOT_FOUND, RESOURCE_DELETED, RESOURCE_LIMIT
 from .exchange import Exchange
 from .flow import BLOCK, DROP_HEAD, REJECT_PUBLISH, Blocker
 from .message import MalformedMessage, Routing, is_durable, is_message, ttl_ms
+from .proton_adapter import ACCEPTED, MODIFIED, REJECTED, RELEASED, Link, LinkHandler
 from .queue import Entry, Queue, Returned
 from .selector import Selector
 

@@ -8,8 +8,8 @@ from typing import TYPE_CHECKING, Any, Callable
 from proton import Message
 
 from .access import ADMIN, MANAGE, RECEIVE, SEE, SEND
-from .engine import ACCEPTED, REJECTED, Link, LinkHandler
 from .errors import BrokerError, INVALID_FIELD, NOT_FOUND, RESOURCE_LOCKED
+from .proton_adapter import ACCEPTED, REJECTED, Link, LinkHandler
 from .queue import Queue
 
 if TYPE_CHECKING:

@@ -25,13 +25,16 @@ from .. import __version__
 from .._compiled import hot_path_compiled
 from ..config import BrokerConfig, LimitsConfig, ListenerConfig
 from .access import RECEIVE, SEND, Access
-from .engine import Connection, Engine, Link, LinkHandler, Listener
+from .connection import Connection
+from .engine import Engine
 from .errors import BrokerError, INVALID_FIELD, RESOURCE_LOCKED, RecoveryError
 from .exchange import Exchange
 from .flow import BLOCK, MemoryAlarm
 from .links import Consumer, Publisher
+from .listener import Listener
 from .management import ADDRESS as MANAGEMENT, Management
 from .message import Routing
+from .proton_adapter import Link, LinkHandler
 from .queue import Entry, Queue
 from .registry import Registry
 from .selector import Selector, SelectorError, compile_selector, selector_filter

@@ -20,9 +20,10 @@ from typing import TYPE_CHECKING, Any, Callable, Protocol
 from proton import Described, Message, symbol, ulong
 
 from .completion import Completion
-from .engine import ACCEPTED, DECLARED, REJECTED, RELEASED, TRANSACTIONAL, Connection, Link, LinkHandler
+from .connection import Connection
 from .errors import DECODE, NOT_IMPLEMENTED, TXN_ROLLBACK, TXN_UNKNOWN, BrokerError
 from .message import MalformedMessage, is_durable, is_message, ttl_ms
+from .proton_adapter import ACCEPTED, DECLARED, REJECTED, RELEASED, TRANSACTIONAL, Link, LinkHandler
 from .queue import Entry, Queue
 
 if TYPE_CHECKING:

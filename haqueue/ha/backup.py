@@ -11,7 +11,8 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any
 
-from ..broker.engine import Connection, LinkHandler
+from ..broker.connection import Connection
+from ..broker.proton_adapter import LinkHandler
 from ..broker.queue import Queue
 from . import protocol
 from .queue_replicator import QueueReplicator

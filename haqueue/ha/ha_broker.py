@@ -15,8 +15,9 @@ from typing import Any, Callable
 
 from ..admin import ADMIN_TOOL
 from ..broker.access import ADMIN, Permissions
-from ..broker.engine import Connection, Link, LinkHandler
+from ..broker.connection import Connection
 from ..broker.errors import BrokerError, CONNECTION_FORCED, NOT_ALLOWED, UNAUTHORIZED
+from ..broker.proton_adapter import Link, LinkHandler
 from ..broker.queue import Queue
 from ..broker.server import Broker
 from ..broker.tls import client_context, server_context

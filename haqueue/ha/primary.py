@@ -11,9 +11,9 @@ import logging
 import time
 from typing import TYPE_CHECKING, Any
 
-from ..broker.engine import Link, LinkHandler
 from ..broker.errors import BrokerError, NOT_ALLOWED, NOT_FOUND
 from ..broker.exchange import Binding, Exchange
+from ..broker.proton_adapter import Link, LinkHandler
 from ..broker.queue import Queue
 from . import protocol
 from .queue_guard import QueueGuard

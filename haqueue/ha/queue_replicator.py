@@ -12,8 +12,9 @@ from collections import deque
 from typing import TYPE_CHECKING, Any
 
 from ..broker.completion import Completion
-from ..broker.engine import ACCEPTED, Connection, Link, LinkHandler
+from ..broker.connection import Connection
 from ..broker.message import ttl_ms
+from ..broker.proton_adapter import ACCEPTED, Link, LinkHandler
 from ..broker.queue import Entry, Queue, seq_ranges
 from . import protocol
 from .test_hooks import replica_to_drop

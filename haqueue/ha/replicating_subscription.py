@@ -21,7 +21,7 @@ from collections import deque
 from typing import TYPE_CHECKING, Any
 
 from ..broker.completion import Completion
-from ..broker.engine import ACCEPTED, Link, LinkHandler
+from ..broker.proton_adapter import ACCEPTED, Link, LinkHandler
 from ..broker.queue import DEQUEUED, Entry, Queue, seq_ranges
 from . import protocol
 

@@ -7,9 +7,9 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any
 
-from ..broker.engine import ACCEPTED, LinkHandler
 from ..broker.errors import BrokerError
 from ..broker.exchange import Exchange
+from ..broker.proton_adapter import ACCEPTED, LinkHandler
 from ..broker.queue import Queue
 from . import protocol
 from .policy import ALL

@@ -1,0 +1,54 @@
+"""A listening socket: the address it binds, its TLS context and the SASL mechanisms it offers."""
+from __future__ import annotations
+
+import errno
+import logging
+import socket
+import ssl
+from typing import Iterator
+
+from ..config import ListenerConfig
+
+log = logging.getLogger("haqueue.engine")
+
+
+class Listener:
+    def __init__(self, options: ListenerConfig, tls_context: ssl.SSLContext | None) -> None:
+        self.options = options
+        self.tls_context = tls_context
+        self.sock = socket.socket(socket.AF_INET6 if ":" in options.host else socket.AF_INET)
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            self.sock.bind((options.host, options.port))
+        except OSError as e:
+            self.sock.close()
+            raise OSError(e.errno, f"cannot listen on {options.host}:{options.port}: {e.strerror}") from None
+        self.sock.listen(1024)
+        self.sock.setblocking(False)
+
+    def mechanisms(self, anonymous: bool) -> list[str]:
+        """What this listener offers: PLAIN always, ANONYMOUS where the broker allows it and SASL is optional."""
+        mechs = ["PLAIN"]
+        if self.options.sasl == "optional" and anonymous:
+            mechs.append("ANONYMOUS")
+        return mechs
+
+    def accept(self) -> Iterator[tuple[socket.socket, str]]:
+        """Each connection waiting (non-blocking, without Nagle's delay) and its peer's address, until none is."""
+        while True:
+            try:
+                sock, _ = self.sock.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as e:
+                if e.errno in (errno.EMFILE, errno.ENFILE):
+                    log.error("cannot accept a connection: %s", e)
+                return
+            sock.setblocking(False)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            try:
+                peer = "%s:%s" % sock.getpeername()[:2]
+            except OSError:
+                sock.close()
+                continue
+            yield sock, peer

@@ -1,0 +1,111 @@
+"""The event loop's own machinery: one epoll object, timers, callbacks from other threads, and the
+wake-ups that cut a wait short (those callbacks, `stop`, signals). What a pass does with the sockets
+it reports is the engine's (engine.py, `Engine._one_pass`).
+"""
+from __future__ import annotations
+
+import collections
+import heapq
+import itertools
+import logging
+import select
+import signal
+import socket
+import time
+from typing import Callable
+
+log = logging.getLogger("haqueue.engine")
+
+
+class Loop:
+    """Waits for sockets and timers; runs what other threads and timers scheduled."""
+
+    def __init__(self) -> None:
+        self.epoll = select.epoll()
+        self._timers: list[tuple[float, int, Callable[[], None]]] = []
+        self._timer_ids = itertools.count()
+        self._running = False
+        self._from_threads: collections.deque[Callable[[], None]] = collections.deque()
+        self._wakeup_r, self._wakeup_w = socket.socketpair()
+        self._wakeup_r.setblocking(False)
+        self._wakeup_w.setblocking(False)
+
+    def call_later(self, delay: float, callback: Callable[[], None]) -> None:
+        heapq.heappush(self._timers, (time.monotonic() + delay, next(self._timer_ids), callback))
+
+    def call_soon_threadsafe(self, callback: Callable[[], None]) -> None:
+        """Run callback on the loop's thread (for coordinators with threads of their own, e.g. kazoo)."""
+        self._from_threads.append(callback)
+        try:
+            self._wakeup_w.send(b"\0")
+        except OSError:
+            pass
+
+    def every(self, interval: float, callback: Callable[[], None]) -> None:
+        def repeat() -> None:
+            callback()
+            self.call_later(interval, repeat)
+        self.call_later(interval, repeat)
+
+    def stop(self) -> None:
+        self._running = False
+        try:
+            self._wakeup_w.send(b"\0")
+        except OSError:
+            pass
+
+    def serve(self, one_pass: Callable[[], None]) -> None:
+        """Run passes until `stop`; a signal wakes the wait so that its handler runs at once."""
+        self._running = True
+        self.epoll.register(self._wakeup_r.fileno(), select.EPOLLIN)
+        old_wakeup = signal.set_wakeup_fd(self._wakeup_w.fileno())
+        try:
+            while self._running:
+                one_pass()
+        finally:
+            signal.set_wakeup_fd(old_wakeup)
+
+    def wait(self, busy: bool) -> list[tuple[int, int]]:
+        """The sockets ready (fd, epoll mask), waiting at most until the next timer, not at all when `busy`.
+        A wake-up's bytes are read here and it is left out."""
+        timeout = -1.0
+        if self._timers:
+            timeout = max(self._timers[0][0] - time.monotonic(), 0.0)
+        if busy:
+            timeout = 0.0
+        try:
+            events = self.epoll.poll(timeout)
+        except InterruptedError:
+            return []
+        wakeup = self._wakeup_r.fileno()
+        ready = []
+        for fd, mask in events:
+            if fd != wakeup:
+                ready.append((fd, mask))
+                continue
+            try:
+                while self._wakeup_r.recv(4096):
+                    pass
+            except BlockingIOError:
+                pass
+        return ready
+
+    def run_thread_callbacks(self) -> None:
+        while self._from_threads:
+            callback = self._from_threads.popleft()
+            try:
+                callback()
+            except Exception:
+                log.exception("callback from another thread failed")
+
+    def timers_due(self) -> bool:
+        return bool(self._timers) and self._timers[0][0] <= time.monotonic()
+
+    def run_timers(self) -> None:
+        now = time.monotonic()
+        while self._timers and self._timers[0][0] <= now:
+            _, _, callback = heapq.heappop(self._timers)
+            try:
+                callback()
+            except Exception:
+                log.exception("timer callback failed")
