@@ -43,6 +43,8 @@ def _add_broker(commands: Subparsers) -> None:
     p.add_argument("--metrics", metavar="HOST:PORT", type=_address,
                    help="serve Prometheus metrics at http://HOST:PORT/metrics (with --config: in place of its "
                         "metrics section)")
+    p.add_argument("--node", help="with --config of a sharded cluster: the node this process runs on")
+    p.add_argument("--shard", metavar="I", type=int, help="with --config of a sharded cluster: the shard it serves")
     p.set_defaults(func=_broker)
 
 
@@ -50,8 +52,17 @@ def _broker(args: argparse.Namespace) -> int:
     if args.config and (args.listen or args.name is not None or args.data_dir is not None):
         _error("broker: --config cannot be combined with --listen, --name or --data-dir")
         return EXIT_USAGE
+    if (args.node is None) != (args.shard is None) or (args.node is not None and not args.config):
+        _error("broker: --node and --shard go together, with --config of a sharded cluster")
+        return EXIT_USAGE
     try:
-        config = load_config(args.config) if args.config else config_from_args(args.listen, args.name, args.data_dir)
+        if args.node is not None:
+            from haqueue.shard.cluster_config import shard_process_config
+            config = shard_process_config(args.config, args.node, args.shard)
+        elif args.config:
+            config = load_config(args.config)
+        else:
+            config = config_from_args(args.listen, args.name, args.data_dir)
     except ConfigError as e:
         _error(str(e))
         return EXIT_USAGE
