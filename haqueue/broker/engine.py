@@ -84,7 +84,8 @@ class LinkHandler:
 
     def on_credit(self) -> None:
         """A link the broker sends on may send more: the peer granted credit, or the connection's output,
-        once over limits.output_buffer, has drained (Link.output_full)."""
+        once over limits.output_buffer, has drained (Link.output_full). On a link the broker receives on:
+        the peer sent a flow (its answer to a drain)."""
 
     def on_detach(self) -> None:
         """The link is gone (detached, closed, or its connection lost)."""
@@ -297,6 +298,20 @@ class Link:
         self.held = False
         if self._received:
             self._top_up()
+
+    def flow(self, credit: int, drain: bool = False) -> None:
+        """Grant `credit` more on a receiving link whose credit its handler manages (having called
+        hold_credit, so the window above is off): the shard relay passing a client's credit on. With
+        `drain`, the peer is asked to use all its credit or give it back; its answer comes as on_credit."""
+        if drain:
+            lib.pn_link_drain(self.ptr, credit)
+        else:
+            lib.pn_link_flow(self.ptr, credit)
+        self.conn.engine.dirty.add(self.conn)
+
+    def drain_asked(self) -> bool:
+        """Sending: the peer's last flow asked for a drain (answered by `drained`)."""
+        return bool(lib.pn_link_get_drain(self.ptr))
 
     def close(self, condition: str | None = None, description: str = "") -> None:
         if self.closed:
@@ -1026,7 +1041,7 @@ class Engine:
             try:
                 if kind == _PN_LINK_FLOW:
                     link = links.get(address(lib.pn_event_link(event)))
-                    if link is not None and link.is_sender and link.handler is not None:
+                    if link is not None and link.handler is not None:
                         link.handler.on_credit()
                 else:
                     handler = self._handlers.get(kind)
