@@ -17,16 +17,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ..config import CLUSTER_KEY, BrokerConfig, ConfigError, ShardConfig, _address, _Bad, _fields, _int, _name, \
-    broker_config, read_yaml
+from ..config import CLUSTER_KEY, BrokerConfig, Check, ConfigError, ShardConfig, _address, _Bad, _fields, _int, \
+    _name, broker_config, read_yaml
 from .errors import ShardError
 from .placement import Placement, place
 from .topology import Topology
 
 DEFAULT_CLIENT_PORT = 5672
 DEFAULT_PEER_BASE = 5700
-_NODE = {"address": _name, "rack": _name, "region": _name, "data_dir": _name}
-_CLUSTER = {CLUSTER_KEY: _int(1), "replicas": _int(1), "nodes": lambda value, path: value,
+_NODE: dict[str, Check] = {"address": _name, "rack": _name, "region": _name, "data_dir": _name}
+_CLUSTER: dict[str, Check] = {CLUSTER_KEY: _int(1), "replicas": _int(1), "nodes": lambda value, path: value,
             "client_port": _int(1), "peer_base": _int(1), "shard_public": _address}
 _DERIVED = {"name": "the process's name is <node>.s<shard>",
             "listen": "each process listens on its node's client address and its shard's peer port",

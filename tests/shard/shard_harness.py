@@ -20,6 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "ha"))
 from harness import BrokerProcess, can_connect, free_port, split_address, wait_for  # noqa: E402
 from ha_harness import HA_USER, OPS_USER, HaCluster  # noqa: E402
 
+from haqueue.shard.ownership import shard_of_name  # noqa: E402
 from haqueue.shard.placement import place  # noqa: E402
 from haqueue.shard.topology import Topology  # noqa: E402
 
@@ -40,6 +41,11 @@ class ShardProcess(BrokerProcess):
     @property
     def addresses(self) -> list[str]:
         return self._listen
+
+
+def owned_by(shard: int, prefix: str, shards: int = 2) -> str:
+    """A queue name (prefix-N) whose hash puts it in `shard`."""
+    return next(name for name in (f"{prefix}-{i}" for i in range(1000)) if shard_of_name(name, shards) == shard)
 
 
 def _free_run(hosts: list[str], count: int) -> int:

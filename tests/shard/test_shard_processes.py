@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from harness import listening_ports
 from ha_harness import receive, send_all
+from shard_harness import owned_by
 
 
 def test_each_shard_runs_as_its_own_ha_group_from_one_cluster_file(shard_cluster) -> None:
@@ -18,8 +19,10 @@ def test_each_shard_runs_as_its_own_ha_group_from_one_cluster_file(shard_cluster
         status = c.status(primary)
         assert (status["name"], status["role"], status["public"]) == (primary.name, "primary", c.publics[shard])
         assert status["brokers"] == [primary.address, backup.address]
-        send_all(c.publics[shard], "q", [f"s{shard}-{i}" for i in range(20)])
-    for shard in range(2):  # each shard holds only what was sent to it, on its primary and its backup
+        send_all(c.publics[shard], owned_by(shard, "q"), [f"s{shard}-{i}" for i in range(20)])
+    for shard in range(2):  # each shard holds its own queue, on its primary and its backup, and no other
         primary, backup = c.shard_processes(shard)
-        c.wait_depth(backup, "q", 20)
-        assert [m.body for m in receive(c.publics[shard], "q", 20)] == [f"s{shard}-{i}" for i in range(20)]
+        queue = owned_by(shard, "q")
+        c.wait_depth(backup, queue, 20)
+        assert owned_by(1 - shard, "q") not in c.queues(primary)
+        assert [m.body for m in receive(c.publics[shard], queue, 20)] == [f"s{shard}-{i}" for i in range(20)]

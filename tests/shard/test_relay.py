@@ -1,0 +1,106 @@
+"""Step 3 of design/sharding.md: a client attached to a process that does not serve its queue is relayed to
+the owning shard's primary: publishes confirmed only once the owner confirmed them, deliveries, outcomes,
+credit and drain passed through, and a failover of the owner followed without losing a confirmed message.
+
+In the 2-node, 2-shard cluster, node n1 hosts shard 0's preferred primary and a backup of shard 1, n2 the
+reverse: a client at n1's client address (either process, as the kernel picks) is relayed for shard 1's
+queues, at n2's for shard 0's."""
+from __future__ import annotations
+
+import base64
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "integration"))
+
+from clients import Client  # noqa: E402
+from harness import wait_for  # noqa: E402
+from ha_harness import Load, receive, send_all  # noqa: E402
+from shard_harness import owned_by  # noqa: E402
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def test_a_stock_proton_client_sends_and_receives_through_the_relay(shard_cluster) -> None:
+    c = shard_cluster(size=2, shards=2, replicas=2)
+    c.start_shards()
+    queue = owned_by(1, "relay.proton")
+    entry = c.client_address("n1")
+    sent = [f"m{i}" for i in range(300)]
+    send_all(entry, queue, sent)  # returns once every publish is confirmed
+    primary, backup = c.shard_processes(1)
+    assert c.depth(primary, queue) == 300  # confirmed: on the owner's primary...
+    c.wait_depth(backup, queue, 300)  # ...and replicated to its backup
+    for b in c.shard_processes(0):
+        assert queue not in c.queues(b)  # never made where it was relayed from
+    assert [m.body for m in receive(entry, queue, 300)] == sent
+    c.wait_depth(primary, queue, 0)  # the client's accepts reached the owner
+
+
+def test_a_rhea_client_sends_and_receives_through_the_relay(shard_cluster) -> None:
+    interop = pytest.importorskip("test_interop_rhea")
+    from typed import bare_message
+    c = shard_cluster(size=2, shards=2, replicas=2)
+    c.start_shards()
+    queue = owned_by(0, "relay.rhea")
+    host, port = c.client_address("n2").split(":")
+    expected = interop.specs(queue) * 20
+    out = interop.node("send.js", {"host": host, "port": int(port), "address": queue, "messages": expected,
+                                   "timeout_ms": 30000})
+    assert out["returncode"] == 0, out
+    assert [s["state"] for s in out["sent"]] == ["accepted"] * len(expected)
+    assert c.depth(c.shard_processes(0)[0], queue) == len(expected)
+    got = interop.node("receive.js", {"host": host, "port": int(port), "address": queue, "count": len(expected),
+                                      "timeout_ms": 30000, "quiet_ms": 300})
+    assert got["returncode"] == 0, got
+    assert len(got["received"]) == len(expected) and got["extra"] == 0
+    assert [bare_message(base64.b64decode(r["raw"])) for r in got["received"]] == \
+        [bare_message(base64.b64decode(s["raw"])) for s in out["sent"]]  # byte for byte, in order
+    c.wait_depth(c.shard_processes(0)[0], queue, 0)
+
+
+def test_a_drain_passes_through_the_relay(shard_cluster) -> None:
+    c = shard_cluster(size=2, shards=2, replicas=2)
+    c.start_shards()
+    queue = owned_by(1, "relay.drain")
+    entry = c.client_address("n1")
+    send_all(entry, queue, ["d-0", "d-1"])
+    with Client(entry) as client:
+        r = client.receiver(queue, credit=0)
+        got = r.drain(5)
+        assert [g.body for g in got] == ["d-0", "d-1"]
+        assert r.credit == 0
+        for g in got:
+            r.accept(g)
+        assert r.drain(5) == []  # an empty queue: the owner answers the drain at once, and so does the relay
+        assert r.credit == 0
+        send_all(entry, queue, ["after"])  # and the link still works afterwards
+        assert [g.body for g in r.receive_n(1)] == ["after"]
+    c.wait_depth(c.shard_processes(1)[0], queue, 0)
+
+
+def test_a_failover_of_the_owner_loses_no_confirmed_relayed_message(shard_cluster) -> None:
+    c = shard_cluster(size=2, shards=2, replicas=2)
+    c.start_shards()
+    queue = owned_by(1, "relay.failover")
+    old, new = c.shard_processes(1)  # shard 1: primary on n2, backup on n1
+    load = Load(c.client_address("n1"), queue).start()  # relayed by n1's processes whichever serves it
+    try:
+        wait_for(lambda: load.confirmed_count() >= 300 and load.received_count() >= 100, 30,
+                 message="relayed traffic before the failover")
+        c.kill(old)
+        c.promote(new)
+        base = load.confirmed_count()
+        wait_for(lambda: load.confirmed_count() >= base + 300, 30, message="300 confirmed after the failover")
+        load.stop_producer()
+        wanted = set(load.confirmed)
+        wait_for(lambda: wanted <= set(load.received), 30,
+                 message=f"every confirmed message received ({load.report()})")
+    finally:
+        load.stop()
+    report = load.report()
+    print("load report:", report)
+    assert report["lost"] == [], report
+    assert c.status(new)["role"] == "primary"
