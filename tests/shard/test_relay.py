@@ -16,7 +16,6 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "integration"))
 
 from clients import Client  # noqa: E402
-from harness import wait_for  # noqa: E402
 from ha_harness import Load, receive, send_all  # noqa: E402
 from shard_harness import owned_by  # noqa: E402
 
@@ -86,21 +85,8 @@ def test_a_failover_of_the_owner_loses_no_confirmed_relayed_message(shard_cluste
     c.start_shards()
     queue = owned_by(1, "relay.failover")
     old, new = c.shard_processes(1)  # shard 1: primary on n2, backup on n1
-    load = Load(c.client_address("n1"), queue).start()  # relayed by n1's processes whichever serves it
-    try:
-        wait_for(lambda: load.confirmed_count() >= 300 and load.received_count() >= 100, 30,
-                 message="relayed traffic before the failover")
-        c.kill(old)
-        c.promote(new)
-        base = load.confirmed_count()
-        wait_for(lambda: load.confirmed_count() >= base + 300, 30, message="300 confirmed after the failover")
-        load.stop_producer()
-        wanted = set(load.confirmed)
-        wait_for(lambda: wanted <= set(load.received), 30,
-                 message=f"every confirmed message received ({load.report()})")
-    finally:
-        load.stop()
-    report = load.report()
-    print("load report:", report)
+    load = Load(c.client_address("n1"), queue)  # relayed by n1's processes whichever serves it
+    _, report = load.across(lambda: (c.kill(old), c.promote(new)))
     assert report["lost"] == [], report
+    assert report["errors"] == 0, report  # the relay kept the client's links: a pause, not an error
     assert c.status(new)["role"] == "primary"
