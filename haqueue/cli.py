@@ -401,7 +401,12 @@ def _add_cluster(commands: Subparsers) -> None:
     up = sub.add_parser("up", help="run N brokers as a hot-standby cluster in the foreground",
                         description="Run N brokers as a local hot-standby cluster; the first is promoted, and when "
                                     "the primary dies the most up-to-date ready backup takes over.")
-    up.add_argument("--size", type=int, default=3, help="number of brokers (default 3)")
+    up.add_argument("--size", type=int, default=3, help="number of brokers (default 3); with --shards, of nodes")
+    up.add_argument("--shards", type=int, help="a sharded cluster (design/sharding.md): K shards over --size nodes "
+                                               "127.0.0.1, 127.0.0.2, ..., each node's client address on --public's "
+                                               "port; shard i's peers on base-port + i, its own address on "
+                                               "127.0.0.1:base-port + K + i")
+    up.add_argument("--replicas", type=int, help="with --shards: replicas of each shard (default min(3, size))")
     up.add_argument("--dir", default="./cluster", help="configs, data and logs (default ./cluster)")
     up.add_argument("--public", type=_address, default=DEFAULT_LISTEN,
                     help=f"the clients' address, bound by the primary (default {DEFAULT_LISTEN})")
@@ -434,6 +439,14 @@ def _cluster_up(args: argparse.Namespace) -> int:
             _error(f"--tls {args.tls}: no {', '.join(missing)}")
             return EXIT_USAGE
         extra.setdefault("ha", {})["tls"] = tls
+    if args.shards is not None:
+        from haqueue.coord.supervisor import sharded_cluster_up
+        replicas = min(3, args.size) if args.replicas is None else args.replicas
+        return sharded_cluster_up(args.size, args.shards, replicas, args.dir, parse_address(args.public)[1],
+                                  args.base_port, extra)
+    if args.replicas is not None:
+        _error("--replicas goes with --shards")
+        return EXIT_USAGE
     return cluster_up(args.size, args.dir, parse_address(args.public), args.base_port, extra)
 
 
