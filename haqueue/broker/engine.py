@@ -687,11 +687,17 @@ class Connection:
         return {str(k): v for k, v in value.items()} if isinstance(value, dict) else {}
 
     def open_link(self, sender: bool, address: str, name: str, handler: LinkHandler,
-                  properties: dict[Any, Any] | None = None, credit: int = 0) -> Link:
-        """Attach a link from this (outgoing) connection: the broker sends to, or receives from, address."""
+                  properties: dict[Any, Any] | None = None, credit: int = 0,
+                  source_filters: dict[Any, Any] | None = None, browse: bool = False) -> Link:
+        """Attach a link from this (outgoing) connection: the broker sends to, or receives from, address
+        (receiving: with the source's filters, and browsing: what the shard relay passes on for a client)."""
         ptr = (lib.pn_sender if sender else lib.pn_receiver)(self.session, name.encode())
         terminus = lib.pn_link_target(ptr) if sender else lib.pn_link_source(ptr)
         lib.pn_terminus_set_address(terminus, address.encode())
+        if source_filters:
+            Data(lib.pn_terminus_filter(terminus)).put_object(source_filters)
+        if browse:
+            lib.pn_terminus_set_distribution_mode(terminus, lib.PN_DIST_MODE_COPY)
         if properties:
             Data(lib.pn_link_properties(ptr)).put_object(properties)
         link = Link(ptr, self, address)
