@@ -52,10 +52,12 @@ class _Relayed(LinkHandler):
         self.mirror: Link | None = None
 
     def _open_mirror(self, conn: Connection, sender: bool) -> Link:
-        assert self.link.address is not None  # only links to a named address are routed
+        client = self.link  # a consumer's selector and browsing are the owner's to apply
+        assert client.address is not None  # only links to a named address are routed
         slot: list[Link | None] = [None]
-        mirror = conn.open_link(sender, self.link.address, self.owner.relay.link_name(self.link.name),
-                                _OwnerSide(self, slot))
+        mirror = conn.open_link(sender, client.address, self.owner.relay.link_name(client.name),
+                                _OwnerSide(self, slot), source_filters=client.honoured_filters,
+                                browse=client.browse)
         slot[0] = self.mirror = mirror
         return mirror
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from ..broker.access import Permissions
 from ..broker.engine import Link, LinkHandler
-from ..broker.errors import NOT_ALLOWED, NOT_IMPLEMENTED, BrokerError
+from ..broker.errors import NOT_ALLOWED, BrokerError
 from ..broker.server import Broker
 from ..config import AllowConfig, ShardConfig
 from ..ha.ha_broker import HaBroker
@@ -50,9 +50,5 @@ class ShardRouting:
         if link.conn.user == self.ha.config.username:
             raise BrokerError(NOT_ALLOWED, f"{self.broker.name} does not serve {link.address!r} (shard {shard}'s): "
                                            f"a relayed link goes to the owning shard's primary")
-        if link.is_sender and (link.browse or link.honoured_filters):
-            host, port = self.config.publics[shard]
-            raise BrokerError(NOT_IMPLEMENTED, f"browsing and selectors are not relayed yet: connect to shard "
-                                               f"{shard}'s address {host}:{port} for {link.address!r}")
         owner = self.relay.owner(shard)
         return RelayedConsumer(owner, link) if link.is_sender else RelayedPublisher(owner, link)

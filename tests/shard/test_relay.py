@@ -16,7 +16,10 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "integration"))
 
 from clients import Client  # noqa: E402
-from ha_harness import Load, receive, send_all  # noqa: E402
+from proton import Message  # noqa: E402
+from proton.reactor import Selector  # noqa: E402
+
+from ha_harness import Load, browse, connect, receive, send_all  # noqa: E402
 from shard_harness import owned_by  # noqa: E402
 
 pytestmark = pytest.mark.timeout(120)
@@ -78,6 +81,29 @@ def test_a_drain_passes_through_the_relay(shard_cluster) -> None:
         send_all(entry, queue, ["after"])  # and the link still works afterwards
         assert [g.body for g in r.receive_n(1)] == ["after"]
     c.wait_depth(c.shard_processes(1)[0], queue, 0)
+
+
+def test_a_selector_and_a_browser_pass_through_the_relay(shard_cluster) -> None:
+    c = shard_cluster(size=2, shards=2, replicas=2)
+    c.start_shards()
+    queue = owned_by(1, "relay.select")
+    entry = c.client_address("n1")
+    send_all(entry, queue, [Message(body=i, durable=True, properties={"colour": "red" if i % 2 else "green"})
+                            for i in range(10)])
+    conn = connect(entry)
+    try:
+        r = conn.create_receiver(queue, credit=10, options=Selector("colour = 'red'"))
+        reds = []
+        for _ in range(5):
+            reds.append(r.receive(timeout=10).body)
+            r.accept()
+    finally:
+        conn.close()
+    assert reds == [1, 3, 5, 7, 9]  # the owner applied the client's selector
+    primary = c.shard_processes(1)[0]
+    c.wait_depth(primary, queue, 5)
+    assert [m.body for m in browse(entry, queue, 5)] == [0, 2, 4, 6, 8]
+    assert c.depth(primary, queue) == 5  # browsed, not taken
 
 
 def test_a_failover_of_the_owner_loses_no_confirmed_relayed_message(shard_cluster) -> None:
