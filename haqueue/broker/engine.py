@@ -320,6 +320,7 @@ class Link:
         if condition:
             _set_condition(lib.pn_link_condition(self.ptr), condition, description)
         lib.pn_link_close(self.ptr)
+        self.conn.engine.dirty.add(self.conn)  # the detach goes out this pass, even from a timer
         self.conn.engine.forget_link(self)
 
 
