@@ -17,6 +17,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "integration"))
 
 from clients import Client  # noqa: E402
 from proton import Message  # noqa: E402
+from proton.utils import LinkDetached  # noqa: E402
 from proton.reactor import Selector  # noqa: E402
 
 from ha_harness import Load, browse, connect, receive, send_all  # noqa: E402
@@ -116,3 +117,20 @@ def test_a_failover_of_the_owner_loses_no_confirmed_relayed_message(shard_cluste
     assert report["lost"] == [], report
     assert report["errors"] == 0, report  # the relay kept the client's links: a pause, not an error
     assert c.status(new)["role"] == "primary"
+
+
+def test_without_a_primary_a_relayed_link_is_detached_after_the_backup_timeout(shard_cluster) -> None:
+    c = shard_cluster(size=2, shards=2, replicas=2)  # ha.backup_timeout 2 s
+    c.start_shards()
+    queue = owned_by(1, "relay.orphan")
+    for b in c.shard_processes(1):
+        c.kill(b)  # shard 1 has no process left: n1's client address is n1.s0's alone
+    conn = connect(c.client_address("n1"))
+    try:
+        sender = conn.create_sender(queue)  # the relay takes the link at once, and waits for the owner
+        with pytest.raises(LinkDetached) as refused:
+            sender.send(Message(body="never"), timeout=20)
+    finally:
+        conn.close()
+    assert "amqp:link:detach-forced" in str(refused.value)
+    assert "no primary of shard 1 for 2 s (ha.backup_timeout)" in str(refused.value)
