@@ -9,21 +9,18 @@ wait; a consumer's mirror link holds its window and is granted exactly the clien
 """
 from __future__ import annotations
 
-import logging
 from collections import deque
 
 from ..broker.engine import ACCEPTED, Connection, Link, LinkHandler
 from .relay import OwnerConnection
 
-log = logging.getLogger("haqueue.shard")
-
 
 class _OwnerSide(LinkHandler):
     """The handler of a mirror link: what the owner does reaches the relayed link."""
 
-    def __init__(self, relayed: "_Relayed", link_of: "list[Link | None]") -> None:
+    def __init__(self, relayed: "_Relayed") -> None:
         self.relayed = relayed
-        self.link_of = link_of  # one item: the mirror link, once opened
+        self.link: Link | None = None  # the mirror link, once opened
 
     def on_message(self, delivery: int, data: bytes, settled: bool) -> None:
         self.relayed.owner_message(delivery, data, settled)
@@ -35,7 +32,7 @@ class _OwnerSide(LinkHandler):
         self.relayed.owner_credit()
 
     def on_detach(self) -> None:
-        link = self.link_of[0]
+        link = self.link
         if link is None or link is not self.relayed.mirror:
             return  # closed here, or its connection was lost (owner_lost came first)
         if link.conn.client_error is not None:
@@ -54,11 +51,10 @@ class _Relayed(LinkHandler):
     def _open_mirror(self, conn: Connection, sender: bool) -> Link:
         client = self.link  # a consumer's selector and browsing are the owner's to apply
         assert client.address is not None  # only links to a named address are routed
-        slot: list[Link | None] = [None]
-        mirror = conn.open_link(sender, client.address, self.owner.relay.link_name(client.name),
-                                _OwnerSide(self, slot), source_filters=client.honoured_filters,
-                                browse=client.browse)
-        slot[0] = self.mirror = mirror
+        side = _OwnerSide(self)
+        mirror = conn.open_link(sender, client.address, self.owner.relay.link_name(client.name), side,
+                                source_filters=client.honoured_filters, browse=client.browse)
+        side.link = self.mirror = mirror
         return mirror
 
     def attach(self, conn: Connection) -> None:
