@@ -26,9 +26,8 @@ from shard_harness import owned_by  # noqa: E402
 pytestmark = pytest.mark.timeout(120)
 
 
-def test_a_stock_proton_client_sends_and_receives_through_the_relay(shard_cluster) -> None:
-    c = shard_cluster(size=2, shards=2, replicas=2)
-    c.start_shards()
+def test_a_stock_proton_client_sends_and_receives_through_the_relay(two_shards) -> None:
+    c = two_shards
     queue = owned_by(1, "relay.proton")
     entry = c.client_address("n1")
     sent = [f"m{i}" for i in range(300)]
@@ -64,9 +63,8 @@ def test_a_rhea_client_sends_and_receives_through_the_relay(shard_cluster) -> No
     c.wait_depth(c.shard_processes(0)[0], queue, 0)
 
 
-def test_a_drain_passes_through_the_relay(shard_cluster) -> None:
-    c = shard_cluster(size=2, shards=2, replicas=2)
-    c.start_shards()
+def test_a_drain_passes_through_the_relay(two_shards) -> None:
+    c = two_shards
     queue = owned_by(1, "relay.drain")
     entry = c.client_address("n1")
     send_all(entry, queue, ["d-0", "d-1"])
@@ -84,9 +82,8 @@ def test_a_drain_passes_through_the_relay(shard_cluster) -> None:
     c.wait_depth(c.shard_processes(1)[0], queue, 0)
 
 
-def test_a_selector_and_a_browser_pass_through_the_relay(shard_cluster) -> None:
-    c = shard_cluster(size=2, shards=2, replicas=2)
-    c.start_shards()
+def test_a_selector_and_a_browser_pass_through_the_relay(two_shards) -> None:
+    c = two_shards
     queue = owned_by(1, "relay.select")
     entry = c.client_address("n1")
     send_all(entry, queue, [Message(body=i, durable=True, properties={"colour": "red" if i % 2 else "green"})
@@ -107,9 +104,8 @@ def test_a_selector_and_a_browser_pass_through_the_relay(shard_cluster) -> None:
     assert c.depth(primary, queue) == 5  # browsed, not taken
 
 
-def test_a_failover_of_the_owner_loses_no_confirmed_relayed_message(shard_cluster) -> None:
-    c = shard_cluster(size=2, shards=2, replicas=2)
-    c.start_shards()
+def test_a_failover_of_the_owner_loses_no_confirmed_relayed_message(two_shards) -> None:
+    c = two_shards
     queue = owned_by(1, "relay.failover")
     old, new = c.shard_processes(1)  # shard 1: primary on n2, backup on n1
     load = Load(c.client_address("n1"), queue)  # relayed by n1's processes whichever serves it
@@ -119,9 +115,8 @@ def test_a_failover_of_the_owner_loses_no_confirmed_relayed_message(shard_cluste
     assert c.status(new)["role"] == "primary"
 
 
-def test_without_a_primary_a_relayed_link_is_detached_after_the_backup_timeout(shard_cluster) -> None:
-    c = shard_cluster(size=2, shards=2, replicas=2)  # ha.backup_timeout 2 s
-    c.start_shards()
+def test_without_a_primary_a_relayed_link_is_detached_after_the_backup_timeout(two_shards) -> None:
+    c = two_shards  # ha.backup_timeout 2 s
     queue = owned_by(1, "relay.orphan")
     for b in c.shard_processes(1):
         c.kill(b)  # shard 1 has no process left: n1's client address is n1.s0's alone
