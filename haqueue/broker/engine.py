@@ -221,6 +221,15 @@ class Link:
     def tag(delivery: int) -> bytes:
         return _pn.tag(delivery)
 
+    @staticmethod
+    def outcome_error(delivery: int) -> tuple[str, str] | None:
+        """The (condition, description) the peer gave with its outcome of `delivery` (a rejection's
+        reason), or None. A cold path: the shard relay passing an owner's rejection on."""
+        cond = lib.pn_disposition_condition(lib.pn_delivery_remote(_delivery(delivery)))
+        if not lib.pn_condition_is_set(cond):
+            return None
+        return _text(lib.pn_condition_get_name(cond)) or "", _text(lib.pn_condition_get_description(cond)) or ""
+
     def remote_error(self) -> str | None:
         cond = lib.pn_link_remote_condition(self.ptr)
         if not lib.pn_condition_is_set(cond):
