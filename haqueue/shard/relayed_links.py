@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections import deque
 
-from ..broker.engine import ACCEPTED, Connection, Link, LinkHandler
+from ..broker.engine import ACCEPTED, REJECTED, Connection, Link, LinkHandler
 from .relay import OwnerConnection
 
 
@@ -138,7 +138,9 @@ class RelayedPublisher(_Relayed):
     def owner_outcome(self, delivery: int, outcome: int, failed: bool) -> None:
         client = self.sent.pop(delivery, 0)
         if client and self.unsettled.pop(client, None) is not None and not self.link.closed:
-            self.link.settle(client, outcome, failed=failed)
+            error = Link.outcome_error(delivery) if outcome == REJECTED else None
+            condition, description = error or (None, "")
+            self.link.settle(client, outcome, condition, description, failed=failed)
 
 
 class RelayedConsumer(_Relayed):

@@ -104,6 +104,18 @@ def test_a_selector_and_a_browser_pass_through_the_relay(two_shards) -> None:
     assert c.depth(primary, queue) == 5  # browsed, not taken
 
 
+def test_an_owners_rejection_reaches_the_client_with_its_reason(two_shards) -> None:
+    c = two_shards
+    queue = owned_by(1, "relay.full")
+    c.request(c.publics[1], "CREATE", "queue", queue, {"max_depth": 1, "overflow": "reject-publish"})
+    with Client(c.client_address("n1")) as client:
+        kept, refused = client.send(queue, ["fits", "does not fit"], check=False)
+    assert kept.remote_state == kept.ACCEPTED
+    assert refused.remote_state == refused.REJECTED
+    assert refused.remote.condition.name == "amqp:resource-limit-exceeded"
+    assert queue in refused.remote.condition.description  # the owner's words, passed on by the relay
+
+
 def test_a_failover_of_the_owner_loses_no_confirmed_relayed_message(two_shards) -> None:
     c = two_shards
     queue = owned_by(1, "relay.failover")
