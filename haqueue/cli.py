@@ -43,6 +43,8 @@ def _add_broker(commands: Subparsers) -> None:
     p.add_argument("--metrics", metavar="HOST:PORT", type=_address,
                    help="serve Prometheus metrics at http://HOST:PORT/metrics (with --config: in place of its "
                         "metrics section)")
+    p.add_argument("--node", help="with --config of a sharded cluster: the node this process runs on")
+    p.add_argument("--shard", metavar="I", type=int, help="with --config of a sharded cluster: the shard it serves")
     p.set_defaults(func=_broker)
 
 
@@ -50,8 +52,17 @@ def _broker(args: argparse.Namespace) -> int:
     if args.config and (args.listen or args.name is not None or args.data_dir is not None):
         _error("broker: --config cannot be combined with --listen, --name or --data-dir")
         return EXIT_USAGE
+    if (args.node is None) != (args.shard is None) or (args.node is not None and not args.config):
+        _error("broker: --node and --shard go together, with --config of a sharded cluster")
+        return EXIT_USAGE
     try:
-        config = load_config(args.config) if args.config else config_from_args(args.listen, args.name, args.data_dir)
+        if args.node is not None:
+            from haqueue.shard.cluster_config import shard_process_config
+            config = shard_process_config(args.config, args.node, args.shard)
+        elif args.config:
+            config = load_config(args.config)
+        else:
+            config = config_from_args(args.listen, args.name, args.data_dir)
     except ConfigError as e:
         _error(str(e))
         return EXIT_USAGE
@@ -78,6 +89,9 @@ def _broker(args: argparse.Namespace) -> int:
             if config.ha.coordinator == "zookeeper":
                 from haqueue.coord.zookeeper import ZooKeeperCoordinator
                 ZooKeeperCoordinator(ha)
+            if config.shard is not None:  # one shard's process of a sharded cluster
+                from haqueue.shard.routing import ShardRouting
+                ShardRouting(broker, ha, config.shard)
         if config.audit is not None:  # after HA: it records HA's role, epoch and replication
             from haqueue.audit.events import AuditLog
             AuditLog(broker, config.audit, ha)
@@ -387,7 +401,12 @@ def _add_cluster(commands: Subparsers) -> None:
     up = sub.add_parser("up", help="run N brokers as a hot-standby cluster in the foreground",
                         description="Run N brokers as a local hot-standby cluster; the first is promoted, and when "
                                     "the primary dies the most up-to-date ready backup takes over.")
-    up.add_argument("--size", type=int, default=3, help="number of brokers (default 3)")
+    up.add_argument("--size", type=int, default=3, help="number of brokers (default 3); with --shards, of nodes")
+    up.add_argument("--shards", type=int, help="a sharded cluster (design/sharding.md): K shards over --size nodes "
+                                               "127.0.0.1, 127.0.0.2, ..., each node's client address on --public's "
+                                               "port; shard i's peers on base-port + i, its own address on "
+                                               "127.0.0.1:base-port + K + i")
+    up.add_argument("--replicas", type=int, help="with --shards: replicas of each shard (default min(3, size))")
     up.add_argument("--dir", default="./cluster", help="configs, data and logs (default ./cluster)")
     up.add_argument("--public", type=_address, default=DEFAULT_LISTEN,
                     help=f"the clients' address, bound by the primary (default {DEFAULT_LISTEN})")
@@ -420,6 +439,14 @@ def _cluster_up(args: argparse.Namespace) -> int:
             _error(f"--tls {args.tls}: no {', '.join(missing)}")
             return EXIT_USAGE
         extra.setdefault("ha", {})["tls"] = tls
+    if args.shards is not None:
+        from haqueue.coord.supervisor import sharded_cluster_up
+        replicas = min(3, args.size) if args.replicas is None else args.replicas
+        return sharded_cluster_up(args.size, args.shards, replicas, args.dir, parse_address(args.public)[1],
+                                  args.base_port, extra)
+    if args.replicas is not None:
+        _error("--replicas goes with --shards")
+        return EXIT_USAGE
     return cluster_up(args.size, args.dir, parse_address(args.public), args.base_port, extra)
 
 

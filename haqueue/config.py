@@ -41,6 +41,7 @@ class ListenerConfig:
     sasl: str = "optional"  # "optional": anonymous and no-SASL clients allowed (if `anonymous`); "required"
     tls: bool = False
     require_client_cert: bool = False  # TLS clients must present a certificate from tls.ca_file (SASL EXTERNAL)
+    reuse_port: bool = False  # SO_REUSEPORT: several processes (a node's shards) share the address
 
 
 @dataclass
@@ -171,6 +172,16 @@ class UserConfig:
 
 
 @dataclass
+class ShardConfig:
+    """What a shard process of a cluster knows of the sharding (derived by shard/cluster_config.py)."""
+
+    index: int  # this process's shard
+    shards: int  # K
+    publics: list[tuple[str, int]]  # each shard's direct address, bound only by its primary (the relay's target)
+    client: tuple[str, int]  # the node's client address, shared by its shard processes
+
+
+@dataclass
 class BrokerConfig:
     name: str
     listen: list[ListenerConfig]
@@ -187,6 +198,7 @@ class BrokerConfig:
     audit: AuditConfig | None = None
     store: StoreConfig = field(default_factory=StoreConfig)
     metrics: MetricsConfig | None = None  # None: no metrics endpoint
+    shard: ShardConfig | None = None  # set for one shard's process of a sharded cluster
 
 
 def parse_address(text: str) -> tuple[str, int]:
@@ -199,8 +211,11 @@ def parse_address(text: str) -> tuple[str, int]:
     return host, int(port)
 
 
-def load_config(path: str) -> BrokerConfig:
-    """Read and check a YAML config file; an empty file gives the defaults."""
+CLUSTER_KEY = "shards"  # a file with it is a sharded cluster's (shard/cluster_config.py)
+
+
+def read_yaml(path: str) -> Any:
+    """A config file's YAML, read; an empty file is an empty map."""
     try:
         with open(path, encoding="utf-8") as f:
             raw = yaml.safe_load(f)
@@ -208,10 +223,24 @@ def load_config(path: str) -> BrokerConfig:
         raise ConfigError(f"{path}: cannot read: {e.strerror}") from e
     except yaml.YAMLError as e:
         raise ConfigError(f"{path}: invalid YAML: {' '.join(str(e).split())}") from e
+    return {} if raw is None else raw
+
+
+def load_config(path: str) -> BrokerConfig:
+    """Read and check a YAML config file; an empty file gives the defaults."""
+    raw = read_yaml(path)
+    if isinstance(raw, dict) and CLUSTER_KEY in raw:
+        raise ConfigError(f"{path}: {CLUSTER_KEY}: a sharded cluster's config: run one shard's process of it "
+                          f"with --node NODE --shard I")
+    return broker_config(raw, path)
+
+
+def broker_config(raw: Any, origin: str) -> BrokerConfig:
+    """Check a broker config read from `origin` (a file, or the cluster file it was derived from)."""
     try:
-        return _broker({} if raw is None else raw)
+        return _broker(raw)
     except _Bad as e:
-        raise ConfigError(f"{path}: {e.path}: {e.reason}") from e
+        raise ConfigError(f"{origin}: {e.path}: {e.reason}") from e
 
 
 def config_from_args(listen: list[str], name: str | None, data_dir: str | None) -> BrokerConfig:
@@ -350,6 +379,7 @@ _LISTENER: dict[str, Check] = {
     "sasl": _choice(*SASL_MODES),
     "tls": _bool,
     "require_client_cert": _bool,
+    "reuse_port": _bool,
 }
 
 

@@ -18,6 +18,8 @@ class Listener:
         self.tls_context = tls_context
         self.sock = socket.socket(socket.AF_INET6 if ":" in options.host else socket.AF_INET)
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if options.reuse_port:  # the kernel spreads the address's connections over every process bound to it
+            self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
         try:
             self.sock.bind((options.host, options.port))
         except OSError as e:

@@ -75,7 +75,8 @@ class LinkHandler:
 
     def on_credit(self) -> None:
         """A link the broker sends on may send more: the peer granted credit, or the connection's output,
-        once over limits.output_buffer, has drained (Link.output_full)."""
+        once over limits.output_buffer, has drained (Link.output_full). On a link the broker receives on:
+        the peer sent a flow (its answer to a drain)."""
 
     def on_detach(self) -> None:
         """The link is gone (detached, closed, or its connection lost)."""
@@ -162,11 +163,17 @@ class Link:
 
     @staticmethod
     def attach(conn: "Connection", session: Any, sender: bool, address: str, name: str,
-               properties: dict[Any, Any] | None) -> "Link":
-        """A link the broker attaches from the session of one of its outgoing connections; `open` sends it."""
+               properties: dict[Any, Any] | None, source_filters: dict[Any, Any] | None = None,
+               browse: bool = False) -> "Link":
+        """A link the broker attaches from the session of one of its outgoing connections; `open` sends it.
+        Receiving: with the source's filters, and browsing (what the shard relay passes on for a client)."""
         ptr = (lib.pn_sender if sender else lib.pn_receiver)(session, name.encode())
         terminus = lib.pn_link_target(ptr) if sender else lib.pn_link_source(ptr)
         lib.pn_terminus_set_address(terminus, address.encode())
+        if source_filters:
+            Data(lib.pn_terminus_filter(terminus)).put_object(source_filters)
+        if browse:
+            lib.pn_terminus_set_distribution_mode(terminus, lib.PN_DIST_MODE_COPY)
         if properties:
             Data(lib.pn_link_properties(ptr)).put_object(properties)
         return Link(ptr, conn, address)
@@ -212,6 +219,15 @@ class Link:
     @staticmethod
     def tag(delivery: int) -> bytes:
         return _pn.tag(delivery)
+
+    @staticmethod
+    def outcome_error(delivery: int) -> tuple[str, str] | None:
+        """The (condition, description) the peer gave with its outcome of `delivery` (a rejection's
+        reason), or None. A cold path: the shard relay passing an owner's rejection on."""
+        cond = lib.pn_disposition_condition(lib.pn_delivery_remote(_delivery(delivery)))
+        if not lib.pn_condition_is_set(cond):
+            return None
+        return _text(lib.pn_condition_get_name(cond)) or "", _text(lib.pn_condition_get_description(cond)) or ""
 
     def remote_error(self) -> str | None:
         cond = lib.pn_link_remote_condition(self.ptr)
@@ -291,6 +307,20 @@ class Link:
         if self._received:
             self._top_up()
 
+    def flow(self, credit: int, drain: bool = False) -> None:
+        """Grant `credit` more on a receiving link whose credit its handler manages (having called
+        hold_credit, so the window above is off): the shard relay passing a client's credit on. With
+        `drain`, the peer is asked to use all its credit or give it back; its answer comes as on_credit."""
+        if drain:
+            lib.pn_link_drain(self.ptr, credit)
+        else:
+            lib.pn_link_flow(self.ptr, credit)
+        self.conn.engine.dirty.add(self.conn)
+
+    def drain_asked(self) -> bool:
+        """Sending: the peer's last flow asked for a drain (answered by `drained`)."""
+        return bool(lib.pn_link_get_drain(self.ptr))
+
     def close(self, condition: str | None = None, description: str = "") -> None:
         if self.closed:
             return
@@ -299,6 +329,7 @@ class Link:
             _set_condition(lib.pn_link_condition(self.ptr), condition, description)
         lib.pn_link_close(self.ptr)
         self.conn.engine.forget_link(self)
+        self.conn.engine.dirty.add(self.conn)  # the detach goes out this pass, even from a timer
 
 
 
@@ -465,7 +496,7 @@ class ProtonEvents:
             try:
                 if kind == _PN_LINK_FLOW:
                     link = links.get(address(lib.pn_event_link(event)))
-                    if link is not None and link.is_sender and link.handler is not None:
+                    if link is not None and link.handler is not None:
                         link.handler.on_credit()
                 else:
                     handler = self._handlers.get(kind)

@@ -5,7 +5,8 @@ for each request. Plug-ins (HA, the audit log) use the named hooks and nothing e
 `registry.observers` / `registry.validators` / `registry.queue_hooks` (wiring and per-queue
 observers and guards), `admission` (who may connect), `endpoints` (link handlers for `$`
 addresses), `management.register` (operations, each with what it needs), `status_hooks` (fields of the broker status),
-`completion_hooks` (a publisher's message confirmed), `flush_hooks` (the end of a loop pass, before
+`completion_hooks` (a publisher's message confirmed), `link_routes` (a link served elsewhere: the shard
+relay), `flush_hooks` (the end of a loop pass, before
 its output leaves), `durability` (a durable store: loads the wiring and messages it kept before anything
 else happens, and says when what it was given is on disk) and `listener_tls` (a plug-in's own TLS for one
 listener: HA's peer listener).
@@ -81,6 +82,9 @@ class Broker:
         self.management = Management(self)
         self.admission: list[Admission] = []
         self.endpoints: dict[str, Callable[[Link], LinkHandler]] = {}
+        # Asked, in order, for each client link to a named address once its access is checked, before the
+        # address is resolved: a handler serving it elsewhere (the shard relay), or None to serve it here.
+        self.link_routes: list[Callable[[Link], LinkHandler | None]] = []
         self.status_hooks: list[Callable[[dict[str, Any]], None]] = []
         # Called with (queue, entry) when a publisher's message is confirmed (the audit log).
         self.completion_hooks: list[Callable[[Queue, Entry], None]] = []
@@ -153,7 +157,7 @@ class Broker:
             if not address:  # the anonymous relay: each message's `to` is checked
                 return Publisher(self, link, None, self.access.relay(user))
             self.access.check(user, SEND, address)
-            return Publisher(self, link, self.registry.resolve(address))
+            return self._routed(link) or Publisher(self, link, self.registry.resolve(address))
         # the client consumes
         selector = self._selector(link)
         owns = False
@@ -165,6 +169,9 @@ class Broker:
             raise BrokerError(INVALID_FIELD, "a receiving link needs a source address (or dynamic)")
         else:
             self.access.check(user, RECEIVE, address)
+            routed = self._routed(link)
+            if routed is not None:
+                return routed
             node = self.registry.resolve(address)
             if isinstance(node, Exchange):
                 queue = self._subscription_queue(node)
@@ -178,6 +185,13 @@ class Broker:
         consumer = Consumer(self, link, queue, link.browse, owns, selector)
         queue.subscribe(consumer)
         return consumer
+
+    def _routed(self, link: Link) -> LinkHandler | None:
+        for route in self.link_routes:
+            handler = route(link)
+            if handler is not None:
+                return handler
+        return None
 
     @staticmethod
     def _selector(link: Link) -> Selector | None:

@@ -16,27 +16,39 @@ import secrets
 import signal
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 import yaml
 
 from ..admin import AdminClient, AdminError
-from ..config import TlsConfig
+from ..config import ConfigError, TlsConfig
+from ..shard.cluster_config import load_cluster
 
 log = logging.getLogger("haqueue.cluster")
 
 CHECK_INTERVAL = 0.2  # seconds between looks at the primary
 PING_TIMEOUT = 1.0  # a primary that does not answer in this long, twice, is declared hung
 PROMOTE_TIMEOUT = 30.0  # seconds to keep asking before saying a promotion is stuck
+HA_USER = "ha"
+
+
+def write_private_yaml(directory: str, name: str, config: dict[str, Any]) -> str:
+    """Write a config (it holds the ha password) readable by its owner only; its path."""
+    os.makedirs(directory, exist_ok=True)
+    path = os.path.join(directory, name)
+    with open(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w", encoding="utf-8") as f:
+        yaml.safe_dump(config, f)
+    return path
 
 
 @dataclass
 class Member:
     name: str
-    address: tuple[str, int]
-    config_path: str
+    address: tuple[str, int]  # where the supervisor reaches it (its peer listener)
+    args: list[str]  # of `haqueue broker`
     log_path: str
     process: subprocess.Popen[bytes] | None = None
     log_file: Any = field(default=None, repr=False)
@@ -47,37 +59,36 @@ class Member:
 
 
 class Supervisor:
-    def __init__(self, size: int, directory: str, public: tuple[str, int], base_port: int,
-                 host: str = "127.0.0.1", backup_timeout: float = 5.0, extra: dict[str, Any] | None = None) -> None:
-        self.directory = os.path.abspath(directory)
-        self.public = public
-        self.username = "ha"
-        self.password = secrets.token_hex(16)
-        tls = (extra or {}).get("ha", {}).get("tls")
-        self.tls = TlsConfig(**tls) if tls else None  # ha.tls: the brokers' peer listeners take TLS only
-        self.members = [self._member(i, host, base_port + i, size, backup_timeout, extra or {}) for i in range(size)]
+    """One HA group's processes: starts them, promotes one, and fails over when the primary dies."""
+
+    def __init__(self, members: list[Member], username: str, password: str, tls: TlsConfig | None = None) -> None:
+        self.members = members
+        self.username, self.password = username, password
+        self.tls = tls  # ha.tls: the brokers' peer listeners take TLS only
         self.primary: Member | None = None
         self._stopping = False
         self._ping_client: AdminClient | None = None
         self._ping_target: Member | None = None
 
-    def _member(self, i: int, host: str, port: int, size: int, backup_timeout: float,
-                extra: dict[str, Any]) -> Member:
-        name = f"broker-{i}"
-        config = {
-            "name": name,
-            "listen": [f"{host}:{port}"],
-            "data_dir": os.path.join(self.directory, name),
-            "ha": {"brokers": [f"{host}:{port - i + j}" for j in range(size)],
-                   "public": f"{self.public[0]}:{self.public[1]}", "username": self.username,
-                   "password": self.password, "backup_timeout": backup_timeout, **extra.get("ha", {})},
-            **{key: value for key, value in extra.items() if key != "ha"},
-        }
-        os.makedirs(self.directory, exist_ok=True)
-        path = os.path.join(self.directory, f"{name}.yaml")
-        with open(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w", encoding="utf-8") as f:
-            yaml.safe_dump(config, f)
-        return Member(name, (host, port), path, os.path.join(self.directory, f"{name}.log"))
+    @classmethod
+    def local(cls, size: int, directory: str, public: tuple[str, int], base_port: int, host: str = "127.0.0.1",
+              backup_timeout: float = 5.0, extra: dict[str, Any] | None = None) -> "Supervisor":
+        """`size` brokers on `host`, broker i listening on base_port + i, sharing `public`."""
+        directory = os.path.abspath(directory)
+        password = secrets.token_hex(16)
+        extra = extra or {}
+        tls = extra.get("ha", {}).get("tls")
+        ha = {"brokers": [f"{host}:{base_port + j}" for j in range(size)], "public": f"{public[0]}:{public[1]}",
+              "username": HA_USER, "password": password, "backup_timeout": backup_timeout, **extra.get("ha", {})}
+        members = []
+        for i in range(size):
+            name = f"broker-{i}"
+            config = {"name": name, "listen": [f"{host}:{base_port + i}"], "data_dir": os.path.join(directory, name),
+                      "ha": ha, **{key: value for key, value in extra.items() if key != "ha"}}
+            path = write_private_yaml(directory, f"{name}.yaml", config)
+            members.append(Member(name, (host, base_port + i), ["--config", path],
+                                  os.path.join(directory, f"{name}.log")))
+        return cls(members, HA_USER, password, TlsConfig(**tls) if tls else None)
 
     def admin(self, member: Member, timeout: float = 5.0) -> AdminClient:
         return AdminClient(member.endpoint, timeout, self.username, self.password, self.tls)
@@ -93,7 +104,7 @@ class Supervisor:
     # -- processes -----------------------------------------------------------------------------
     def start(self, member: Member) -> None:
         member.log_file = open(member.log_path, "ab")
-        member.process = subprocess.Popen([sys.executable, "-m", "haqueue", "broker", "--config", member.config_path],
+        member.process = subprocess.Popen([sys.executable, "-m", "haqueue", "broker", *member.args],
                                           stdout=member.log_file, stderr=member.log_file)
         self.wait_answering(member, 15.0)
 
@@ -252,20 +263,96 @@ class Supervisor:
 def cluster_up(size: int, directory: str, public: tuple[str, int], base_port: int,
                extra: dict[str, Any] | None = None) -> int:
     """`extra`: config keys given to every broker (e.g. `audit`); its `ha` keys go into the `ha` section."""
-    logging.getLogger("proton").setLevel(logging.WARNING)  # it logs every admin connection at INFO
-    supervisor = Supervisor(size, directory, public, base_port, extra=extra)
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: supervisor.stop())
-    try:
-        supervisor.up()
-        for member in supervisor.members:
-            role = "primary" if member is supervisor.primary else "backup"
-            print(f"{member.name} {member.endpoint} {role} (log {member.log_path})", flush=True)
+    supervisor = Supervisor.local(size, directory, public, base_port, extra=extra)
+
+    def report() -> None:
+        _print_members(supervisor)
         print(f"public {public[0]}:{public[1]}", flush=True)
-        supervisor.watch()
-    except AdminError as e:
+    return _supervise([supervisor], report)
+
+
+def sharded_cluster_up(size: int, shards: int, replicas: int, directory: str, client_port: int, base_port: int,
+                       extra: dict[str, Any] | None = None) -> int:
+    """A sharded cluster (design/sharding.md) of `size` simulated nodes on 127.0.0.1, 127.0.0.2, ... (all
+    loopback), node k's client address on `client_port`, shared by its shard processes; shard i's peer
+    listeners on base_port + i, its direct address 127.0.0.1:base_port + shards + i; one Supervisor per
+    shard over its processes, each a `haqueue broker --config cluster.yaml --node N --shard I`."""
+    directory = os.path.abspath(directory)
+    password = secrets.token_hex(16)
+    extra = extra or {}
+    nodes = {f"n{k + 1}": f"127.0.0.{k + 1}" for k in range(size)}
+    cluster = {"shards": shards, "replicas": replicas, "client_port": client_port, "peer_base": base_port,
+               "shard_public": f"127.0.0.1:{base_port + shards}",
+               "nodes": {node: {"address": host, "data_dir": os.path.join(directory, node)}
+                         for node, host in nodes.items()},
+               "ha": {"username": HA_USER, "password": password, **extra.get("ha", {})},
+               **{key: value for key, value in extra.items() if key != "ha"}}
+    path = write_private_yaml(directory, "cluster.yaml", cluster)
+    try:
+        placement = load_cluster(path).placement
+    except ConfigError as e:
         log.error("%s", e)
-        return 1
+        return 2
+    tls = extra.get("ha", {}).get("tls")
+    supervisors = []
+    for shard, on in enumerate(placement.shards):
+        members = [Member(f"{node}.s{shard}", (nodes[node], base_port + shard),
+                          ["--config", path, "--node", node, "--shard", str(shard)],
+                          os.path.join(directory, node, f"s{shard}.log")) for node in on]
+        supervisors.append(Supervisor(members, HA_USER, password, TlsConfig(**tls) if tls else None))
+    for node in nodes:
+        os.makedirs(os.path.join(directory, node), exist_ok=True)
+
+    def report() -> None:
+        for shard, supervisor in enumerate(supervisors):
+            _print_members(supervisor)
+            print(f"shard {shard} public 127.0.0.1:{base_port + shards + shard}", flush=True)
+        print("nodes " + " ".join(f"{host}:{client_port}" for host in nodes.values()), flush=True)
+    return _supervise(supervisors, report)
+
+
+def _print_members(supervisor: Supervisor) -> None:
+    for member in supervisor.members:
+        role = "primary" if member is supervisor.primary else "backup"
+        print(f"{member.name} {member.endpoint} {role} (log {member.log_path})", flush=True)
+
+
+def _supervise(supervisors: list[Supervisor], report: Callable[[], None]) -> int:
+    """Bring every group up, `report`, then watch each on its own thread (one group's failover never waits
+    for another's) until SIGINT or SIGTERM; every broker is stopped at the end. The groups come up one
+    after another on this thread: proton's cffi module completes its C types on first use, and threads
+    doing that at once failed (`pn_atom_t: wrong size for field 'u'`)."""
+    logging.getLogger("proton").setLevel(logging.WARNING)  # it logs every admin connection at INFO
+    failures: list[AdminError] = []
+
+    def stop_all(*_: Any) -> None:
+        for supervisor in supervisors:
+            supervisor.stop()
+
+    def watch(supervisor: Supervisor) -> None:
+        try:
+            supervisor.watch()
+        except AdminError as e:  # a broker that will not start again: the whole cluster stops
+            failures.append(e)
+            stop_all()
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, stop_all)
+    try:
+        for supervisor in supervisors:
+            supervisor.up()
+        report()
+        threads = [threading.Thread(target=watch, args=(supervisor,), daemon=True) for supervisor in supervisors]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            while thread.is_alive():
+                thread.join(CHECK_INTERVAL)  # the main thread stays free for signals
+    except AdminError as e:
+        failures.append(e)
     finally:
-        supervisor.down()
-    return 0
+        for supervisor in supervisors:
+            supervisor.down()
+    for failure in failures:
+        log.error("%s", failure)
+    return 1 if failures else 0

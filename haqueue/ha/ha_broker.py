@@ -55,6 +55,9 @@ class HaBroker:
         self.context_hooks: list[Callable[[], None]] = []
         self.promotion_hooks: list[Callable[[], None]] = []
         self.public_listener_bound = False
+        # Listeners (host, port) on which a backup admits clients too, for a plug-in that serves them
+        # elsewhere (the shard relay on a node's client address).
+        self.client_listeners: set[tuple[str, int]] = set()
         self.failovers_seen = 0  # the epoch rose from one a primary held to a newer one, since this process started
         self.status_hooks: list[Callable[[dict[str, Any]], None]] = []  # a coordinator adds its fields
         # Called after a graceful shutdown, just before re-executing as a backup (a coordinator ends its session,
@@ -107,6 +110,9 @@ class HaBroker:
             if self._admin_tool(conn):
                 log.debug("admitted admin tool %s (%s, user %s) on this backup", conn.peer, conn.remote_container,
                           conn.user)
+                return
+            listener = conn.listener.options if conn.listener is not None else None
+            if listener is not None and (listener.host, listener.port) in self.client_listeners:
                 return
             log.info("refused client %s (%s): this broker is a backup", conn.peer, conn.remote_container)
             raise BrokerError(CONNECTION_FORCED, f"{self.broker.name} is a backup; connect to the primary")

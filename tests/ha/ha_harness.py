@@ -44,6 +44,8 @@ from haqueue.admin import ADMIN_TOOL, AdminClient, AdminError  # noqa: E402
 from haqueue.config import TlsConfig  # noqa: E402
 from haqueue.audit.ledger import Ledger  # noqa: E402
 
+T = TypeVar("T")
+
 HA_USER = "ha"
 OPS_USER = "ops"  # an admin tool's user, allowed everything; same password as the peer user
 CLIENT_TIMEOUT = 10.0
@@ -604,6 +606,27 @@ class Load:
                 return 0.0
             after = [c for c in self.confirmed.values() if c > noticed]
         return min(after) - noticed if after else None
+
+    def across(self, event: Callable[[], T], timeout: float = 30.0) -> tuple[T, dict[str, Any]]:
+        """Start the load, let 300 publishes be confirmed and 100 received, run `event` (a failover), let
+        300 more be confirmed, then wait until every confirmed message was received; the load is stopped
+        whatever happens. Returns what `event` returned and the final report."""
+        self.start()
+        try:
+            wait_for(lambda: self.confirmed_count() >= 300 and self.received_count() >= 100, timeout,
+                     message="traffic before the event")
+            result = event()
+            base = self.confirmed_count()
+            wait_for(lambda: self.confirmed_count() >= base + 300, timeout, message="300 confirmed after the event")
+            self.stop_producer()
+            wanted = set(self.confirmed)
+            wait_for(lambda: wanted <= set(self.received), timeout,
+                     message=f"every confirmed message received ({self.report()})")
+        finally:
+            self.stop()
+        report = self.report()
+        print("load report:", report)
+        return result, report
 
     def stop_producer(self, timeout: float = 15.0) -> None:
         self._stop_producer.set()

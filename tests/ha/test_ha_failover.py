@@ -24,21 +24,7 @@ def fail_over(c: HaCluster, old) -> object:
 def test_continuous_load_survives_kill9_of_primary(ha_cluster):
     c = ha_cluster()
     p = c.start_cluster()
-    load = Load(c.public, "load").start()
-    try:
-        wait_for(lambda: load.confirmed_count() >= 300 and load.received_count() >= 100, 20,
-                 message="traffic before the failover")
-        new = fail_over(c, p)
-        base = load.confirmed_count()
-        wait_for(lambda: load.confirmed_count() >= base + 300, 30, message="300 confirmed after the failover")
-        load.stop_producer()
-        wanted = set(load.confirmed)
-        wait_for(lambda: wanted <= set(load.received), 20,
-                 message=f"every confirmed message received ({load.report()})")
-    finally:
-        load.stop()
-    report = load.report()
-    print("load report:", report)
+    new, report = Load(c.public, "load").across(lambda: fail_over(c, p))
     assert report["lost"] == [], report
     assert c.status(new)["role"] == "primary"
     if report["duplicates"]:

@@ -75,11 +75,11 @@ def _alive(pid: int) -> bool:
 
 class Supervised:
     def __init__(self, directory: Path, size: int = 3, tls: TlsConfig | None = None,
-                 args: tuple[str, ...] = ()) -> None:
+                 args: tuple[str, ...] = (), ports: int | None = None) -> None:
         self.directory = directory
         self.size = size
         self.tls = tls  # what the test's admin calls present (cluster up --tls)
-        self.base = _free_run(size)
+        self.base = _free_run(ports or size)  # the brokers' ports (`ports` of them: a sharded cluster's)
         self.public = f"127.0.0.1:{free_port()}"
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")]))

@@ -36,6 +36,9 @@ def haqueue(*args: str, timeout: float = 30) -> subprocess.CompletedProcess[str]
     (["admin", "bind", "e"], "required: queue"),
     (["admin", "-b", "localhost", "status"], "must be HOST:PORT"),
     (["admin", "--timeout", "soon", "status"], "invalid float value"),
+    (["broker", "--node", "n1"], "--node and --shard go together, with --config of a sharded cluster"),
+    (["broker", "--config", "c.yaml", "--shard", "1"], "--node and --shard go together"),
+    (["cluster", "up", "--replicas", "2"], "--replicas goes with --shards"),
 ])
 def test_bad_usage(args: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(args) == 2

@@ -134,7 +134,7 @@ BAD = [
     ("listen: [5672]", 'listen[0]: must be "HOST:PORT" or a map, got 5672'),
     ("listen: [{max_frame_size: 1024}]", "listen[0].address: missing"),
     ("listen: [{address: 'h:1', port: 2}]",
-     "listen[0].port: unknown key (known: address, max_frame_size, sasl, tls, require_client_cert)"),
+     "listen[0].port: unknown key (known: address, max_frame_size, sasl, tls, require_client_cert, reuse_port)"),
     ("listen: ['h:1', {address: 'h:2', sasl: always}]", 'listen[1].sasl: must be optional or required, got "always"'),
     ("listen: [{address: 'h:1', max_frame_size: 100}]", "listen[0].max_frame_size: must be an integer >= 512, got 100"),
     ("listen: [{address: 'h:1', tls: yes please}]", 'listen[0].tls: must be true or false, got "yes please"'),

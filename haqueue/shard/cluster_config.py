@@ -1,0 +1,147 @@
+"""A sharded cluster's one config file, and the ordinary BrokerConfig of each (node, shard) process.
+
+The file is a broker config (users, limits, store, ha credentials...) plus the cluster's keys:
+
+    shards: 6                      # K
+    replicas: 3                    # R, each on its own node
+    nodes: {n1: {address: 10.0.0.1, rack: r1, region: eu, data_dir: /var/lib/haqueue}, ...}
+    client_port: 5672              # every node's client address: its address, this port (SO_REUSEPORT)
+    peer_base: 5700                # shard i's peer listener: the node's address, port peer_base + i
+    shard_public: 10.0.1.1:5800    # shard i's direct address, port + i, bound only by its primary
+
+The placement is computed (shard/placement.py), never listed. What the placement derives per process
+(`name`, `listen`, `ha.brokers`, `ha.public`) may not be given (design/sharding.md, step 2).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from ..config import CLUSTER_KEY, BrokerConfig, Check, ConfigError, ShardConfig, _address, _Bad, _fields, _int, \
+    _name, broker_config, read_yaml
+from .errors import ShardError
+from .placement import Placement, place
+from .topology import Topology
+
+DEFAULT_CLIENT_PORT = 5672
+DEFAULT_PEER_BASE = 5700
+_NODE: dict[str, Check] = {"address": _name, "rack": _name, "region": _name, "data_dir": _name}
+_CLUSTER: dict[str, Check] = {CLUSTER_KEY: _int(1), "replicas": _int(1), "nodes": lambda value, path: value,
+            "client_port": _int(1), "peer_base": _int(1), "shard_public": _address}
+_DERIVED = {"name": "the process's name is <node>.s<shard>",
+            "listen": "each process listens on its node's client address and its shard's peer port",
+            "metrics": "one metrics endpoint per process is not built yet"}
+_DERIVED_HA = {"brokers": "the shard's replicas come from the placement",
+               "public": "each shard's direct address is shard_public's port + its index"}
+
+
+@dataclass(frozen=True)
+class Node:
+    address: str
+    data_dir: str | None
+
+
+@dataclass(frozen=True)
+class Cluster:
+    origin: str  # the file
+    shards: int
+    replicas: int
+    nodes: dict[str, Node]
+    client_port: int
+    peer_base: int
+    shard_public: tuple[str, int]
+    placement: Placement
+    broker: dict[str, Any]  # the rest: every process's broker config, before what is derived
+
+
+def load_cluster(path: str) -> Cluster:
+    raw = read_yaml(path)
+    try:
+        return _cluster(raw, path)
+    except _Bad as e:
+        raise ConfigError(f"{path}: {e.path}: {e.reason}") from e
+
+
+def shard_process_config(path: str, node: str, shard: int) -> BrokerConfig:
+    """The config of shard `shard`'s replica on `node`, from the cluster file at `path`."""
+    return process_config(load_cluster(path), node, shard)
+
+
+def process_config(cluster: Cluster, node: str, shard: int) -> BrokerConfig:
+    origin = cluster.origin
+    if node not in cluster.nodes:
+        raise ConfigError(f"{origin}: nodes: no node {node!r} (the nodes are {', '.join(cluster.nodes)})")
+    if not 0 <= shard < cluster.shards:
+        raise ConfigError(f"{origin}: {CLUSTER_KEY}: no shard {shard}: the shards are 0 to {cluster.shards - 1}")
+    replicas = cluster.placement.shards[shard]
+    if node not in replicas:
+        raise ConfigError(f"{origin}: nodes: shard {shard} has no replica on {node} (its replicas are on "
+                          f"{', '.join(replicas)})")
+    here = cluster.nodes[node]
+    public_host, public_port = cluster.shard_public
+    raw = dict(cluster.broker)
+    raw["name"] = f"{node}.s{shard}"
+    raw["data_dir"] = f"{here.data_dir or raw.get('data_dir', './data')}/shard-{shard}"
+    raw["listen"] = [{"address": _host_port(here.address, cluster.client_port), "reuse_port": True},
+                     _host_port(here.address, cluster.peer_base + shard)]
+    raw["ha"] = {**raw["ha"], "public": _host_port(public_host, public_port + shard),
+                 "brokers": [_host_port(cluster.nodes[r].address, cluster.peer_base + shard) for r in replicas]}
+    config = broker_config(raw, origin)
+    config.shard = ShardConfig(shard, cluster.shards,
+                               [(public_host, public_port + i) for i in range(cluster.shards)],
+                               (here.address, cluster.client_port))
+    return config
+
+
+def _host_port(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def _cluster(raw: Any, origin: str) -> Cluster:
+    if not isinstance(raw, dict):
+        raise _Bad("top level", "must be a map")
+    own = _fields({key: raw[key] for key in _CLUSTER if key in raw}, "", _CLUSTER,
+                  (CLUSTER_KEY, "replicas", "nodes", "shard_public"))
+    broker = {key: value for key, value in raw.items() if key not in _CLUSTER}
+    for key, why in _DERIVED.items():
+        if key in broker:
+            raise _Bad(key, f"not in a cluster's config: {why}")
+    if not isinstance(broker.get("ha"), dict):
+        raise _Bad("ha", "missing: each shard is an HA group (give at least username and password)")
+    for key, why in _DERIVED_HA.items():
+        if key in broker["ha"]:
+            raise _Bad(f"ha.{key}", f"not in a cluster's config: {why}")
+    nodes, racks, regions = _nodes(own["nodes"])
+    shards, replicas = own[CLUSTER_KEY], own["replicas"]
+    try:
+        placement = place(Topology.of(list(nodes), racks, regions), shards, replicas)
+    except ShardError as e:  # haqueue place's own checks: unknown node, R > n, racks for some nodes only...
+        raise _Bad("nodes", str(e)) from None
+    client_port = own.get("client_port", DEFAULT_CLIENT_PORT)
+    peer_base = own.get("peer_base", DEFAULT_PEER_BASE)
+    if peer_base + shards - 1 > 65535:
+        raise _Bad("peer_base", f"leaves no room for {shards} shards' ports (peer_base + shard <= 65535)")
+    if own["shard_public"][1] + shards - 1 > 65535:
+        raise _Bad("shard_public", f"leaves no room for {shards} shards' ports (its port + shard <= 65535)")
+    if peer_base <= client_port < peer_base + shards:
+        raise _Bad("client_port", f"is among the shards' peer ports {peer_base}..{peer_base + shards - 1}")
+    return Cluster(origin, shards, replicas, nodes, client_port, peer_base, own["shard_public"], placement, broker)
+
+
+def _nodes(value: Any) -> tuple[dict[str, Node], dict[str, str], dict[str, str]]:
+    if not isinstance(value, dict) or not value:
+        raise _Bad("nodes", "must be a map of node names to {address, rack, region, data_dir}")
+    nodes: dict[str, Node] = {}
+    racks: dict[str, str] = {}
+    regions: dict[str, str] = {}
+    for name, entry in value.items():
+        path = f"nodes.{name}"
+        if not isinstance(name, str) or not name or name != name.strip():
+            raise _Bad("nodes", f"node names must be non-empty strings without spaces around, got {name!r}")
+        fields = _fields(entry, path, _NODE, ("address",))
+        nodes[name] = Node(fields["address"], fields.get("data_dir"))
+        if "rack" in fields:
+            racks[name] = fields["rack"]
+        if "region" in fields:
+            regions[name] = fields["region"]
+    return nodes, racks, regions

@@ -1,0 +1,217 @@
+"""A client's link to a queue of another shard, and its mirror link to that shard's primary.
+
+Messages pass as bytes, undecoded. A publisher's delivery is settled with the owner's outcome only when
+the owner settles it, so a confirm means what it means on the owner (at least once end to end); after a
+failover every publish not yet settled is sent again, in order. A consumer's deliveries pass down and its
+outcomes up; its credit and drain pass up. Credit: the client's publisher link keeps the engine's
+byte-sized window (engine.py, `Link.received`), held whenever the owner's credit runs out or messages
+wait; a consumer's mirror link holds its window and is granted exactly the client's credit (`Link.flow`).
+"""
+from __future__ import annotations
+
+from collections import deque
+
+from ..broker.connection import Connection
+from ..broker.proton_adapter import ACCEPTED, REJECTED, Link, LinkHandler
+from .relay import OwnerConnection
+
+
+class _OwnerSide(LinkHandler):
+    """The handler of a mirror link: what the owner does reaches the relayed link."""
+
+    def __init__(self, relayed: "_Relayed") -> None:
+        self.relayed = relayed
+        self.link: Link | None = None  # the mirror link, once opened
+
+    def on_message(self, delivery: int, data: bytes, settled: bool) -> None:
+        self.relayed.owner_message(delivery, data, settled)
+
+    def on_outcome(self, delivery: int, outcome: int, failed: bool, undeliverable: bool) -> None:
+        self.relayed.owner_outcome(delivery, outcome, failed)
+
+    def on_credit(self) -> None:
+        self.relayed.owner_credit()
+
+    def on_detach(self) -> None:
+        link = self.link
+        if link is None or link is not self.relayed.mirror:
+            return  # closed here, or its connection was lost (owner_lost came first)
+        if link.conn.client_error is not None:
+            return  # the owner is closing the connection (shutting down): owner_lost follows
+        self.relayed.owner_detached(link.remote_error())  # the owner refused or detached this link
+
+
+class _Relayed(LinkHandler):
+    """What both directions share: the client link, its mirror, the owner connection."""
+
+    def __init__(self, owner: OwnerConnection, link: Link) -> None:
+        self.owner = owner
+        self.link = link
+        self.mirror: Link | None = None
+
+    def _open_mirror(self, conn: Connection, sender: bool) -> Link:
+        client = self.link  # a consumer's selector and browsing are the owner's to apply
+        assert client.address is not None  # only links to a named address are routed
+        side = _OwnerSide(self)
+        mirror = conn.open_link(sender, client.address, self.owner.relay.link_name(client.name), side,
+                                source_filters=client.honoured_filters, browse=client.browse)
+        side.link = self.mirror = mirror
+        return mirror
+
+    def attach(self, conn: Connection) -> None:
+        """The owner connection is open: attach the mirror link."""
+
+    def owner_lost(self) -> None:
+        """The owner connection dropped, and the mirror link with it."""
+
+    def owner_detached(self, error: str | None) -> None:
+        self.mirror = None
+        self.owner.remove(self)
+        condition, _, description = (error or "amqp:link:detach-forced: the owning shard detached the link") \
+            .partition(": ")
+        self.link.close(condition, description)
+
+    def give_up(self, condition: str, description: str) -> None:
+        self.mirror = None
+        self.link.close(condition, description)
+
+    def on_detach(self) -> None:  # the client's link is gone
+        self.owner.remove(self)
+        mirror, self.mirror = self.mirror, None
+        if mirror is not None:
+            mirror.close()
+
+    def owner_message(self, delivery: int, data: bytes, settled: bool) -> None:
+        """A message from the owner (a consumer's mirror)."""
+
+    def owner_outcome(self, delivery: int, outcome: int, failed: bool) -> None:
+        """The owner settled a message sent to it (a publisher's mirror)."""
+
+    def owner_credit(self) -> None:
+        """The owner sent a flow."""
+
+
+class RelayedPublisher(_Relayed):
+    """The client sends to a queue of another shard."""
+
+    def __init__(self, owner: OwnerConnection, link: Link) -> None:
+        super().__init__(owner, link)
+        link.hold_credit()  # no credit until the owner grants some
+        self.unsettled: dict[int, bytes] = {}  # the client's deliveries the owner has not settled, in order
+        self.waiting: deque[tuple[int, bytes]] = deque()  # (client delivery or 0 if pre-settled, message) to send
+        self.sent: dict[int, int] = {}  # mirror delivery -> client delivery
+        owner.add(self)
+
+    def attach(self, conn: Connection) -> None:
+        self._open_mirror(conn, True)
+
+    def owner_lost(self) -> None:
+        """The owner is gone: whatever it did not settle is sent again, in order, to the next one."""
+        self.mirror = None
+        self.sent.clear()
+        settled_ones = [item for item in self.waiting if not item[0]]
+        self.waiting = deque([*self.unsettled.items(), *settled_ones])
+        self.link.hold_credit()
+
+    def on_message(self, delivery: int, data: bytes, settled: bool) -> None:
+        if not settled:
+            self.unsettled[delivery] = data
+        self.waiting.append((0 if settled else delivery, data))
+        self._pump()
+
+    def owner_credit(self) -> None:
+        self._pump()
+
+    def _pump(self) -> None:
+        mirror = self.mirror
+        if mirror is None:
+            return
+        while self.waiting and mirror.credit() > 0:
+            delivery, data = self.waiting.popleft()
+            sent = mirror.send(data, settled=not delivery)
+            if delivery and sent is not None:
+                self.sent[sent] = delivery
+        if self.waiting or mirror.credit() <= 0:
+            self.link.hold_credit()
+        elif self.link.held:
+            self.link.resume_credit()
+
+    def owner_outcome(self, delivery: int, outcome: int, failed: bool) -> None:
+        client = self.sent.pop(delivery, 0)
+        if client and self.unsettled.pop(client, None) is not None and not self.link.closed:
+            error = Link.outcome_error(delivery) if outcome == REJECTED else None
+            condition, description = error or (None, "")
+            self.link.settle(client, outcome, condition, description, failed=failed)
+
+
+class RelayedConsumer(_Relayed):
+    """The client receives from a queue of another shard."""
+
+    def __init__(self, owner: OwnerConnection, link: Link) -> None:
+        super().__init__(owner, link)
+        self.buffer: deque[tuple[int, bytes]] = deque()  # (mirror delivery, message) not yet sent to the client
+        self.held: dict[int, int] = {}  # client delivery -> mirror delivery, until the client settles it
+        self.draining = False  # the client's drain was passed up and the owner has not answered yet
+        owner.add(self)
+
+    def attach(self, conn: Connection) -> None:
+        self._open_mirror(conn, False).hold_credit()  # its credit is the client's, granted below
+        self.on_credit()
+
+    def owner_lost(self) -> None:
+        """The new primary delivers again what the old one had sent: what the client still holds from the
+        old one is settled here when the client settles it, and dropped."""
+        self.mirror = None
+        self.buffer.clear()
+        self.held.clear()
+        self.draining = False
+
+    # -- the client's side --------------------------------------------------------------------
+    def on_credit(self) -> None:
+        self._deliver()
+        mirror = self.mirror
+        credit = self.link.credit()
+        drain = self.link.drain_asked() and credit > 0
+        if mirror is None:
+            return  # passed up once the mirror is attached (a drain too: the owner answers it)
+        grant = max(credit - len(self.buffer) - mirror.credit(), 0)
+        if drain and not self.draining:
+            self.draining = True
+            mirror.flow(grant, drain=True)
+        elif grant:
+            mirror.flow(grant)
+
+    def on_outcome(self, delivery: int, outcome: int, failed: bool, undeliverable: bool) -> None:
+        upstream = self.held.pop(delivery, 0)
+        if upstream and self.mirror is not None:
+            self.mirror.settle(upstream, outcome, failed=failed)
+
+    # -- the owner's side ---------------------------------------------------------------------
+    def owner_message(self, delivery: int, data: bytes, settled: bool) -> None:
+        self.buffer.append((0 if settled else delivery, data))
+        self._deliver()
+        if self.draining and self.link.credit() <= 0:
+            self.draining = False  # the drain's credit was all used: nothing left to answer
+
+    def owner_credit(self) -> None:
+        self._drain_answered()
+
+    def _deliver(self) -> None:
+        link = self.link
+        while self.buffer and link.credit() > 0 and not link.output_full():
+            upstream, data = self.buffer.popleft()
+            sent = link.send(data, settled=link.settle_first)
+            if not upstream or self.mirror is None:
+                continue
+            if sent is None:  # an at-most-once client: taken as sent
+                self.mirror.settle(upstream, ACCEPTED)
+            else:
+                self.held[sent] = upstream
+
+    def _drain_answered(self) -> None:
+        """Once the owner has answered a drain (a flow leaving no credit: the messages it sent came before),
+        the client's drain is answered too."""
+        if self.draining and self.mirror is not None and self.mirror.credit() <= 0:
+            self.draining = False
+            self._deliver()
+            self.link.drained()

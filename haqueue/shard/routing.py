@@ -1,0 +1,54 @@
+"""Which process serves a client's link, in a shard process (design/sharding.md, step 3).
+
+A link to a queue this process's shard owns is served here while this process is the shard's primary;
+any other link to a named address is relayed to its owning shard's primary. A backup admits clients on
+the node's client address (shared by the node's shard processes) and relays every link it gets there.
+Links from the HA peer user are a relay's own: served here by a primary, refused by a backup, never
+relayed again.
+"""
+from __future__ import annotations
+
+from ..broker.access import Permissions
+from ..broker.errors import NOT_ALLOWED, BrokerError
+from ..broker.proton_adapter import Link, LinkHandler
+from ..broker.server import Broker
+from ..config import AllowConfig, ShardConfig
+from ..ha.ha_broker import HaBroker
+from .directory import ShardDirectory
+from .ownership import shard_of_name
+from .relay import Relay
+from .relayed_links import RelayedConsumer, RelayedPublisher
+
+# The peer user sends and receives for the clients whose links it relays (their rights were checked where
+# they attached), and keeps the admin operations HA gives it.
+RELAY_PERMISSIONS = Permissions(AllowConfig(send=["*"], receive=["*"], admin=True))
+
+
+class ShardRouting:
+    def __init__(self, broker: Broker, ha: HaBroker, config: ShardConfig) -> None:
+        self.broker = broker
+        self.ha = ha
+        self.config = config
+        self.relay = Relay(broker.engine, ShardDirectory(config.publics), ha.config.username, ha.config.password,
+                           ha.config.backup_timeout)
+        broker.access.add_user(ha.config.username, ha.config.password, RELAY_PERMISSIONS)
+        ha.client_listeners.add(config.client)
+        broker.link_routes.append(self.route)
+
+    def owner(self, address: str) -> int | None:
+        """The shard serving `address` if not this process: None while this process serves it."""
+        if self.ha.primary is not None and self.broker.registry.lookup(address) is not None:
+            return None  # here already (an x-shard queue declared here, or an exchange)
+        shard = shard_of_name(address, self.config.shards)
+        return None if shard == self.config.index and self.ha.primary is not None else shard
+
+    def route(self, link: Link) -> LinkHandler | None:
+        assert link.address is not None  # the broker routes only links to a named address
+        shard = self.owner(link.address)
+        if shard is None:
+            return None
+        if link.conn.user == self.ha.config.username:
+            raise BrokerError(NOT_ALLOWED, f"{self.broker.name} does not serve {link.address!r} (shard {shard}'s): "
+                                           f"a relayed link goes to the owning shard's primary")
+        owner = self.relay.owner(shard)
+        return RelayedConsumer(owner, link) if link.is_sender else RelayedPublisher(owner, link)

@@ -1,0 +1,100 @@
+"""shard/cluster_config.py: one cluster file gives each (node, shard) process its ordinary broker config;
+a bad file is refused naming the file, the key and the reason (haqueue place's own checks among them)."""
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from haqueue.config import ConfigError, ShardConfig, load_config
+from haqueue.shard.cluster_config import shard_process_config
+
+CLUSTER = """
+    shards: 4
+    replicas: 2
+    nodes:
+      n1: {address: 10.0.0.1, rack: r1}
+      n2: {address: 10.0.0.2, rack: r2, data_dir: /srv/n2}
+      n3: {address: 10.0.0.3, rack: r1}
+    client_port: 5672
+    peer_base: 5700
+    shard_public: 10.0.1.1:5800
+    data_dir: /var/lib/haqueue
+    users: {app: secret}
+    ha: {username: ha, password: p, backup_timeout: 2}
+"""
+
+
+def write(tmp_path: Path, text: str) -> str:
+    path = tmp_path / "cluster.yaml"
+    path.write_text(textwrap.dedent(text))
+    return str(path)
+
+
+def test_each_process_gets_its_shards_broker_config(tmp_path: Path) -> None:
+    path = write(tmp_path, CLUSTER)
+    # placement order with racks r1, r2: n1, n2, n3; shard 1's replicas walk from n2: n2 then n3 (other rack)
+    config = shard_process_config(path, "n2", 1)
+    assert config.name == "n2.s1"
+    assert config.data_dir == "/srv/n2/shard-1"
+    assert [(l.host, l.port, l.reuse_port) for l in config.listen] == [("10.0.0.2", 5672, True),
+                                                                       ("10.0.0.2", 5701, False)]
+    assert config.ha is not None
+    assert config.ha.brokers == [("10.0.0.2", 5701), ("10.0.0.3", 5701)]
+    assert config.ha.public == ("10.0.1.1", 5801)
+    assert config.ha.backup_timeout == 2.0
+    assert "app" in config.users
+    assert config.shard == ShardConfig(1, 4, [("10.0.1.1", 5800 + i) for i in range(4)], ("10.0.0.2", 5672))
+    other = shard_process_config(path, "n1", 0)
+    assert other.data_dir == "/var/lib/haqueue/shard-0"
+    assert other.ha is not None and other.ha.brokers[0] == ("10.0.0.1", 5700)  # the preferred primary first
+
+
+@pytest.mark.parametrize("node, shard, message", [
+    ("n9", 0, "nodes: no node 'n9' (the nodes are n1, n2, n3)"),
+    ("n1", 4, "shards: no shard 4: the shards are 0 to 3"),
+    ("n1", 1, "nodes: shard 1 has no replica on n1 (its replicas are on n2, n3)"),
+])
+def test_a_process_the_placement_does_not_have_is_refused(tmp_path: Path, node: str, shard: int,
+                                                          message: str) -> None:
+    path = write(tmp_path, CLUSTER)
+    with pytest.raises(ConfigError) as e:
+        shard_process_config(path, node, shard)
+    assert str(e.value) == f"{path}: {message}"
+
+
+@pytest.mark.parametrize("change, message", [
+    (("replicas: 2", "replicas: 4"), "nodes: 4 replicas need 4 nodes, but there are only 3 (n1, n2, n3): "
+                                     "each replica of a shard is on its own node"),
+    (("n3: {address: 10.0.0.3, rack: r1}", "n3: {address: 10.0.0.3}"),
+     "nodes: no rack for n3: give every node a rack, or none"),
+    (("shards: 4", "shards: 0"), "shards: must be an integer >= 1, got 0"),
+    (("shard_public: 10.0.1.1:5800", "shard_public: nowhere"),
+     'shard_public: must be HOST:PORT with a port 1..65535, got "nowhere"'),
+    (("n1: {address: 10.0.0.1, rack: r1}", "n1: {rack: r1}"), "nodes.n1.address: missing"),
+    (("n1: {address: 10.0.0.1, rack: r1}", "n1: {address: 10.0.0.1, rack: r1, port: 1}"),
+     "nodes.n1.port: unknown key (known: address, rack, region, data_dir)"),
+    (("data_dir: /var/lib/haqueue", "listen: [127.0.0.1:5672]"),
+     "listen: not in a cluster's config: each process listens on its node's client address and its shard's "
+     "peer port"),
+    (("backup_timeout: 2}", "backup_timeout: 2, public: 1.2.3.4:5}"),
+     "ha.public: not in a cluster's config: each shard's direct address is shard_public's port + its index"),
+    (("backup_timeout: 2}", "backup_timeout: -1}"), "ha.backup_timeout: must be a non-negative number of "
+                                                    "seconds, got -1"),
+    (("client_port: 5672", "client_port: 5702"), "client_port: is among the shards' peer ports 5700..5703"),
+])
+def test_a_bad_cluster_file_names_file_key_and_reason(tmp_path: Path, change: tuple[str, str], message: str) -> None:
+    text = textwrap.dedent(CLUSTER)
+    assert change[0] in text
+    path = write(tmp_path, text.replace(change[0], change[1]))
+    with pytest.raises(ConfigError) as e:
+        shard_process_config(path, "n1", 0)
+    assert str(e.value) == f"{path}: {message}"
+
+
+def test_a_cluster_file_without_node_and_shard_is_refused_as_a_broker_config(tmp_path: Path) -> None:
+    path = write(tmp_path, CLUSTER)
+    with pytest.raises(ConfigError, match="shards: a sharded cluster's config: run one shard's process of it with "
+                                          "--node NODE --shard I"):
+        load_config(path)
