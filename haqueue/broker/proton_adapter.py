@@ -88,7 +88,10 @@ def _text(ptr: Any) -> str | None:
 
 
 def _data_object(ptr: Any) -> Any:
-    """Decode a pn_data_t (link properties, filters) through proton's Data: cold path only."""
+    """Decode a pn_data_t (link properties, filters) through proton's Data: cold path only. proton gives
+    NULL for what the peer never sent (a link's properties), which Data would read through."""
+    if ptr == NULL:
+        return None
     data = Data(ptr)
     data.rewind()
     return data.get_object() if data.next() else None

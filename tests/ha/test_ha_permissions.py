@@ -80,3 +80,22 @@ def test_backup_admits_admin_tools_whose_user_may_run_admin_operations(ha_cluste
         finally:
             conn.close()
     assert "is a backup" in str(e.value), str(e.value)
+
+
+def test_ha_links_without_link_properties_leave_the_primary_serving(ha_cluster):
+    """A peer's HA links as a stock client opens them, with no link properties (proton then has none to
+    give, not an empty map): the primary answers them and keeps serving."""
+    c: HaCluster = ha_cluster(size=2)
+    p = c.start_cluster()
+    c.request(p, "CREATE", "queue", "q")
+    conn = connect(p.address, user=HA_USER, password=c.password)
+    try:
+        for address in ("$ha.wiring", "$ha.queue/q"):
+            try:
+                conn.create_receiver(address, name=f"bare {address}")
+            except LinkDetached:
+                pass  # refused or served: either way, answered
+    finally:
+        conn.close()
+    assert p.running
+    assert c.status(p)["role"] == "primary"
