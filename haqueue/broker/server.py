@@ -6,7 +6,8 @@ for each request. Plug-ins (HA, the audit log) use the named hooks and nothing e
 observers and guards), `admission` (who may connect), `endpoints` (link handlers for `$`
 addresses), `management.register` (operations, each with what it needs), `status_hooks` (fields of the broker status),
 `completion_hooks` (a publisher's message confirmed), `link_routes` (a link served elsewhere: the shard
-relay), `flush_hooks` (the end of a loop pass, before
+relay), `link_user` (whose rights a link's attach is checked against: the shard relay's links act for
+their client), `flush_hooks` (the end of a loop pass, before
 its output leaves), `durability` (a durable store: loads the wiring and messages it kept before anything
 else happens, and says when what it was given is on disk) and `listener_tls` (a plug-in's own TLS for one
 listener: HA's peer listener).
@@ -85,6 +86,9 @@ class Broker:
         # Asked, in order, for each client link to a named address once its access is checked, before the
         # address is resolved: a handler serving it elsewhere (the shard relay), or None to serve it here.
         self.link_routes: list[Callable[[Link], LinkHandler | None]] = []
+        # Who a link acts for, whose rights its attach is checked against: its connection's user, unless a
+        # plug-in knows better (a shard relay's link acts for the client it was relayed for).
+        self.link_user: Callable[[Link], str | None] = lambda link: link.conn.user
         self.status_hooks: list[Callable[[dict[str, Any]], None]] = []
         # Called with (queue, entry) when a publisher's message is confirmed (the audit log).
         self.completion_hooks: list[Callable[[Queue, Entry], None]] = []
@@ -148,7 +152,7 @@ class Broker:
             return special(link)
         # A dynamic node is the client's own, whoever it is; any other address is checked before it is
         # resolved, which may auto-create it.
-        user = link.conn.user
+        user = self.link_user(link)
         if not link.is_sender:  # the client publishes
             if link.dynamic:
                 queue = self._temporary_queue()

@@ -15,6 +15,9 @@ from ..broker.connection import Connection
 from ..broker.proton_adapter import ACCEPTED, REJECTED, Link, LinkHandler
 from .relay import OwnerConnection
 
+# A mirror link's property: the client user it acts for, whose rights the owner checks its attach against.
+RELAYED_FOR = "x-haqueue-relayed-for"
+
 
 class _OwnerSide(LinkHandler):
     """The handler of a mirror link: what the owner does reaches the relayed link."""
@@ -54,7 +57,8 @@ class _Relayed(LinkHandler):
         assert client.address is not None  # only links to a named address are routed
         side = _OwnerSide(self)
         mirror = conn.open_link(sender, client.address, self.owner.relay.link_name(client.name), side,
-                                source_filters=client.honoured_filters, browse=client.browse)
+                                {RELAYED_FOR: client.conn.user or ""}, source_filters=client.honoured_filters,
+                                browse=client.browse)
         side.link = self.mirror = mirror
         return mirror
 

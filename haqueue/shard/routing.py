@@ -4,24 +4,20 @@ A link to a queue this process's shard owns is served here while this process is
 any other link to a named address is relayed to its owning shard's primary. A backup admits clients on
 the node's client address (shared by the node's shard processes) and relays every link it gets there.
 Links from the HA peer user are a relay's own: served here by a primary, refused by a backup, never
-relayed again.
+relayed again, and checked here with the rights of the client they were relayed for (the peer user
+itself may only replicate and run admin operations).
 """
 from __future__ import annotations
 
-from ..broker.access import Permissions
 from ..broker.errors import NOT_ALLOWED, BrokerError
 from ..broker.proton_adapter import Link, LinkHandler
 from ..broker.server import Broker
-from ..config import AllowConfig, ShardConfig
+from ..config import ShardConfig
 from ..ha.ha_broker import HaBroker
 from .directory import ShardDirectory
 from .ownership import shard_of_name
 from .relay import Relay
-from .relayed_links import RelayedConsumer, RelayedPublisher
-
-# The peer user sends and receives for the clients whose links it relays (their rights were checked where
-# they attached), and keeps the admin operations HA gives it.
-RELAY_PERMISSIONS = Permissions(AllowConfig(send=["*"], receive=["*"], admin=True))
+from .relayed_links import RELAYED_FOR, RelayedConsumer, RelayedPublisher
 
 
 class ShardRouting:
@@ -31,9 +27,9 @@ class ShardRouting:
         self.config = config
         self.relay = Relay(broker.engine, ShardDirectory(config.publics), ha.config.username, ha.config.password,
                            ha.config.backup_timeout)
-        broker.access.add_user(ha.config.username, ha.config.password, RELAY_PERMISSIONS)
         ha.client_listeners.add(config.client)
         broker.link_routes.append(self.route)
+        broker.link_user = self.link_user
 
     def owner(self, address: str) -> int | None:
         """The shard serving `address` if not this process: None while this process serves it."""
@@ -41,6 +37,15 @@ class ShardRouting:
             return None  # here already (an x-shard queue declared here, or an exchange)
         shard = shard_of_name(address, self.config.shards)
         return None if shard == self.config.index and self.ha.primary is not None else shard
+
+    def link_user(self, link: Link) -> str | None:
+        """A relay's link acts for the client user it names (none named: for no one); any other for its own user."""
+        user = link.conn.user
+        if user == self.ha.config.username:
+            relayed_for = link.properties.get(RELAYED_FOR)
+            if isinstance(relayed_for, str):
+                return relayed_for or None
+        return user
 
     def route(self, link: Link) -> LinkHandler | None:
         assert link.address is not None  # the broker routes only links to a named address

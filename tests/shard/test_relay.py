@@ -16,11 +16,12 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "integration"))
 
 from clients import Client  # noqa: E402
-from proton import Message  # noqa: E402
+from proton import Message, symbol  # noqa: E402
 from proton.utils import LinkDetached  # noqa: E402
-from proton.reactor import Selector  # noqa: E402
+from proton.reactor import LinkOption, Selector  # noqa: E402
 
-from ha_harness import Load, browse, connect, receive, send_all  # noqa: E402
+from ha_harness import HA_USER, Load, browse, connect, receive, send_all  # noqa: E402
+from haqueue.shard.relayed_links import RELAYED_FOR  # noqa: E402
 from shard_harness import owned_by  # noqa: E402
 
 pytestmark = pytest.mark.timeout(120)
@@ -141,3 +142,46 @@ def test_without_a_primary_a_relayed_link_is_detached_after_the_backup_timeout(t
         conn.close()
     assert "amqp:link:detach-forced" in str(refused.value)
     assert "no primary of shard 1 for 2 s (ha.backup_timeout)" in str(refused.value)
+
+
+class _RelayedFor(LinkOption):
+    """The link property a relay's mirror link carries: the client user it acts for."""
+
+    def __init__(self, user: str) -> None:
+        self.user = user
+
+    def apply(self, link) -> None:
+        link.properties = {symbol(RELAYED_FOR): self.user}
+
+
+def _refusal(attach) -> tuple[str, str]:
+    with pytest.raises(LinkDetached) as e:
+        attach()
+    return e.value.link.remote_condition.name, e.value.link.remote_condition.description
+
+
+def test_a_relayed_link_has_its_clients_rights_and_the_peer_user_alone_none(shard_cluster) -> None:
+    """The relay logs in to the owner as the HA peer user: there each link it opens is checked against the
+    rights of the client it names, and the peer user's own link may neither send nor receive."""
+    c = shard_cluster(size=2, shards=2, replicas=2)
+    for b in c.brokers:  # the same users in every process, as one cluster file gives them
+        b.config["users"]["app"] = {"password": "p2", "allow": {"send": ["orders.*"], "receive": ["orders.*"]}}
+    c.start_shards()
+    orders, payments = owned_by(1, "orders.relay"), owned_by(1, "payments.relay")
+    entry = connect(c.client_address("n1"), user="app", password="p2")  # relayed to shard 1's primary
+    try:
+        entry.create_sender(orders).send(Message(body="o1"))
+        assert _refusal(lambda: entry.create_sender(payments)) == (
+            "amqp:unauthorized-access", f"user 'app' may not send to '{payments}'")
+    finally:
+        entry.close()
+    owner = connect(c.shard_processes(1)[0].addresses[0], user=HA_USER, password=c.password)
+    try:
+        for attach in (lambda: owner.create_sender(orders), lambda: owner.create_receiver(orders)):
+            assert _refusal(attach)[0] == "amqp:unauthorized-access"
+        owner.create_sender(orders, options=_RelayedFor("app")).send(Message(body="o2"))
+        assert _refusal(lambda: owner.create_sender(payments, options=_RelayedFor("app"))) == (
+            "amqp:unauthorized-access", f"user 'app' may not send to '{payments}'")
+    finally:
+        owner.close()
+    assert [m.body for m in receive(c.client_address("n2"), orders, 2)] == ["o1", "o2"]  # anonymous: all allowed
