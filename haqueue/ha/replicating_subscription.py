@@ -5,7 +5,7 @@ a queue observer (live enqueues, acquisitions, dequeues) and a queue guard (the 
 completion waits for this backup's settlement of the live enqueue).
 
 On one ordered link it sends, in this order of priority: live enqueues (at the end of the loop's
-pass, many to a transfer), then batched dequeue and acquire events, then catch-up messages newest
+pass, many to a transfer), then batched acquire and dequeue events, then catch-up messages newest
 first (skipping any dequeued meanwhile), then the caught-up marker once nothing older is left.
 
 A transaction's commit reaches the backup in parts, one per queue it touches: its enqueues as `T`
@@ -224,7 +224,9 @@ class ReplicatingSubscription(LinkHandler):
         if pending and credit:
             credit -= self._send_live(credit)
         limit = pending[0].seq if pending else None  # events only for messages the backup has been sent
-        for kind, seqs in ((protocol.DEQUEUE, self.dequeued_seqs), (protocol.ACQUIRE, self.acquired_seqs)):
+        # acquisitions first: a message acquired and dequeued since the last dispatch must reach the backup
+        # acquired, then dequeued, or its seq would stay in the backup's acquired set for good
+        for kind, seqs in ((protocol.ACQUIRE, self.acquired_seqs), (protocol.DEQUEUE, self.dequeued_seqs)):
             if seqs and credit:
                 now = [s for s in seqs if limit is None or s < limit]
                 if now:
