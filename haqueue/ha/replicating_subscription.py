@@ -70,7 +70,11 @@ class ReplicatingSubscription(LinkHandler):
         self.txn_seqs: dict[int, int] = {}  # those seqs -> their transaction, until sent
         self.txn_dequeues: list[int] = []  # the current transaction's dequeues, sent with its marker
         self.txn_pending = 0  # pending entries that are transaction parts or markers (sent one by one)
-        self.sent: deque[tuple[float, int]] = deque()  # (time sent, delivery) of live transfers, oldest first
+        # (time sent, delivery, its seqs list) of live transfers, oldest first. proton reuses a settled
+        # delivery's address for the next transfer at once, so an entry is still unconfirmed only while
+        # `deliveries` maps its delivery to that very list: by address alone a confirmed transfer whose
+        # address was in use again looked unconfirmed, and lag_seconds (and the timeout) counted from it.
+        self.sent: deque[tuple[float, int, list[int]]] = deque()
         self.closed = False
         self.caught_up = False
         self.marker_sent = False
@@ -179,7 +183,7 @@ class ReplicatingSubscription(LinkHandler):
                 delivery = link.send(pieces, tag=protocol.message_tag(protocol.BATCH, entry.seq, stamp))
             assert delivery is not None  # sent unsettled
             deliveries[delivery] = seqs
-            sent.append((now, delivery))
+            sent.append((now, delivery, seqs))
             self.unconfirmed += len(seqs)
             used += 1
             start = end
@@ -210,7 +214,7 @@ class ReplicatingSubscription(LinkHandler):
             delivery = link.send(entry.data, tag=tag)
             assert delivery is not None  # sent unsettled
             deliveries[delivery] = seqs
-            sent.append((now, delivery))
+            sent.append((now, delivery, seqs))
             self.unconfirmed += len(seqs)
         del pending[:used]
         return used
@@ -287,7 +291,7 @@ class ReplicatingSubscription(LinkHandler):
         if not deliveries:
             sent.clear()
             return 0.0
-        while sent and sent[0][1] not in deliveries:
+        while sent and deliveries.get(sent[0][1]) is not sent[0][2]:
             sent.popleft()
         return sent[0][0] if sent else 0.0
 
