@@ -57,9 +57,8 @@ def test_quorum_disk_confirms_with_a_majority_and_survives_losing_the_primary_an
 
 @pytest.mark.slow
 def test_under_a_flood_healthy_backups_show_their_true_lag_and_are_never_dropped(ha_cluster):
-    """Under a flood each backup always has transfers unconfirmed (quorum_disk waits for neither in
-    particular): its `lag_seconds` must still be the age of its oldest unconfirmed one (milliseconds
-    here), and a backup that keeps confirming is never dropped for backup_timeout. Counted from a
+    """Under a flood each backup always has transfers unconfirmed: its `lag_seconds` must still be the
+    age of its oldest unconfirmed one (milliseconds here), and a backup that keeps confirming is never dropped for backup_timeout. Counted from a
     confirmed transfer whose delivery address proton had reused, it grew past a second and b1 was
     dropped in each of two runs."""
     c = ha_cluster(size=3, backup_timeout=1.0, ha_extra={"sync": "quorum_disk"})
