@@ -3,9 +3,8 @@
 The broker's thread hands over one `Job` per loop pass (its records, in order). The writer takes
 every job waiting, appends them with `os.writev` and makes them durable with one `os.fdatasync`
 (both release the GIL), then reports the jobs synced. While one sync runs the next passes queue
-up, so one sync covers every publish that arrived meanwhile; and syncs start at least
-MIN_SYNC_INTERVAL apart, so a fast disk still lets a group grow under load. Jobs nobody waits for
-(dequeues) are written at once but synced with the next job that has waiters, or within LAZY_SYNC.
+up, so one sync covers every publish that arrived meanwhile. Jobs nobody waits for (dequeues) are
+written at once but synced with the next job that has waiters, or within LAZY_SYNC.
 """
 from __future__ import annotations
 
@@ -27,12 +26,6 @@ RETRY_INTERVAL = 0.5  # seconds between attempts while the disk refuses writes
 # Seconds records nobody waits for may stay unsynced, to ride with the next sync: a dequeue lost to a
 # machine crash is a redelivery, and at a low rate it would otherwise cost a sync of its own.
 LAZY_SYNC = 0.05
-# Seconds from one sync's start to the next's at least. A sync covering few records costs the same
-# passes, transfers and settlements as a full one: 3-broker cluster runs at under 30 messages a sync
-# cost 20-28 % more CPU per message than those over 40 (design/performance.md). 1 ms apart: 30-41
-# messages a sync instead of 18-33, 11 % less CPU (quorum_disk, median of 5 rounds in alternation),
-# p50 at 1,000 msg/s unchanged. A lone publish after a quiet spell does not wait.
-MIN_SYNC_INTERVAL = 0.001
 
 
 def segment_path(directory: str, number: int) -> str:
@@ -72,7 +65,6 @@ class Writer:
         self._written = 0  # jobs of the batch being written that are written whole
         self.failing: str | None = None  # why the disk refuses writes, while it does
         self.last_sync_seconds = 0.0
-        self._last_sync_start = 0.0  # monotonic
         self.syncs = 0
         self.latency = SyncLatency()  # of every sync that made jobs durable (metrics read it)
         self._thread = threading.Thread(target=self._run, name="journal-writer", daemon=True)
@@ -114,8 +106,6 @@ class Writer:
             self._delete_requested()
             # Sync now if someone waits (a publish, a roll, a deletion), or when the lazy ones have waited enough.
             sync = self._closing or not batch or any(job.done or job.roll or job.unlink for job in batch)
-            if sync and batch and not self._closing:
-                batch += self._grown_group()
             pending = batch
             while True:
                 try:
@@ -135,17 +125,6 @@ class Writer:
             if sync and unsynced:
                 self._synced(unsynced)
                 unsynced = []
-
-    def _grown_group(self) -> list[Job]:
-        """The jobs that came while waiting out MIN_SYNC_INTERVAL since the last sync's start."""
-        wait = self._last_sync_start + MIN_SYNC_INTERVAL - time.monotonic()
-        if wait <= 0:
-            return []
-        time.sleep(wait)
-        with self._cond:
-            jobs = list(self._jobs)
-            self._jobs.clear()
-        return jobs
 
     def _delete_requested(self) -> None:
         with self._cond:
@@ -175,7 +154,7 @@ class Writer:
             self._written = i + 1
         if not sync:
             return
-        started = self._last_sync_start = time.monotonic()
+        started = time.monotonic()
         os.fdatasync(self._fd)
         self.last_sync_seconds = time.monotonic() - started
         self.latency.observe(self.last_sync_seconds)
