@@ -134,6 +134,7 @@ def turn(broker: R.Broker, args) -> dict:
         log(f"  {broker.label}: {sat['msgs_per_s']:.0f} msg/s, broker {sat['broker_cpu_us_per_msg']:.1f} µs/msg, "
             f"fsyncs/s {fmt(sat.get('syncs_per_s'))}, other load {sat['other_load_cores']:.2f}, "
             f"calibration {sat['calibration_ms']:.1f} ms")
+        log("    " + explain(sat))
     if args.latency and broker.alive():
         lat = R.latency(broker, args.size, args)
         out["latency"] = lat
@@ -143,6 +144,24 @@ def turn(broker: R.Broker, args) -> dict:
             log(f"  {broker.label}: p50 {lat['p50_ms']:.2f} ms, p99 {lat['p99_ms']:.2f} ms at {args.rate:g}/s, "
                 f"fsyncs/s {fmt(lat.get('syncs_per_s'))}, other load {lat['other_load_cores']:.2f}")
     return out
+
+
+def explain(sat: dict) -> str:
+    """What a saturation run's figures come from: each process's CPU µs/msg, and a cluster's backups as
+    the primary saw them (the most each lagged, its states, timeout drops) and warnings logged."""
+    n = sat["raw"]["producer"]["accepted"] or 1
+    cpu = sat["raw"]["cpu"]
+    parts = [", ".join(f"{label} {us / n:.1f}" for label, us in cpu["per_process_us"].items()) + " µs/msg"]
+    watched = cpu.get("watched", {})
+    for name, b in sorted(watched.get("backups", {}).items()):
+        drops = (b.get("timeout_drops") or 0) - (b.get("timeout_drops_first") or 0)
+        parts.append(f"{name}: lag ≤ {b['max_lag']} ({b['max_lag_seconds']:.2f} s, unconfirmed ≤ {b['max_unconfirmed']}), "
+                     f"at the end {b.get('last_lag')}, {'/'.join(b['states'])}"
+                     + (f", {drops} timeout drop(s)" if drops else "")
+                     + (f", absent in {b['absent_samples']} of {watched['samples']} looks" if b["absent_samples"] else ""))
+    if watched.get("log_warnings"):
+        parts.append(f"{len(watched['log_warnings'])} warning(s) logged, first: {watched['log_warnings'][0]}")
+    return "; ".join(parts)
 
 
 def interleave(brokers: dict[str, R.Broker], args) -> dict[str, list[dict]]:

@@ -127,6 +127,7 @@ class CpuMeter:
 
     def start(self) -> None:
         self.c0 = self.broker.counters()
+        self.broker.watch_start()
         self.t0 = self._read()
         self.m0 = machine_busy_ticks()
         self.w0 = time.monotonic()
@@ -137,6 +138,7 @@ class CpuMeter:
         m1 = machine_busy_ticks()
         wall = time.monotonic() - self.w0
         c1 = self.broker.counters()
+        watched = self.broker.watch_stop()
         per, sys_total = {}, 0
         for label, ticks in t1.items():  # a process started during the run counts from 0
             before = self.t0.get(label, {})
@@ -147,7 +149,7 @@ class CpuMeter:
                 "machine_busy_us": (m1 - self.m0) * 1e6 / CLK_TCK, "wall_s": wall,
                 "pids": sorted(p for ticks in t1.values() for p in ticks),
                 "counters": {k: c1[k] - v for k, v in self.c0.items() if k in c1},
-                "loadavg_start": self.l0, "loadavg_end": loadavg()}
+                "loadavg_start": self.l0, "loadavg_end": loadavg(), **({"watched": watched} if watched else {})}
 
 
 def other_load(r: dict) -> float:
@@ -308,6 +310,13 @@ class Broker:
 
     def counters(self) -> dict[str, int]:
         """Cumulative counters read before and after each measured run (e.g. the store's fsyncs)."""
+        return {}
+
+    def watch_start(self) -> None:
+        """A measured run starts: begin watching whatever explains its figures (a cluster's backups)."""
+
+    def watch_stop(self) -> dict:
+        """The run has ended: what the watch saw (kept in the run's JSON), {} if nothing is watched."""
         return {}
 
 

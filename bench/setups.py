@@ -14,6 +14,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -95,6 +96,64 @@ def terminate_group(proc: subprocess.Popen, what: str, grace: float = 15.0) -> N
 
 # ---------------------------------------------------------------- the haqueue cluster
 
+WATCH_PERIOD = 0.2  # seconds between two looks at the primary's view of its backups during a run
+
+
+class BackupWatch(threading.Thread):
+    """During a measured run, the primary's view of each backup (`admin ha status`, every WATCH_PERIOD
+    s over one connection): the most it lagged (messages, seconds, unconfirmed), the states it went
+    through, and its timeout drops; so a slow run can be told from a backup falling behind or being
+    dropped and caught up again."""
+
+    def __init__(self, endpoint: str, password: str):
+        super().__init__(daemon=True)
+        self.endpoint, self.password = endpoint, password
+        self.done = threading.Event()
+        self.backups: dict[str, dict] = {}
+        self.samples = 0
+        self.error = ""
+
+    def _note(self, status: dict) -> None:
+        self.samples += 1
+        for b in status.get("backups", []):
+            seen = self.backups.setdefault(b["name"], {"max_lag": 0, "max_lag_seconds": 0.0, "max_unconfirmed": 0,
+                                                       "states": [], "timeout_drops_first": b.get("timeout_drops"),
+                                                       "absent_samples": 0})
+            seen["max_lag"] = max(seen["max_lag"], b.get("lag", 0))
+            seen["max_lag_seconds"] = max(seen["max_lag_seconds"], b.get("lag_seconds", 0.0))
+            seen["max_unconfirmed"] = max(seen["max_unconfirmed"], b.get("unconfirmed", 0))
+            seen["timeout_drops"] = b.get("timeout_drops")
+            seen["last_lag"] = b.get("lag", 0)
+            if not seen["states"] or seen["states"][-1] != b.get("state"):
+                seen["states"].append(b.get("state"))
+        present = {b["name"] for b in status.get("backups", [])}
+        for name, seen in self.backups.items():
+            if name not in present:
+                seen["absent_samples"] += 1
+
+    def run(self) -> None:
+        from haqueue.admin import AdminClient
+        try:
+            with AdminClient(self.endpoint, 3.0, "ha", self.password) as client:
+                while True:
+                    code, _, body = client.request("READ", "ha")
+                    if code < 400 and isinstance(body, dict):
+                        self._note(body)
+                    if self.done.wait(WATCH_PERIOD):
+                        code, _, body = client.request("READ", "ha")  # the state the run ended in
+                        if code < 400 and isinstance(body, dict):
+                            self._note(body)
+                        return
+        except (AdminError, OSError) as e:
+            self.error = str(e)
+
+    def stop(self) -> dict:
+        self.done.set()
+        self.join(10)
+        return {"samples": self.samples, "backups": self.backups, **({"error": self.error} if self.error else {})}
+
+
+
 class HaCluster(R.LoggedProcess, R.Broker):
     """`haqueue cluster up --size N [--sync MODE]`: supervisor + N brokers; clients use the public address."""
 
@@ -111,6 +170,8 @@ class HaCluster(R.LoggedProcess, R.Broker):
         self.proc: subprocess.Popen | None = None
         self.password = ""
         self.roles: dict[str, str] = {}
+        self.watch: BackupWatch | None = None
+        self.log_marks: dict[str, int] = {}
 
     def command(self) -> str:
         return " ".join(shlex.quote(c) for c in self.cmd)
@@ -210,6 +271,26 @@ class HaCluster(R.LoggedProcess, R.Broker):
     def counters(self) -> dict[str, int]:
         """fsyncs of every broker's store, summed."""
         return R.store_syncs([self.endpoint(i) for i in range(self.size)], self.password)
+
+    def watch_start(self) -> None:
+        primary = next((n for n, role in self.roles.items() if role == "primary"), None)
+        self.watch = BackupWatch(self.endpoint(int(primary.split("-")[1])), self.password) if primary else None
+        self.log_marks = {p.name: p.stat().st_size for p in Path(self.dir).glob("broker-*.log")}
+        if self.watch is not None:
+            self.watch.start()
+
+    def watch_stop(self) -> dict:
+        """The backups as the primary saw them during the run, and the brokers' warnings logged meanwhile."""
+        out = self.watch.stop() if self.watch is not None else {}
+        warnings = []
+        for path in sorted(Path(self.dir).glob("broker-*.log")):
+            with open(path, "rb") as f:
+                f.seek(self.log_marks.get(path.name, 0))
+                warnings += [f"{path.stem}: {line.strip()}" for line in f.read().decode(errors="replace").splitlines()
+                             if re.search(r"\b(ERROR|WARNING|CRITICAL)\b|Traceback", line)]
+        if warnings:
+            out["log_warnings"] = warnings[:50]
+        return out
 
     def describe_failure(self) -> str:
         state = "alive" if self.proc and self.proc.poll() is None else "exited"

@@ -160,6 +160,7 @@ class Backup:
         replicator = self.replicators.pop(queue.name, None)
         if replicator is not None:
             replicator.close()
+        self.acquired.pop(queue.name, None)  # the queue is gone: nothing of it to redeliver
 
     def check_ready(self) -> None:
         if self.state == JOINING or self.primary is None:

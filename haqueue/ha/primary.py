@@ -347,6 +347,7 @@ class Primary:
             "sync": self.ha.config.sync,
             "backups": [{"name": b.name, "state": b.state, "lag": b.lag, "lag_seconds": round(b.lag_seconds(now), 3),
                          "catchup": b.catchup_progress(), "unconfirmed": b.unconfirmed,
+                         "timeout_drops": b.counters.timeout_drops,
                          "confirms_from": "disk" if from_disk(self.ha.config.sync) else "memory",
                          "memory": b.report.get("memory"), "disk": b.report.get("disk"),
                          "reported_seconds_ago": round(now - b.reported, 1) if b.reported else None}

@@ -5,7 +5,7 @@ a queue observer (live enqueues, acquisitions, dequeues) and a queue guard (the 
 completion waits for this backup's settlement of the live enqueue).
 
 On one ordered link it sends, in this order of priority: live enqueues (at the end of the loop's
-pass, many to a transfer), then batched dequeue and acquire events, then catch-up messages newest
+pass, many to a transfer), then batched acquire and dequeue events, then catch-up messages newest
 first (skipping any dequeued meanwhile), then the caught-up marker once nothing older is left.
 
 A transaction's commit reaches the backup in parts, one per queue it touches: its enqueues as `T`
@@ -70,7 +70,11 @@ class ReplicatingSubscription(LinkHandler):
         self.txn_seqs: dict[int, int] = {}  # those seqs -> their transaction, until sent
         self.txn_dequeues: list[int] = []  # the current transaction's dequeues, sent with its marker
         self.txn_pending = 0  # pending entries that are transaction parts or markers (sent one by one)
-        self.sent: deque[tuple[float, int]] = deque()  # (time sent, delivery) of live transfers, oldest first
+        # (time sent, delivery, its seqs list) of live transfers, oldest first. proton reuses a settled
+        # delivery's address for the next transfer at once, so an entry is still unconfirmed only while
+        # `deliveries` maps its delivery to that very list: by address alone a confirmed transfer whose
+        # address was in use again looked unconfirmed, and lag_seconds (and the timeout) counted from it.
+        self.sent: deque[tuple[float, int, list[int]]] = deque()
         self.closed = False
         self.caught_up = False
         self.marker_sent = False
@@ -179,7 +183,7 @@ class ReplicatingSubscription(LinkHandler):
                 delivery = link.send(pieces, tag=protocol.message_tag(protocol.BATCH, entry.seq, stamp))
             assert delivery is not None  # sent unsettled
             deliveries[delivery] = seqs
-            sent.append((now, delivery))
+            sent.append((now, delivery, seqs))
             self.unconfirmed += len(seqs)
             used += 1
             start = end
@@ -210,7 +214,7 @@ class ReplicatingSubscription(LinkHandler):
             delivery = link.send(entry.data, tag=tag)
             assert delivery is not None  # sent unsettled
             deliveries[delivery] = seqs
-            sent.append((now, delivery))
+            sent.append((now, delivery, seqs))
             self.unconfirmed += len(seqs)
         del pending[:used]
         return used
@@ -224,7 +228,9 @@ class ReplicatingSubscription(LinkHandler):
         if pending and credit:
             credit -= self._send_live(credit)
         limit = pending[0].seq if pending else None  # events only for messages the backup has been sent
-        for kind, seqs in ((protocol.DEQUEUE, self.dequeued_seqs), (protocol.ACQUIRE, self.acquired_seqs)):
+        # acquisitions first: a message acquired and dequeued since the last dispatch must reach the backup
+        # acquired, then dequeued, or its seq would stay in the backup's acquired set for good
+        for kind, seqs in ((protocol.ACQUIRE, self.acquired_seqs), (protocol.DEQUEUE, self.dequeued_seqs)):
             if seqs and credit:
                 now = [s for s in seqs if limit is None or s < limit]
                 if now:
@@ -285,7 +291,7 @@ class ReplicatingSubscription(LinkHandler):
         if not deliveries:
             sent.clear()
             return 0.0
-        while sent and sent[0][1] not in deliveries:
+        while sent and deliveries.get(sent[0][1]) is not sent[0][2]:
             sent.popleft()
         return sent[0][0] if sent else 0.0
 

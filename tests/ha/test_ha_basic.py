@@ -63,6 +63,26 @@ def test_messages_and_dequeues_reach_backups(ha_cluster):
     assert c.depth(p, "mq") == 70
 
 
+
+def test_consumed_messages_leave_nothing_for_a_backup_to_redeliver(ha_cluster):
+    """A backup notes which messages a consumer holds on the primary (redelivered with delivery-count + 1
+    should it be promoted) until their dequeue: once every message is consumed it holds none, though a
+    consumer taking one at a time acquires and settles each within one batch of events."""
+    c = ha_cluster()
+    p = c.start_cluster()
+    send_all(c.public, "aq", range(300))
+    conn = connect(c.public)
+    try:
+        receiver = conn.create_receiver("aq", credit=1)
+        for i in range(300):
+            assert receiver.receive(timeout=10).body == i
+            receiver.accept()
+    finally:
+        conn.close()
+    for b in backups(c, p):
+        c.wait_depth(b, "aq", 0)
+        assert c.status(b)["queues"]["aq"]["acquired"] == 0, b.name
+
 def test_a_selector_consumer_leaves_the_backups_consistent(ha_cluster):
     """Backups replicate queues, not consumers: a selector consumer on the primary takes messages out of
     queue order, and every backup drops the same ones (by seq), keeping the rest in order."""

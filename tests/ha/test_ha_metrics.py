@@ -57,6 +57,7 @@ def test_primary_shows_backups_lag_confirmations_and_drops(ha_cluster):
     wait_for(lambda: value(scrape(m), "haqueue_backup_state", backup="b2", state="ready") == 1, 15,
              message="b2 ready again on the scrape")
     assert value(scrape(m), "haqueue_backup_timeout_drops_total", backup="b2") == 1  # the count outlives it
+    assert {b["name"]: b["timeout_drops"] for b in c.status(p)["backups"]} == {"b1": 0, "b2": 1}  # admin ha status too
 
 
 def test_failover_is_seen_and_the_docs_name_every_metric(ha_cluster):

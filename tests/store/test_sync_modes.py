@@ -2,13 +2,19 @@
 from __future__ import annotations
 
 import json
+import select
+import subprocess
+import time
+from pathlib import Path
 
 import pytest
 from proton import Message
 
 from clients import Client
-from ha_harness import send_all
+from ha_harness import send_all, split_address
 from harness import BrokerProcess, run_haqueue, wait_for
+
+BENCH_JS = Path(__file__).resolve().parents[2] / "bench" / "js"
 
 
 def _publish(client: Client, queue: str, bodies: range) -> list:
@@ -47,6 +53,45 @@ def test_quorum_disk_confirms_with_a_majority_and_survives_losing_the_primary_an
         c.sigcont(c[3])  # b3 comes back, catches up and votes
         client.wait(lambda: all(d.settled for d in held), 15, "confirmation once a majority is back")
         assert all(d.remote_state == d.ACCEPTED for d in held)
+
+
+@pytest.mark.slow
+def test_under_a_flood_healthy_backups_show_their_true_lag_and_are_never_dropped(ha_cluster):
+    """Under a flood each backup always has transfers unconfirmed: its `lag_seconds` must still be the
+    age of its oldest unconfirmed one (milliseconds here), and a backup that keeps confirming is never dropped for backup_timeout. Counted from a
+    confirmed transfer whose delivery address proton had reused, it grew past a second and b1 was
+    dropped in each of two runs."""
+    c = ha_cluster(size=3, backup_timeout=1.0, ha_extra={"sync": "quorum_disk"})
+    p = c.start_cluster()
+    host, port = split_address(c.public)
+    rate, seconds = 4000, 15
+    common = ["--host", host, "--port", str(port), "--address", "flood", "--timeout", "60"]
+    consumer = subprocess.Popen(["node", "consumer.js", *common, "--messages", str(rate * seconds)],
+                                cwd=BENCH_JS, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    producer = None
+    try:
+        ready, _, _ = select.select([consumer.stdout], [], [], 20)  # its link attached: the queue exists
+        assert ready and json.loads(consumer.stdout.readline()) == {"event": "ready"}
+        producer = subprocess.Popen(["node", "producer.js", *common, "--rate", str(rate), "--duration",
+                                     str(seconds), "--durable"], cwd=BENCH_JS, stdout=subprocess.PIPE,
+                                    stderr=subprocess.PIPE, text=True)
+        worst: dict[str, float] = {}
+        while producer.poll() is None:
+            for b in c.status(p)["backups"]:
+                worst[b["name"]] = max(worst.get(b["name"], 0.0), b["lag_seconds"])
+            time.sleep(0.25)
+        sent = json.loads(producer.communicate(timeout=10)[0].splitlines()[-1])
+        got = json.loads(consumer.communicate(timeout=60)[0].splitlines()[-1])
+    finally:
+        for proc in (producer, consumer):
+            if proc is not None and proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    assert sent["ok"] and sent["accepted"] == rate * seconds, sent
+    assert got["ok"] and got["received"] == rate * seconds and got["missing"] == 0, got
+    backups = {b["name"]: (b["state"], b["timeout_drops"]) for b in c.status(p)["backups"]}
+    assert backups == {"b1": ("ready", 0), "b2": ("ready", 0)}, (backups, worst)
+    assert max(worst.values()) < 0.5, worst
 
 
 @pytest.mark.slow
