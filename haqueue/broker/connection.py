@@ -54,7 +54,7 @@ class Connection:
             max_frame_size = listener.options.max_frame_size
         self.proton = ProtonConnection(engine.events.collector, max_frame_size, int(engine.limits.idle_timeout * 1000))
         self.phase = "header"  # header -> sasl -> amqp
-        self.preamble = Preamble(self, sasl_client)
+        self.preamble: Preamble | None = Preamble(self, sasl_client)  # until AMQP; None once aborted
         self.user: str | None = None
         self.logged_in = False  # counted against limits.max_connections_per_user until closed
         self.handshake_deadline = 0  # ms (monotonic): closed unless the client opens by then; 0: opened
@@ -117,6 +117,8 @@ class Connection:
             if not data:
                 return
         if self.phase != "amqp":
+            if self.preamble is None:  # gone with the connection
+                return
             data = self.preamble.feed(data)
         if data:
             self.push(data)
@@ -253,6 +255,10 @@ class Connection:
         except OSError:
             pass
         self.proton.release()
+        # The preamble and the TLS pump point back at this connection: dropping them breaks the cycles, so
+        # it is freed now, not at one of the cyclic collections the broker makes rare (server.py, gc).
+        self.preamble = None
+        self.tls = None
 
     # -- AMQP --------------------------------------------------------------------------------
     def set_properties(self, properties: dict[Any, Any]) -> None:
