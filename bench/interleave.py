@@ -19,6 +19,11 @@ Set-ups (--setups, comma-separated):
                     same set-up without, the report gives the audit's cost round by round
   cluster[:MODE]    `haqueue cluster up --size 3 [--sync MODE]`: primary + 2 backups; clients use the
                     public address
+  cluster:MODE@DIR  the same of another tree (a copy with its compiled modules, or built in place)
+  shards:K[:relay]  `haqueue cluster up --size 1 --shards K --replicas 1`: K shard processes, each its own
+                    primary; a saturation run uses K queues at once (or --pairs), spread over the shards;
+                    clients connect to their queue's shard, or with :relay to the next one (every link
+                    relayed: the relay's cost)
   rabbit-classic    RabbitMQ, one node, durable classic queue
   rabbit-quorum     RabbitMQ, 3 nodes on this machine, quorum queue of 3
 
@@ -31,6 +36,8 @@ times: time from the process start to the port accepting connections and to the 
     python bench/interleave.py --setups single,old:/tmp/hq-old --no-latency --target-ratio 0.95
     python bench/interleave.py --setups single+audit,single,old:/tmp/hq-old+audit,old:/tmp/hq-old --no-latency
     python bench/interleave.py --setups single,rabbit-classic --pairs 10 --no-latency   # 10 queues at once
+    python bench/interleave.py --setups shards:4,shards:2,shards:1 --no-latency   # K shards, K queues
+    python bench/interleave.py --setups shards:2:relay,shards:2 --no-latency      # the relay's cost
     python bench/interleave.py --recovery 1000000
 """
 from __future__ import annotations
@@ -51,6 +58,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import run as R  # noqa: E402  bench/run.py, used as a library
 import setups as S  # noqa: E402
+from sharded import ShardedCluster  # noqa: E402
 
 HOST = R.HOST
 log = R.log
@@ -71,8 +79,10 @@ def default_label(spec: str) -> str:
         return default_label(spec.removesuffix(AUDIT)) + " + audit"
     kind, _, arg = spec.partition(":")
     return {"single": "haqueue single broker", "old": f"haqueue single broker ({arg})",
-            "cluster": f"haqueue primary + 2 backups, {arg or 'all'}", "rabbit-classic": "RabbitMQ classic",
-            "rabbit-quorum": "RabbitMQ 3-node cluster, quorum queue"}.get(kind, spec)
+            "cluster": f"haqueue primary + 2 backups, {arg.replace('@', ' (') + ')' if '@' in arg else arg or 'all'}", "rabbit-classic": "RabbitMQ classic",
+            "rabbit-quorum": "RabbitMQ 3-node cluster, quorum queue",
+            "shards": f"haqueue {arg.partition(':')[0]} shard(s){', relayed' if arg.endswith(':relay') else ''}",
+            }.get(kind, spec)
 
 
 def make_setup(spec: str, startup_timeout: float) -> R.Broker:
@@ -88,12 +98,16 @@ def make_setup(spec: str, startup_timeout: float) -> R.Broker:
     if kind == "old" and arg:
         return R.CommandBroker(OLD_CMD.format(tree=shlex.quote(arg)), default_label(spec), None, startup_timeout)
     if kind == "cluster":
-        return S.HaCluster(default_label(spec), size=3, sync=arg or None)
+        mode, _, tree = arg.partition("@")
+        return S.HaCluster(default_label(spec), size=3, sync=mode or None, tree=Path(tree) if tree else S.REPO)
+    count, _, relay = arg.partition(":")
+    if kind == "shards" and count.isdigit() and (relay == "" or relay == "relay" and int(count) > 1):
+        return ShardedCluster(default_label(spec), int(count), relay=bool(relay))
     if kind == "rabbit-classic":
         return R.RabbitBroker(None)
     if kind == "rabbit-quorum":
         return S.RabbitCluster()
-    raise ValueError(f"unknown set-up {spec!r} (single, old:DIR, cluster[:MODE], rabbit-classic, rabbit-quorum)")
+    raise ValueError(f"unknown set-up {spec!r} (single, old:DIR, cluster[:MODE][@DIR], shards:K[:relay] (relay: K > 1), rabbit-classic, rabbit-quorum)")
 
 
 def start_all(specs: list[str], args) -> dict[str, R.Broker]:
@@ -126,7 +140,7 @@ def stop_all(brokers: dict[str, R.Broker]) -> None:
 def turn(broker: R.Broker, args) -> dict:
     """One set-up's share of a round: a saturation run and a fixed-rate latency run."""
     out: dict = {"background_cores": R.wait_quiet(args.quiet_wait) if args.quiet_wait > 0 else None}
-    sat = R.saturation(broker, args.size, args.messages, args, pairs=args.pairs)
+    sat = R.saturation(broker, args.size, args.messages, args, pairs=args.pairs if args.pairs > 1 else getattr(broker, "pairs", 1))
     out["saturation"] = sat
     if "error" in sat:
         log(f"  {broker.label}: saturation FAILED: {sat['error']} [{broker.describe_failure()}]")

@@ -292,6 +292,14 @@ class Broker:
     def address(self, queue: str) -> str:
         return queue
 
+    def spread(self, queues: list[str]) -> list[str]:
+        """The addresses of queues used at once (a sharded set-up puts each on its own shard)."""
+        return [self.address(queue) for queue in queues]
+
+    def port_for(self, address: str) -> int:
+        """The port a client of `address` connects to."""
+        return self.port
+
     def prepare_queue(self, queue: str) -> None:
         pass
 
@@ -579,7 +587,7 @@ class RabbitBroker(RabbitQueues, Broker):
 # ---------------------------------------------------------------- one run
 
 def client_args(broker: Broker, address: str) -> list[str]:
-    a = ["--host", HOST, "--port", str(broker.port), "--address", address]
+    a = ["--host", HOST, "--port", str(broker.port_for(address)), "--address", address]
     if broker.username:
         a += ["--username", broker.username, "--password", broker.password]
     return a
@@ -624,10 +632,11 @@ def run_pairs(broker: Broker, queues: list[str], prod_args: list[str], cons_args
     errlog = OUT / "clients.stderr.log"
     procs: list[subprocess.Popen] = []
     res: dict = {"queue": queues[0], "pairs": len(queues)}
+    addresses = broker.spread(queues)
     try:
         consumers = []
-        for queue in queues:
-            args = client_args(broker, broker.address(queue)) + cons_args + ["--timeout", str(int(limit))]
+        for address in addresses:
+            args = client_args(broker, address) + cons_args + ["--timeout", str(int(limit))]
             procs.append(start_client(clients, "consumer", args, errlog))
             consumers.append(JsonLines(procs[-1]))
         for cr in consumers:
@@ -638,8 +647,8 @@ def run_pairs(broker: Broker, queues: list[str], prod_args: list[str], cons_args
             meter.start()
         t0 = time.monotonic()
         producers = []
-        for queue in queues:
-            args = client_args(broker, broker.address(queue)) + prod_args + ["--timeout", str(int(limit))]
+        for address in addresses:
+            args = client_args(broker, address) + prod_args + ["--timeout", str(int(limit))]
             procs.append(start_client(clients, "producer", args, errlog))
             producers.append(JsonLines(procs[-1]))
         deadline = time.monotonic() + limit + 15

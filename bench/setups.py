@@ -155,11 +155,13 @@ class BackupWatch(threading.Thread):
 
 
 class HaCluster(R.LoggedProcess, R.Broker):
-    """`haqueue cluster up --size N [--sync MODE]`: supervisor + N brokers; clients use the public address."""
+    """`haqueue cluster up --size N [--sync MODE]`: supervisor + N brokers; clients use the public address.
+    `tree`: run the haqueue of another tree (its brokers inherit the directory `python -m` imports from)."""
 
-    def __init__(self, label: str, size: int = 3, sync: str | None = None):
+    def __init__(self, label: str, size: int = 3, sync: str | None = None, tree: Path = REPO):
         self.label = label
         self.size = size
+        self.tree = tree
         self.dir = tempfile.mkdtemp(prefix="haqueue-habench-")
         self.port = free_ports(1)[0]
         self.base = free_ports(size, consecutive=True)[0]
@@ -182,7 +184,7 @@ class HaCluster(R.LoggedProcess, R.Broker):
     def start(self) -> None:
         log(f"starting {self.label}: {self.command()}")
         self.logf = open(self.log_path, "ab")
-        self.proc = subprocess.Popen(self.cmd, cwd=REPO, stdout=self.logf, stderr=subprocess.STDOUT,
+        self.proc = subprocess.Popen(self.cmd, cwd=self.tree, stdout=self.logf, stderr=subprocess.STDOUT,
                                      stdin=subprocess.DEVNULL, start_new_session=True)
         self.pid = self.proc.pid
         deadline = time.monotonic() + 60
