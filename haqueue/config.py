@@ -179,6 +179,8 @@ class ShardConfig:
     shards: int  # K
     publics: list[tuple[str, int]]  # each shard's direct address, bound only by its primary (the relay's target)
     client: tuple[str, int]  # the node's client address, shared by its shard processes
+    # each shard's replicas in placement order, its preferred primary first: (node, peer listener address)
+    replicas: list[list[tuple[str, tuple[str, int]]]] = field(default_factory=list)
 
 
 @dataclass

@@ -80,20 +80,27 @@ def process_config(cluster: Cluster, node: str, shard: int) -> BrokerConfig:
     here = cluster.nodes[node]
     public_host, public_port = cluster.shard_public
     raw = dict(cluster.broker)
-    raw["name"] = f"{node}.s{shard}"
+    raw["name"] = process_name(node, shard)
     raw["data_dir"] = f"{here.data_dir or raw.get('data_dir', './data')}/shard-{shard}"
-    raw["listen"] = [{"address": _host_port(here.address, cluster.client_port), "reuse_port": True},
-                     _host_port(here.address, cluster.peer_base + shard)]
-    raw["ha"] = {**raw["ha"], "public": _host_port(public_host, public_port + shard),
-                 "brokers": [_host_port(cluster.nodes[r].address, cluster.peer_base + shard) for r in replicas]}
+    raw["listen"] = [{"address": host_port(here.address, cluster.client_port), "reuse_port": True},
+                     host_port(here.address, cluster.peer_base + shard)]
+    raw["ha"] = {**raw["ha"], "public": host_port(public_host, public_port + shard),
+                 "brokers": [host_port(cluster.nodes[r].address, cluster.peer_base + shard) for r in replicas]}
     config = broker_config(raw, origin)
     config.shard = ShardConfig(shard, cluster.shards,
                                [(public_host, public_port + i) for i in range(cluster.shards)],
-                               (here.address, cluster.client_port))
+                               (here.address, cluster.client_port),
+                               [[(r, (cluster.nodes[r].address, cluster.peer_base + i)) for r in on]
+                                for i, on in enumerate(cluster.placement.shards)])
     return config
 
 
-def _host_port(host: str, port: int) -> str:
+def process_name(node: str, shard: int) -> str:
+    """The broker name of shard `shard`'s replica on `node`."""
+    return f"{node}.s{shard}"
+
+
+def host_port(host: str, port: int) -> str:
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 

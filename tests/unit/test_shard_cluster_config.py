@@ -45,7 +45,10 @@ def test_each_process_gets_its_shards_broker_config(tmp_path: Path) -> None:
     assert config.ha.public == ("10.0.1.1", 5801)
     assert config.ha.backup_timeout == 2.0
     assert "app" in config.users
-    assert config.shard == ShardConfig(1, 4, [("10.0.1.1", 5800 + i) for i in range(4)], ("10.0.0.2", 5672))
+    replicas = [["n1", "n2"], ["n2", "n3"], ["n3", "n2"], ["n1", "n2"]]  # each shard's, its preferred primary first
+    addresses = {"n1": "10.0.0.1", "n2": "10.0.0.2", "n3": "10.0.0.3"}
+    assert config.shard == ShardConfig(1, 4, [("10.0.1.1", 5800 + i) for i in range(4)], ("10.0.0.2", 5672),
+                                       [[(n, (addresses[n], 5700 + i)) for n in on] for i, on in enumerate(replicas)])
     other = shard_process_config(path, "n1", 0)
     assert other.data_dir == "/var/lib/haqueue/shard-0"
     assert other.ha is not None and other.ha.brokers[0] == ("10.0.0.1", 5700)  # the preferred primary first
