@@ -96,7 +96,7 @@ def _broker(args: argparse.Namespace) -> int:
                 serve_layout(broker, config.shard)
         if config.audit is not None:  # after HA: it records HA's role, epoch and replication
             from haqueue.audit.events import AuditLog
-            AuditLog(broker, config.audit, ha)
+            AuditLog(broker, config.audit, ha, config.shard.index if config.shard is not None else None)
         if config.metrics is not None:
             from haqueue.metrics import serve_metrics
             serve_metrics(broker, config.metrics, ha, store)
