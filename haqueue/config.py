@@ -181,6 +181,7 @@ class ShardConfig:
     client: tuple[str, int]  # the node's client address, shared by its shard processes
     # each shard's replicas in placement order, its preferred primary first: (node, peer listener address)
     replicas: list[list[tuple[str, tuple[str, int]]]] = field(default_factory=list)
+    redirect: bool = False  # a link to another shard's queue is refused with amqp:link:redirect, not relayed
 
 
 @dataclass

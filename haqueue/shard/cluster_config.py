@@ -8,6 +8,8 @@ The file is a broker config (users, limits, store, ha credentials...) plus the c
     client_port: 5672              # every node's client address: its address, this port (SO_REUSEPORT)
     peer_base: 5700                # shard i's peer listener: the node's address, port peer_base + i
     shard_public: 10.0.1.1:5800    # shard i's direct address, port + i, bound only by its primary
+    shard: {redirect: false}       # true: a link to another shard's queue is refused with amqp:link:redirect
+                                   # naming the owner's direct address, instead of being relayed
 
 The placement is computed (shard/placement.py), never listed. What the placement derives per process
 (`name`, `listen`, `ha.brokers`, `ha.public`) may not be given (design/sharding.md, step 2).
@@ -17,8 +19,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ..config import CLUSTER_KEY, BrokerConfig, Check, ConfigError, ShardConfig, _address, _Bad, _fields, _int, \
-    _name, broker_config, read_yaml
+from ..config import CLUSTER_KEY, BrokerConfig, Check, ConfigError, ShardConfig, _address, _Bad, _bool, _fields, \
+    _int, _name, broker_config, read_yaml
 from .errors import ShardError
 from .placement import Placement, place
 from .topology import Topology
@@ -26,8 +28,10 @@ from .topology import Topology
 DEFAULT_CLIENT_PORT = 5672
 DEFAULT_PEER_BASE = 5700
 _NODE: dict[str, Check] = {"address": _name, "rack": _name, "region": _name, "data_dir": _name}
+_OPTIONS: dict[str, Check] = {"redirect": _bool}  # the cluster file's `shard:` section
 _CLUSTER: dict[str, Check] = {CLUSTER_KEY: _int(1), "replicas": _int(1), "nodes": lambda value, path: value,
-            "client_port": _int(1), "peer_base": _int(1), "shard_public": _address}
+            "client_port": _int(1), "peer_base": _int(1), "shard_public": _address,
+            "shard": lambda value, path: _fields(value, path, _OPTIONS)}
 _DERIVED = {"name": "the process's name is <node>.s<shard>",
             "listen": "each process listens on its node's client address and its shard's peer port",
             "metrics": "one metrics endpoint per process is not built yet"}
@@ -51,6 +55,7 @@ class Cluster:
     peer_base: int
     shard_public: tuple[str, int]
     placement: Placement
+    redirect: bool  # shard.redirect: links to other shards are redirected, not relayed
     broker: dict[str, Any]  # the rest: every process's broker config, before what is derived
 
 
@@ -91,7 +96,7 @@ def process_config(cluster: Cluster, node: str, shard: int) -> BrokerConfig:
                                [(public_host, public_port + i) for i in range(cluster.shards)],
                                (here.address, cluster.client_port),
                                [[(r, (cluster.nodes[r].address, cluster.peer_base + i)) for r in on]
-                                for i, on in enumerate(cluster.placement.shards)])
+                                for i, on in enumerate(cluster.placement.shards)], cluster.redirect)
     return config
 
 
@@ -132,7 +137,9 @@ def _cluster(raw: Any, origin: str) -> Cluster:
         raise _Bad("shard_public", f"leaves no room for {shards} shards' ports (its port + shard <= 65535)")
     if peer_base <= client_port < peer_base + shards:
         raise _Bad("client_port", f"is among the shards' peer ports {peer_base}..{peer_base + shards - 1}")
-    return Cluster(origin, shards, replicas, nodes, client_port, peer_base, own["shard_public"], placement, broker)
+    redirect = own.get("shard", {}).get("redirect", False)
+    return Cluster(origin, shards, replicas, nodes, client_port, peer_base, own["shard_public"], placement, redirect,
+                   broker)
 
 
 def _nodes(value: Any) -> tuple[dict[str, Node], dict[str, str], dict[str, str]]:

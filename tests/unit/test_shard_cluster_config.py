@@ -49,6 +49,8 @@ def test_each_process_gets_its_shards_broker_config(tmp_path: Path) -> None:
     addresses = {"n1": "10.0.0.1", "n2": "10.0.0.2", "n3": "10.0.0.3"}
     assert config.shard == ShardConfig(1, 4, [("10.0.1.1", 5800 + i) for i in range(4)], ("10.0.0.2", 5672),
                                        [[(n, (addresses[n], 5700 + i)) for n in on] for i, on in enumerate(replicas)])
+    assert not config.shard.redirect
+    assert shard_process_config(write(tmp_path, CLUSTER + "    shard: {redirect: true}\n"), "n1", 0).shard.redirect
     other = shard_process_config(path, "n1", 0)
     assert other.data_dir == "/var/lib/haqueue/shard-0"
     assert other.ha is not None and other.ha.brokers[0] == ("10.0.0.1", 5700)  # the preferred primary first
@@ -86,6 +88,8 @@ def test_a_process_the_placement_does_not_have_is_refused(tmp_path: Path, node: 
     (("backup_timeout: 2}", "backup_timeout: -1}"), "ha.backup_timeout: must be a non-negative number of "
                                                     "seconds, got -1"),
     (("client_port: 5672", "client_port: 5702"), "client_port: is among the shards' peer ports 5700..5703"),
+    (("client_port: 5672", "shard: {redirect: 1}"), "shard.redirect: must be true or false, got 1"),
+    (("client_port: 5672", "shard: {relay: false}"), "shard.relay: unknown key (known: redirect)"),
 ])
 def test_a_bad_cluster_file_names_file_key_and_reason(tmp_path: Path, change: tuple[str, str], message: str) -> None:
     text = textwrap.dedent(CLUSTER)
