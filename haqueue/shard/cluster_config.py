@@ -12,15 +12,16 @@ The file is a broker config (users, limits, store, ha credentials...) plus the c
                                    # naming the owner's direct address, instead of being relayed
 
 The placement is computed (shard/placement.py), never listed. What the placement derives per process
-(`name`, `listen`, `ha.brokers`, `ha.public`) may not be given (design/sharding.md, step 2).
+(`name`, `listen`, `ha.brokers`, `ha.public`, `ha.zookeeper.preferred`) may not be given (design/sharding.md,
+step 2). Under ZooKeeper each shard elects on its own path, `ha.zookeeper.path`/shards/<i>.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
-from ..config import CLUSTER_KEY, BrokerConfig, Check, ConfigError, ShardConfig, _address, _Bad, _bool, _fields, \
-    _int, _name, broker_config, read_yaml
+from ..config import CLUSTER_KEY, PREFERRED_SYNC_MODES, BrokerConfig, Check, ConfigError, ShardConfig, \
+    ZooKeeperConfig, _address, _Bad, _bool, _fields, _int, _name, broker_config, read_yaml
 from .errors import ShardError
 from .placement import Placement, place
 from .topology import Topology
@@ -92,12 +93,23 @@ def process_config(cluster: Cluster, node: str, shard: int) -> BrokerConfig:
     raw["ha"] = {**raw["ha"], "public": host_port(public_host, public_port + shard),
                  "brokers": [host_port(cluster.nodes[r].address, cluster.peer_base + shard) for r in replicas]}
     config = broker_config(raw, origin)
+    if config.ha is not None and config.ha.zookeeper is not None:
+        config.ha.zookeeper = _shard_election(config.ha.zookeeper, config.ha.sync, shard, node == replicas[0])
     config.shard = ShardConfig(shard, cluster.shards,
                                [(public_host, public_port + i) for i in range(cluster.shards)],
                                (here.address, cluster.client_port),
                                [[(r, (cluster.nodes[r].address, cluster.peer_base + i)) for r in on]
                                 for i, on in enumerate(cluster.placement.shards)], cluster.redirect)
     return config
+
+
+def _shard_election(zookeeper: ZooKeeperConfig, sync: str, shard: int, preferred: bool) -> ZooKeeperConfig:
+    """A shard is an HA group of its own under ZooKeeper: its election, epoch and members under
+    `<path>/shards/<i>`, and the placement's first replica its preferred primary, re-elected when it returns
+    (design/sharding.md, step 6), where the sync mode lets it be ranked first (every ready backup holds
+    every confirmed message)."""
+    return replace(zookeeper, path=f"{zookeeper.path}/shards/{shard}",
+                   preferred=preferred and sync in PREFERRED_SYNC_MODES)
 
 
 def process_name(node: str, shard: int) -> str:
@@ -123,6 +135,9 @@ def _cluster(raw: Any, origin: str) -> Cluster:
     for key, why in _DERIVED_HA.items():
         if key in broker["ha"]:
             raise _Bad(f"ha.{key}", f"not in a cluster's config: {why}")
+    if isinstance(broker["ha"].get("zookeeper"), dict) and "preferred" in broker["ha"]["zookeeper"]:
+        raise _Bad("ha.zookeeper.preferred", "not in a cluster's config: each shard's preferred primary is the first "
+                                             "of its replicas in the placement")
     nodes, racks, regions = _nodes(own["nodes"])
     shards, replicas = own[CLUSTER_KEY], own["replicas"]
     try:

@@ -56,6 +56,23 @@ def test_each_process_gets_its_shards_broker_config(tmp_path: Path) -> None:
     assert other.ha is not None and other.ha.brokers[0] == ("10.0.0.1", 5700)  # the preferred primary first
 
 
+@pytest.mark.parametrize("sync, preferred", [("all", True), ("all_disk", True), ("quorum_disk", False)])
+def test_under_zookeeper_each_shard_elects_on_its_own_path_its_first_replica_preferred(
+        tmp_path: Path, sync: str, preferred: bool) -> None:
+    zookeeper = ("backup_timeout: 2}", f"backup_timeout: 2, sync: {sync}, coordinator: zookeeper, "
+                                       "zookeeper: {hosts: ['127.0.0.1:2181'], path: /prod/queues, weight: 3}}")
+    path = write(tmp_path, textwrap.dedent(CLUSTER).replace(*zookeeper))
+    configs = {(node, shard): shard_process_config(path, node, shard).ha
+               for node, shard in (("n2", 1), ("n3", 1), ("n1", 3), ("n2", 3))}
+    for (node, shard), ha in configs.items():
+        assert ha is not None and ha.zookeeper is not None
+        assert ha.zookeeper.path == f"/prod/queues/shards/{shard}"
+        assert ha.zookeeper.hosts == [("127.0.0.1", 2181)] and ha.zookeeper.weight == 3
+        first = node == ("n2" if shard == 1 else "n1")  # the placement's first replica of the shard
+        assert ha.zookeeper.preferred is (first and preferred), (node, shard)
+    assert shard_process_config(write(tmp_path, CLUSTER), "n1", 0).ha.zookeeper is None  # no coordinator: none
+
+
 @pytest.mark.parametrize("node, shard, message", [
     ("n9", 0, "nodes: no node 'n9' (the nodes are n1, n2, n3)"),
     ("n1", 4, "shards: no shard 4: the shards are 0 to 3"),
@@ -89,6 +106,9 @@ def test_a_process_the_placement_does_not_have_is_refused(tmp_path: Path, node: 
                                                     "seconds, got -1"),
     (("client_port: 5672", "client_port: 5702"), "client_port: is among the shards' peer ports 5700..5703"),
     (("client_port: 5672", "shard: {redirect: 1}"), "shard.redirect: must be true or false, got 1"),
+    (("backup_timeout: 2}", "backup_timeout: 2, coordinator: zookeeper, zookeeper: {hosts: ['h:1'], preferred: true}}"),
+     "ha.zookeeper.preferred: not in a cluster's config: each shard's preferred primary is the first of its "
+     "replicas in the placement"),
     (("client_port: 5672", "shard: {relay: false}"), "shard.relay: unknown key (known: redirect)"),
 ])
 def test_a_bad_cluster_file_names_file_key_and_reason(tmp_path: Path, change: tuple[str, str], message: str) -> None:
