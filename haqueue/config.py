@@ -182,6 +182,8 @@ class ShardConfig:
     # each shard's replicas in placement order, its preferred primary first: (node, peer listener address)
     replicas: list[list[tuple[str, tuple[str, int]]]] = field(default_factory=list)
     redirect: bool = False  # a link to another shard's queue is refused with amqp:link:redirect, not relayed
+    assignment: dict[str, Any] = field(default_factory=dict)  # the placement as `haqueue place` prints it (JSON)
+    zookeeper_path: str | None = None  # under ZooKeeper: the cluster's path, which holds the stored assignment
 
 
 @dataclass

@@ -22,6 +22,7 @@ from typing import Any
 
 from ..config import CLUSTER_KEY, PREFERRED_SYNC_MODES, BrokerConfig, Check, ConfigError, ShardConfig, \
     ZooKeeperConfig, _address, _Bad, _bool, _fields, _int, _name, broker_config, read_yaml
+from .assignment import to_json
 from .errors import ShardError
 from .placement import Placement, place
 from .topology import Topology
@@ -93,13 +94,15 @@ def process_config(cluster: Cluster, node: str, shard: int) -> BrokerConfig:
     raw["ha"] = {**raw["ha"], "public": host_port(public_host, public_port + shard),
                  "brokers": [host_port(cluster.nodes[r].address, cluster.peer_base + shard) for r in replicas]}
     config = broker_config(raw, origin)
-    if config.ha is not None and config.ha.zookeeper is not None:
-        config.ha.zookeeper = _shard_election(config.ha.zookeeper, config.ha.sync, shard, node == replicas[0])
     config.shard = ShardConfig(shard, cluster.shards,
                                [(public_host, public_port + i) for i in range(cluster.shards)],
                                (here.address, cluster.client_port),
                                [[(r, (cluster.nodes[r].address, cluster.peer_base + i)) for r in on]
-                                for i, on in enumerate(cluster.placement.shards)], cluster.redirect)
+                                for i, on in enumerate(cluster.placement.shards)], cluster.redirect,
+                               to_json(cluster.placement, with_moves=False))
+    if config.ha is not None and config.ha.zookeeper is not None:
+        config.shard.zookeeper_path = config.ha.zookeeper.path
+        config.ha.zookeeper = _shard_election(config.ha.zookeeper, config.ha.sync, shard, node == replicas[0])
     return config
 
 

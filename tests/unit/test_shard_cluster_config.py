@@ -48,7 +48,10 @@ def test_each_process_gets_its_shards_broker_config(tmp_path: Path) -> None:
     replicas = [["n1", "n2"], ["n2", "n3"], ["n3", "n2"], ["n1", "n2"]]  # each shard's, its preferred primary first
     addresses = {"n1": "10.0.0.1", "n2": "10.0.0.2", "n3": "10.0.0.3"}
     assert config.shard == ShardConfig(1, 4, [("10.0.1.1", 5800 + i) for i in range(4)], ("10.0.0.2", 5672),
-                                       [[(n, (addresses[n], 5700 + i)) for n in on] for i, on in enumerate(replicas)])
+                                       [[(n, (addresses[n], 5700 + i)) for n in on] for i, on in enumerate(replicas)],
+                                       assignment={"shards": [{"shard": i, "replicas": on}
+                                                              for i, on in enumerate(replicas)],
+                                                   "nodes": ["n1", "n2", "n3"]})
     assert not config.shard.redirect
     assert shard_process_config(write(tmp_path, CLUSTER + "    shard: {redirect: true}\n"), "n1", 0).shard.redirect
     other = shard_process_config(path, "n1", 0)
@@ -70,6 +73,7 @@ def test_under_zookeeper_each_shard_elects_on_its_own_path_its_first_replica_pre
         assert ha.zookeeper.hosts == [("127.0.0.1", 2181)] and ha.zookeeper.weight == 3
         first = node == ("n2" if shard == 1 else "n1")  # the placement's first replica of the shard
         assert ha.zookeeper.preferred is (first and preferred), (node, shard)
+        assert shard_process_config(path, node, shard).shard.zookeeper_path == "/prod/queues"  # the assignment's
     assert shard_process_config(write(tmp_path, CLUSTER), "n1", 0).ha.zookeeper is None  # no coordinator: none
 
 
