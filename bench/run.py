@@ -292,6 +292,10 @@ class Broker:
     def address(self, queue: str) -> str:
         return queue
 
+    def client_endpoint(self, address: str) -> tuple[str, int]:
+        """Where a client of `address` connects (a sharded cluster's differ by queue)."""
+        return HOST, self.port
+
     def prepare_queue(self, queue: str) -> None:
         pass
 
@@ -579,7 +583,8 @@ class RabbitBroker(RabbitQueues, Broker):
 # ---------------------------------------------------------------- one run
 
 def client_args(broker: Broker, address: str) -> list[str]:
-    a = ["--host", HOST, "--port", str(broker.port), "--address", address]
+    host, port = broker.client_endpoint(address)
+    a = ["--host", host, "--port", str(port), "--address", address]
     if broker.username:
         a += ["--username", broker.username, "--password", broker.password]
     return a
