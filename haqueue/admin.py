@@ -30,6 +30,7 @@ class AdminClient:
                  password: str | None = None, tls: TlsConfig | None = None) -> None:
         self.address = address
         self.timeout = timeout
+        self._credentials = (user, password, tls)
         # No user: skip SASL entirely, which a broker that lets anonymous clients in accepts.
         auth: dict[str, Any] = ({"sasl_enabled": False} if user is None else
                                 {"allowed_mechs": "PLAIN", "user": user, "password": password or ""})
@@ -81,6 +82,10 @@ class AdminClient:
         if not isinstance(code, int) or isinstance(code, bool):
             raise AdminError(f"{self.address}: the answer to {what} has no statusCode")
         return int(code), str(properties.get("statusDescription", "")), reply.body
+
+    def elsewhere(self, address: str) -> AdminClient:
+        """A client of another broker, with this one's timeout, user and TLS."""
+        return AdminClient(address, self.timeout, *self._credentials)
 
     def close(self) -> None:
         conn, self._conn = self._conn, None

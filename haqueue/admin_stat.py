@@ -47,7 +47,7 @@ def _rate(before: Sample | None, after: Sample, queue: str, field: str) -> str:
     return f"{change / (after.taken - before.taken):.1f}" if change >= 0 else "-"
 
 
-def _table(header: list[str], rows: list[list[str]]) -> list[str]:
+def table(header: list[str], rows: list[list[str]]) -> list[str]:
     """Columns as wide as their widest cell: the first left-aligned, the others right-aligned."""
     widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
     return ["  ".join(cell.ljust(w) if i == 0 else cell.rjust(w) for i, (cell, w) in enumerate(zip(row, widths)))
@@ -64,13 +64,13 @@ def render(before: Sample | None, after: Sample) -> str:
     lines = [head, ""]
     rows = [[name, str(q["depth"]), _size(q["bytes"]), _rate(before, after, name, "enqueued"),
              _rate(before, after, name, "dequeued"), str(q["consumers"])] for name, q in sorted(after.queues.items())]
-    lines += _table(["queue", "depth", "bytes", "enq/s", "deq/s", "consumers"], rows) if rows else ["(no queues)"]
+    lines += table(["queue", "depth", "bytes", "enq/s", "deq/s", "consumers"], rows) if rows else ["(no queues)"]
     if ha is not None and ha.get("role") == "primary":
         rows = [[x["name"], x["state"], str(x["lag"]), f"{x['lag_seconds']:.3f}",
                  f"{x['catchup']['done']}/{x['catchup']['total']}" if x["catchup"]["total"] else "-"]
                 for x in sorted(ha["backups"], key=lambda x: x["name"])]
         lines.append("")
-        lines += _table(["backup", "state", "lag msgs", "lag s", "catch-up"], rows) if rows else ["(no backups)"]
+        lines += table(["backup", "state", "lag msgs", "lag s", "catch-up"], rows) if rows else ["(no backups)"]
     return "\n".join(lines)
 
 

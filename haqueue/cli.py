@@ -87,14 +87,19 @@ def _broker(args: argparse.Namespace) -> int:
             from haqueue.ha import HaBroker
             ha = HaBroker(broker, config.ha)
             if config.ha.coordinator == "zookeeper":
+                if config.shard is not None:  # first: a process of another placement must not join
+                    from haqueue.shard.stored_assignment import check_stored_assignment
+                    check_stored_assignment(config.shard, config.ha.zookeeper)
                 from haqueue.coord.zookeeper import ZooKeeperCoordinator
                 ZooKeeperCoordinator(ha)
             if config.shard is not None:  # one shard's process of a sharded cluster
                 from haqueue.shard.routing import ShardRouting
+                from haqueue.shard.status import serve_layout
                 ShardRouting(broker, ha, config.shard)
+                serve_layout(broker, config.shard)
         if config.audit is not None:  # after HA: it records HA's role, epoch and replication
             from haqueue.audit.events import AuditLog
-            AuditLog(broker, config.audit, ha)
+            AuditLog(broker, config.audit, ha, config.shard.index if config.shard is not None else None)
         if config.metrics is not None:
             from haqueue.metrics import serve_metrics
             serve_metrics(broker, config.metrics, ha, store)
@@ -106,6 +111,10 @@ def _broker(args: argparse.Namespace) -> int:
 class _Refused(Exception):
     """The broker answered with statusCode >= 400."""
 
+    def __init__(self, description: str, code: int) -> None:
+        super().__init__(description)
+        self.code = code
+
 
 Action = Callable[[AdminClient, argparse.Namespace], None]
 
@@ -114,7 +123,7 @@ def _call(client: AdminClient, operation: str, type: str, name: str | None = Non
           body: dict | None = None) -> Any:
     code, description, answer = client.request(operation, type, name, body)
     if code >= 400:
-        raise _Refused(description or f"refused with status {code}")
+        raise _Refused(description or f"refused with status {code}", code)
     return answer
 
 
@@ -174,6 +183,7 @@ def _add_admin(commands: Subparsers) -> None:
     _add_exchange(actions)
     _add_binding(actions)
     _add_ha(actions)
+    _add_admin_cluster(actions)
     store = actions.add_parser("store", help="the broker's durable store")
     store_actions = store.add_subparsers(dest="store_command", metavar="COMMAND", required=True)
     _add_action(store_actions, "status", _store_status,
@@ -364,6 +374,36 @@ def _ha_promote(client: AdminClient, args: argparse.Namespace) -> None:
 
 def _ha_ping(client: AdminClient, args: argparse.Namespace) -> None:
     _call(client, "READ", "broker")
+
+
+def _add_admin_cluster(actions: Subparsers) -> None:
+    p = actions.add_parser("cluster", help="a sharded cluster (design/sharding.md)")
+    sub = p.add_subparsers(dest="cluster_command", metavar="COMMAND", required=True)
+    status = _add_action(sub, "status", _cluster_status,
+                         "asked of any process of a sharded cluster: per shard its primary, preferred primary, "
+                         "backups with state and lag, and epoch; per node its processes and their roles (reads "
+                         "every process's ha status at its peer address)")
+    status.add_argument("--format", choices=("json", "table"), default="json",
+                        help="one JSON object (default), or tables for people")
+
+
+def _cluster_status(client: AdminClient, args: argparse.Namespace) -> None:
+    from haqueue.shard.status import cluster_status, read_all, to_table
+    try:
+        layout = _call(client, "READ", "cluster")
+    except _Refused as e:
+        if e.code == 501:  # no such operation
+            raise _Refused(f"{client.address} is not a process of a sharded cluster", e.code) from None
+        raise
+
+    def read(address: str) -> dict[str, Any]:
+        with client.elsewhere(address) as other:
+            return _call(other, "READ", "ha")
+    status = cluster_status(layout, read_all(layout, read))
+    if args.format == "table":
+        print(to_table(status), flush=True)
+    else:
+        _print_json(status)
 
 
 # ---- haqueue passwd ----------------------------------------------------------------------

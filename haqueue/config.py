@@ -179,6 +179,11 @@ class ShardConfig:
     shards: int  # K
     publics: list[tuple[str, int]]  # each shard's direct address, bound only by its primary (the relay's target)
     client: tuple[str, int]  # the node's client address, shared by its shard processes
+    # each shard's replicas in placement order, its preferred primary first: (node, peer listener address)
+    replicas: list[list[tuple[str, tuple[str, int]]]] = field(default_factory=list)
+    redirect: bool = False  # a link to another shard's queue is refused with amqp:link:redirect, not relayed
+    assignment: dict[str, Any] = field(default_factory=dict)  # the placement as `haqueue place` prints it (JSON)
+    zookeeper_path: str | None = None  # under ZooKeeper: the cluster's path, which holds the stored assignment
 
 
 @dataclass
@@ -211,6 +216,9 @@ def parse_address(text: str) -> tuple[str, int]:
     return host, int(port)
 
 
+# The sync modes under which every ready backup holds every confirmed message, so that a preferred primary
+# may be ranked first among them (ha.zookeeper.preferred, design/zookeeper.md).
+PREFERRED_SYNC_MODES = ("all", "all_disk")
 CLUSTER_KEY = "shards"  # a file with it is a sharded cluster's (shard/cluster_config.py)
 
 
@@ -536,7 +544,7 @@ def _ha(value: Any, path: str) -> HaConfig:
         raise _Bad(f"{path}.zookeeper", "missing (ha.coordinator is zookeeper: give at least its hosts)")
     if not zookeeper and "zookeeper" in fields:
         raise _Bad(f"{path}.zookeeper", "given but ha.coordinator is not zookeeper")
-    if zookeeper and fields["zookeeper"].preferred and fields.get("sync", "all") not in ("all", "all_disk"):
+    if zookeeper and fields["zookeeper"].preferred and fields.get("sync", "all") not in PREFERRED_SYNC_MODES:
         raise _Bad(f"{path}.zookeeper.preferred", f"needs ha.sync all or all_disk, got {fields['sync']}: under a "
                                                   f"quorum mode a ready backup may lack confirmed messages")
     return HaConfig(**fields)

@@ -43,13 +43,14 @@ _REPLICATED = {b"E": _lines.LIVE, b"C": _lines.CATCHUP}
 class AuditLog:
     """One per broker process, made by the plug-in that cli.py passes to `broker.server.run`."""
 
-    def __init__(self, broker: "Broker", config: AuditConfig, ha: "HaBroker | None") -> None:
+    def __init__(self, broker: "Broker", config: AuditConfig, ha: "HaBroker | None", shard: int | None = None) -> None:
+        """`shard`: this process's shard in a sharded cluster (every line says it)."""
         self.ha = ha
         self.queues: dict[Queue, Recorder] = {}
         self.owners: dict[Recorder, Queue] = {}
         self.pending: list[Recorder] = []  # recorders with records, listed by their first (in C)
         self.mark_due = True  # the next write ends with a mark (the run starts)
-        self.lines = LineFormatter(broker.name)
+        self.lines = LineFormatter(broker.name, shard)
         self.writer = Writer(config.dir, broker.name, config.max_bytes)
         self.primary_side = ha is None or ha.primary is not None  # what this broker logs: clients' doings
         for queue in broker.registry.queues():

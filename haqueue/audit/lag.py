@@ -50,12 +50,14 @@ class Audit:
     # Per queue, from the clients' ledgers (empty without --ledger), and one row per message behind a count.
     ledgers: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=LEDGER_COLUMNS))
     ledger_problems: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=LEDGER_PROBLEM_COLUMNS))
+    # Per shard of a sharded cluster: the queues' and backups' figures added up (empty without shards).
+    shards: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=SHARD_COLUMNS))
 
     @property
     def tables(self) -> dict[str, pd.DataFrame]:
         return {"queues": self.queues, "backups": self.backups, "epochs": self.epochs,
                 "lag_timeline": self.timeline, "problems": self.problems, "bad_input": self.bad_input,
-                "ledgers": self.ledgers, "ledger_problems": self.ledger_problems}
+                "ledgers": self.ledgers, "ledger_problems": self.ledger_problems, "shards": self.shards}
 
     @property
     def missing(self) -> int:
@@ -136,7 +138,8 @@ def _analyse(ev: DataFrame, bad: DataFrame, bound: timedelta) -> Audit:
     totals["bad_lines"] = int(bad_input["lines"].sum())
     return Audit(totals=totals, queues=_queue_table(primary_side, completes, origin, backups, unattested_by_queue),
                  backups=backups, epochs=_epochs(primary_side, dequeues, origin, unattested_by_epoch),
-                 timeline=_timeline(lag, totals), problems=detail, bad_input=bad_input)
+                 timeline=_timeline(lag, totals), problems=detail, bad_input=bad_input,
+                 shards=_shard_table(ev, primary_side, lag, backups))
 
 
 def _bad_table(bad: DataFrame) -> pd.DataFrame:
@@ -224,6 +227,12 @@ def _duplicates(replicas: DataFrame) -> DataFrame:
             .filter((F.col("copies") > 1) & (F.col("judged") == 1)))
 
 
+def _event_counts() -> list[Column]:
+    """Aggregates: how many enqueue, complete and dequeue events (as enqueued, completed, dequeued)."""
+    return [F.sum((F.col("event") == kind).cast("int")).alias(name) for kind, name in
+            ((schema.ENQUEUE, "enqueued"), (schema.COMPLETE, "completed"), (schema.DEQUEUE, "dequeued"))]
+
+
 def _backup_table(per_backup: DataFrame, counts: pd.DataFrame) -> pd.DataFrame:
     counts = counts.rename(columns=_COUNT_COLUMNS).reindex(columns=list(_COUNT_COLUMNS.values()))
     result = per_backup.toPandas().merge(counts, left_on=["queue", "backup"], right_index=True, how="outer")
@@ -237,9 +246,7 @@ def _backup_table(per_backup: DataFrame, counts: pd.DataFrame) -> pd.DataFrame:
 def _queue_table(primary_side: DataFrame, completes: DataFrame, origin: DataFrame,
                  backups: pd.DataFrame, unattested: pd.DataFrame) -> pd.DataFrame:
     judged = primary_side.filter(F.col("judged"))
-    counts = judged.groupBy("queue").agg(*(F.sum((F.col("event") == kind).cast("int")).alias(name) for kind, name in
-                                           ((schema.ENQUEUE, "enqueued"), (schema.COMPLETE, "completed"),
-                                            (schema.DEQUEUE, "dequeued"))))
+    counts = judged.groupBy("queue").agg(*_event_counts())
     latency = (completes.filter(F.col("judged")).join(origin, ["uid", "seq"])
                .withColumn("completion_us", F.col("t") - F.col("t_enq"))
                .groupBy("queue").agg(*measures.percentiles("completion_us", "completion")))
@@ -254,6 +261,28 @@ def _queue_table(primary_side: DataFrame, completes: DataFrame, origin: DataFram
                    "completion_p99_ms", "completion_max_ms", *numbers[3:]]].sort_values("queue", ignore_index=True)
 
 
+SHARD_COLUMNS = ["shard", "queues", "enqueued", "completed", "dequeued", "backups", "received", "lag_p50_ms",
+                 "lag_p95_ms", "lag_p99_ms", "lag_max_ms", *_COUNT_COLUMNS.values()]
+
+
+def _shard_table(ev: DataFrame, primary_side: DataFrame, lag: DataFrame, backups: pd.DataFrame) -> pd.DataFrame:
+    """Per shard of a sharded cluster (design/sharding.md): what its primaries logged, its backups' lag, and
+    the backups table's counts added up. A backup process serves one shard, which its lines name; a queue's
+    copies in other shards (step 4's forwarding queues) count where they are. Empty without shards."""
+    owners = ev.filter(F.col("shard").isNotNull()).select(F.col("broker").alias("backup"), "shard").distinct()
+    judged = primary_side.filter(F.col("judged") & F.col("shard").isNotNull() & F.col("queue").isNotNull())
+    logged = judged.groupBy("shard").agg(F.countDistinct("queue").alias("queues"), *_event_counts()).toPandas()
+    lags = lag.join(F.broadcast(owners), "backup").groupBy("shard").agg(*measures.percentiles("lag_us", "lag"))
+    served = backups.merge(owners.toPandas(), on="backup").groupby("shard")
+    counts = (served[["received", *_COUNT_COLUMNS.values()]].sum()
+              .join(served["backup"].nunique().rename("backups")).reset_index())
+    result = logged.merge(lags.toPandas(), on="shard", how="outer").merge(counts, on="shard", how="outer")
+    numbers = ["queues", "enqueued", "completed", "dequeued", "backups", "received", *_COUNT_COLUMNS.values()]
+    result = result.reindex(columns=SHARD_COLUMNS)
+    result[["shard", *numbers]] = result[["shard", *numbers]].fillna(0).astype("int64")
+    return result.sort_values("shard", ignore_index=True)
+
+
 def _epochs(primary_side: DataFrame, dequeues: DataFrame, origin: DataFrame,
             unattested: pd.DataFrame) -> pd.DataFrame:
     """Each epoch's primary, how many messages it took over from earlier epochs and consumed, and how
@@ -262,8 +291,7 @@ def _epochs(primary_side: DataFrame, dequeues: DataFrame, origin: DataFrame,
     judged = primary_side.filter(F.col("judged"))
     table = judged.groupBy("epoch", "broker").agg(
         F.timestamp_micros(F.min("t")).alias("first_event"), F.timestamp_micros(F.max("t")).alias("last_event"),
-        *(F.sum((F.col("event") == kind).cast("int")).alias(name) for kind, name in
-          ((schema.ENQUEUE, "enqueued"), (schema.COMPLETE, "completed"), (schema.DEQUEUE, "dequeued"))))
+        *_event_counts())
     inherited = (dequeues.filter(F.col("judged")).join(origin, ["uid", "seq"])
                  .filter(F.col("enq_epoch") < F.col("epoch"))
                  .groupBy("epoch", "broker").agg(F.count("*").alias("inherited_dequeued")))

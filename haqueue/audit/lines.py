@@ -44,8 +44,10 @@ Group = tuple[tuple[bytes, ...], Batch, int]
 class LineFormatter:
     """The lines of one broker process (a run): numbers them and keeps the text their batches share."""
 
-    def __init__(self, broker: str) -> None:
+    def __init__(self, broker: str, shard: int | None = None) -> None:
+        """`shard`: the process's shard in a sharded cluster, written in every line (none: no field)."""
         self.broker_json = json.dumps(broker)
+        self.shard_json = "" if shard is None else f',"shard":{shard}'
         self.run = int(time.time() * 1e6)
         self.n = 0  # the last line's number
         self._parts: dict[tuple[Any, ...], tuple[bytes, ...]] = {}
@@ -60,9 +62,9 @@ class LineFormatter:
             tail = {Kind.COMPLETE: (f',"backups":{json.dumps(backups)}}}\n',),
                     Kind.LIVE: (',"mode":"live","enqueued":', "}\n"),
                     Kind.CATCHUP: (',"mode":"catchup","enqueued":0}\n',)}.get(kind, ("}\n",))
-            head = ('{"t":', f',"event":"{kind.event}","broker":{self.broker_json},"role":"{role}","epoch":{epoch},'
-                    f'"run":{self.run},"n":', f',"queue":{json.dumps(name)},"uid":{json.dumps(uid)},"seq":',
-                    ',"message_id":')
+            head = ('{"t":', f',"event":"{kind.event}","broker":{self.broker_json},"role":"{role}","epoch":{epoch}'
+                    f'{self.shard_json},"run":{self.run},"n":',
+                    f',"queue":{json.dumps(name)},"uid":{json.dumps(uid)},"seq":', ',"message_id":')
             parts = self._parts[key] = tuple(part.encode() for part in head + tail)
         return parts
 
@@ -70,7 +72,7 @@ class LineFormatter:
         """A mark line at time.time_ns() t."""
         self.n += 1
         return (f'{{"t":{t // 1000},"event":"mark","broker":{self.broker_json},'
-                f'"role":"{role}","epoch":{epoch},"run":{self.run},"n":{self.n}}}\n').encode()
+                f'"role":"{role}","epoch":{epoch}{self.shard_json},"run":{self.run},"n":{self.n}}}\n').encode()
 
     def group(self, parts: tuple[bytes, ...], batch: Batch) -> Group:
         """`batch` numbered as the next lines, for `_lines.write`."""

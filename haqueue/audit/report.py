@@ -83,6 +83,11 @@ def summary(audit: "Audit") -> str:
                      f"{e['enqueued']:,} enqueued, {e['completed']:,} confirmed, {e['dequeued']:,} dequeued"
                      + (f" ({e['inherited_dequeued']:,} from earlier epochs)" if e["inherited_dequeued"] else "")
                      + (f"; {e['unattested']:,} unattested" if e["unattested"] else ""))
+    for _, s in audit.shards.astype(object).iterrows():  # object: a row of numbers only would be floats
+        lines.append(f"shard {s['shard']}: {_count(s['queues'], 'queue')}, {s['completed']:,} confirmed; "
+                     f"{_count(s['backups'], 'backup')} received {s['received']:,}, lag p50 {_ms(s['lag_p50_ms'])} "
+                     f"p99 {_ms(s['lag_p99_ms'])} max {_ms(s['lag_max_ms'])}; missing {s['missing']}, "
+                     f"duplicates {s['duplicates']}")
     for _, q in audit.queues.iterrows():
         lines.append(f"queue {q['queue']}: {q['enqueued']:,} enqueued, {q['completed']:,} confirmed "
                      f"(completion p50 {_ms(q['completion_p50_ms'])} p99 {_ms(q['completion_p99_ms'])}), "

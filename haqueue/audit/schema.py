@@ -24,6 +24,7 @@ FIELDS: dict[str, str] = {
     "broker": "STRING",
     "role": "STRING",  # the writer's role when the event happened
     "epoch": "BIGINT",  # the highest HA epoch the writer had seen
+    "shard": "BIGINT",  # the writer's shard in a sharded cluster (design/sharding.md); absent otherwise
     "run": "BIGINT",  # the writer's start time: one broker process (a restart starts a new run)
     "n": "BIGINT",  # line number within the run: the order events happened in
     "queue": "STRING",  # this and the next: every event but mark

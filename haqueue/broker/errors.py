@@ -1,6 +1,8 @@
 """AMQP error conditions the broker reports, and the exception that carries one."""
 from __future__ import annotations
 
+from typing import Any
+
 NOT_FOUND = "amqp:not-found"
 INVALID_FIELD = "amqp:invalid-field"
 RESOURCE_LOCKED = "amqp:resource-locked"
@@ -13,6 +15,7 @@ NOT_IMPLEMENTED = "amqp:not-implemented"
 INTERNAL = "amqp:internal-error"
 DECODE = "amqp:decode-error"
 CONNECTION_FORCED = "amqp:connection:forced"
+LINK_REDIRECT = "amqp:link:redirect"  # its info says where the link's terminus is (AMQP 1.0, 2.8.17)
 TXN_UNKNOWN = "amqp:transaction:unknown-id"
 TXN_ROLLBACK = "amqp:transaction:rollback"
 FRAMING_ERROR = "amqp:connection:framing-error"
@@ -25,10 +28,12 @@ STATUS = {NOT_FOUND: 404, INVALID_FIELD: 400, RESOURCE_LOCKED: 409, RESOURCE_LIM
 class BrokerError(Exception):
     """A refusal with an AMQP condition and a description a client can read."""
 
-    def __init__(self, condition: str, description: str) -> None:
+    def __init__(self, condition: str, description: str, info: dict[str, Any] | None = None) -> None:
+        """`info`: the condition's info map (its keys are sent as symbols), e.g. where a redirect points."""
         super().__init__(description)
         self.condition = condition
         self.description = description
+        self.info = info
 
     @property
     def status(self) -> int:

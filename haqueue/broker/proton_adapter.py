@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, Callable
 import cproton_ffi
 from cproton_ffi import ffi, lib
 from mypy_extensions import mypyc_attr
-from proton import Data
+from proton import Data, symbol
 
 from . import _pn
 from .errors import BrokerError, FRAMING_ERROR, MESSAGE_SIZE_EXCEEDED, NOT_IMPLEMENTED, RESOURCE_LIMIT
@@ -663,7 +663,10 @@ class ProtonEvents:
             lib.pn_terminus_set_type(lib.pn_link_source(ptr) if link.is_sender else lib.pn_link_target(ptr),
                                      lib.PN_UNSPECIFIED)
             lib.pn_link_open(ptr)
-            _set_condition(lib.pn_link_condition(ptr), e.condition, e.description)
+            condition = lib.pn_link_condition(ptr)
+            _set_condition(condition, e.condition, e.description)
+            if e.info:
+                Data(lib.pn_condition_info(condition)).put_object({symbol(k): v for k, v in e.info.items()})
             lib.pn_link_close(ptr)
             return
         if link.dynamic and link.address:

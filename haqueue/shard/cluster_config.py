@@ -8,17 +8,21 @@ The file is a broker config (users, limits, store, ha credentials...) plus the c
     client_port: 5672              # every node's client address: its address, this port (SO_REUSEPORT)
     peer_base: 5700                # shard i's peer listener: the node's address, port peer_base + i
     shard_public: 10.0.1.1:5800    # shard i's direct address, port + i, bound only by its primary
+    shard: {redirect: false}       # true: a link to another shard's queue is refused with amqp:link:redirect
+                                   # naming the owner's direct address, instead of being relayed
 
 The placement is computed (shard/placement.py), never listed. What the placement derives per process
-(`name`, `listen`, `ha.brokers`, `ha.public`) may not be given (design/sharding.md, step 2).
+(`name`, `listen`, `ha.brokers`, `ha.public`, `ha.zookeeper.preferred`) may not be given (design/sharding.md,
+step 2). Under ZooKeeper each shard elects on its own path, `ha.zookeeper.path`/shards/<i>.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
-from ..config import CLUSTER_KEY, BrokerConfig, Check, ConfigError, ShardConfig, _address, _Bad, _fields, _int, \
-    _name, broker_config, read_yaml
+from ..config import CLUSTER_KEY, PREFERRED_SYNC_MODES, BrokerConfig, Check, ConfigError, ShardConfig, \
+    ZooKeeperConfig, _address, _Bad, _bool, _fields, _int, _name, broker_config, read_yaml
+from .assignment import to_json
 from .errors import ShardError
 from .placement import Placement, place
 from .topology import Topology
@@ -26,8 +30,10 @@ from .topology import Topology
 DEFAULT_CLIENT_PORT = 5672
 DEFAULT_PEER_BASE = 5700
 _NODE: dict[str, Check] = {"address": _name, "rack": _name, "region": _name, "data_dir": _name}
+_OPTIONS: dict[str, Check] = {"redirect": _bool}  # the cluster file's `shard:` section
 _CLUSTER: dict[str, Check] = {CLUSTER_KEY: _int(1), "replicas": _int(1), "nodes": lambda value, path: value,
-            "client_port": _int(1), "peer_base": _int(1), "shard_public": _address}
+            "client_port": _int(1), "peer_base": _int(1), "shard_public": _address,
+            "shard": lambda value, path: _fields(value, path, _OPTIONS)}
 _DERIVED = {"name": "the process's name is <node>.s<shard>",
             "listen": "each process listens on its node's client address and its shard's peer port",
             "metrics": "one metrics endpoint per process is not built yet"}
@@ -51,6 +57,7 @@ class Cluster:
     peer_base: int
     shard_public: tuple[str, int]
     placement: Placement
+    redirect: bool  # shard.redirect: links to other shards are redirected, not relayed
     broker: dict[str, Any]  # the rest: every process's broker config, before what is derived
 
 
@@ -80,20 +87,40 @@ def process_config(cluster: Cluster, node: str, shard: int) -> BrokerConfig:
     here = cluster.nodes[node]
     public_host, public_port = cluster.shard_public
     raw = dict(cluster.broker)
-    raw["name"] = f"{node}.s{shard}"
+    raw["name"] = process_name(node, shard)
     raw["data_dir"] = f"{here.data_dir or raw.get('data_dir', './data')}/shard-{shard}"
-    raw["listen"] = [{"address": _host_port(here.address, cluster.client_port), "reuse_port": True},
-                     _host_port(here.address, cluster.peer_base + shard)]
-    raw["ha"] = {**raw["ha"], "public": _host_port(public_host, public_port + shard),
-                 "brokers": [_host_port(cluster.nodes[r].address, cluster.peer_base + shard) for r in replicas]}
+    raw["listen"] = [{"address": host_port(here.address, cluster.client_port), "reuse_port": True},
+                     host_port(here.address, cluster.peer_base + shard)]
+    raw["ha"] = {**raw["ha"], "public": host_port(public_host, public_port + shard),
+                 "brokers": [host_port(cluster.nodes[r].address, cluster.peer_base + shard) for r in replicas]}
     config = broker_config(raw, origin)
     config.shard = ShardConfig(shard, cluster.shards,
                                [(public_host, public_port + i) for i in range(cluster.shards)],
-                               (here.address, cluster.client_port))
+                               (here.address, cluster.client_port),
+                               [[(r, (cluster.nodes[r].address, cluster.peer_base + i)) for r in on]
+                                for i, on in enumerate(cluster.placement.shards)], cluster.redirect,
+                               to_json(cluster.placement, with_moves=False))
+    if config.ha is not None and config.ha.zookeeper is not None:
+        config.shard.zookeeper_path = config.ha.zookeeper.path
+        config.ha.zookeeper = _shard_election(config.ha.zookeeper, config.ha.sync, shard, node == replicas[0])
     return config
 
 
-def _host_port(host: str, port: int) -> str:
+def _shard_election(zookeeper: ZooKeeperConfig, sync: str, shard: int, preferred: bool) -> ZooKeeperConfig:
+    """A shard is an HA group of its own under ZooKeeper: its election, epoch and members under
+    `<path>/shards/<i>`, and the placement's first replica its preferred primary, re-elected when it returns
+    (design/sharding.md, step 6), where the sync mode lets it be ranked first (every ready backup holds
+    every confirmed message)."""
+    return replace(zookeeper, path=f"{zookeeper.path}/shards/{shard}",
+                   preferred=preferred and sync in PREFERRED_SYNC_MODES)
+
+
+def process_name(node: str, shard: int) -> str:
+    """The broker name of shard `shard`'s replica on `node`."""
+    return f"{node}.s{shard}"
+
+
+def host_port(host: str, port: int) -> str:
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
@@ -111,6 +138,9 @@ def _cluster(raw: Any, origin: str) -> Cluster:
     for key, why in _DERIVED_HA.items():
         if key in broker["ha"]:
             raise _Bad(f"ha.{key}", f"not in a cluster's config: {why}")
+    if isinstance(broker["ha"].get("zookeeper"), dict) and "preferred" in broker["ha"]["zookeeper"]:
+        raise _Bad("ha.zookeeper.preferred", "not in a cluster's config: each shard's preferred primary is the first "
+                                             "of its replicas in the placement")
     nodes, racks, regions = _nodes(own["nodes"])
     shards, replicas = own[CLUSTER_KEY], own["replicas"]
     try:
@@ -125,7 +155,9 @@ def _cluster(raw: Any, origin: str) -> Cluster:
         raise _Bad("shard_public", f"leaves no room for {shards} shards' ports (its port + shard <= 65535)")
     if peer_base <= client_port < peer_base + shards:
         raise _Bad("client_port", f"is among the shards' peer ports {peer_base}..{peer_base + shards - 1}")
-    return Cluster(origin, shards, replicas, nodes, client_port, peer_base, own["shard_public"], placement, broker)
+    redirect = own.get("shard", {}).get("redirect", False)
+    return Cluster(origin, shards, replicas, nodes, client_port, peer_base, own["shard_public"], placement, redirect,
+                   broker)
 
 
 def _nodes(value: Any) -> tuple[dict[str, Node], dict[str, str], dict[str, str]]:

@@ -1,7 +1,8 @@
 """Which process serves a client's link, in a shard process (design/sharding.md, step 3).
 
 A link to a queue this process's shard owns is served here while this process is the shard's primary;
-any other link to a named address is relayed to its owning shard's primary. A backup admits clients on
+any other link to a named address is relayed to its owning shard's primary (or, with `shard.redirect`, refused
+with amqp:link:redirect naming the owning shard's direct address). A backup admits clients on
 the node's client address (shared by the node's shard processes) and relays every link it gets there.
 Links from the HA peer user are a relay's own: served here by a primary, refused by a backup, never
 relayed again, and checked here with the rights of the client they were relayed for (the peer user
@@ -9,7 +10,7 @@ itself may only replicate and run admin operations).
 """
 from __future__ import annotations
 
-from ..broker.errors import NOT_ALLOWED, BrokerError
+from ..broker.errors import LINK_REDIRECT, NOT_ALLOWED, BrokerError
 from ..broker.proton_adapter import Link, LinkHandler
 from ..broker.server import Broker
 from ..config import ShardConfig
@@ -55,5 +56,13 @@ class ShardRouting:
         if link.conn.user == self.ha.config.username:
             raise BrokerError(NOT_ALLOWED, f"{self.broker.name} does not serve {link.address!r} (shard {shard}'s): "
                                            f"a relayed link goes to the owning shard's primary")
+        if self.config.redirect:  # shard.redirect: the client goes to the owner itself
+            raise self.redirect(link.address, shard)
         owner = self.relay.owner(shard)
         return RelayedConsumer(owner, link) if link.is_sender else RelayedPublisher(owner, link)
+
+    def redirect(self, address: str, shard: int) -> BrokerError:
+        """The refusal that sends a client to `shard`'s direct address, bound only by its primary."""
+        host, port = self.config.publics[shard]
+        return BrokerError(LINK_REDIRECT, f"{address!r} is served by shard {shard}'s primary at {host}:{port}",
+                           {"network-host": host, "port": port, "address": address})

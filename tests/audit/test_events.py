@@ -135,6 +135,18 @@ def test_lines_follow_the_schema():
     assert events[6]["role"] == "backup" and "seq" not in events[6]
 
 
+def test_a_shard_process_names_its_shard_in_every_line():
+    sharded, plain = LineFormatter("n1.s2", 2), LineFormatter("b0")
+    for f, shard in ((sharded, {"shard": 2}), (plain, {})):
+        text = b"".join([lines_of(f, Kind.ENQUEUE, [(1_500_000_000, 7, encoded(id="m-1"))]),
+                         lines_of(f, Kind.LIVE, [(1_600_000_000, 8, encoded(id="m-2"), 1_400_000)], role="backup"),
+                         f.mark(2_000_000_000, schema.PRIMARY, 3)])
+        events = [json.loads(line) for line in text.decode().splitlines()]
+        for event in events:
+            check_schema(event)
+            assert {key: value for key, value in event.items() if key == "shard"} == shard
+
+
 def enqueues(f: LineFormatter, first_seq: int, count: int) -> bytes:
     return lines_of(f, Kind.ENQUEUE, [(10**9, seq, encoded(id=f"m-{seq}")) for seq in range(first_seq, first_seq + count)])
 

@@ -94,7 +94,7 @@ def test_write_makes_every_table_the_chart_and_the_summary(tmp_path):
     report.write(audit, str(tmp_path))
     names = {p.name for p in tmp_path.iterdir()}
     assert names == {f"{t}.{ext}" for t in ("queues", "backups", "epochs", "lag_timeline", "problems", "bad_input",
-                                            "ledgers", "ledger_problems")
+                                            "ledgers", "ledger_problems", "shards")
                      for ext in ("parquet", "csv")} | {"lag.png", "summary.txt"}
     assert pd.read_parquet(tmp_path / "backups.parquet")["duplicates"].tolist() == [0, 3]
     assert (tmp_path / "summary.txt").read_text() == report.summary(audit) + "\n"

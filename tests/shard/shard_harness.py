@@ -66,7 +66,9 @@ def _free_run(hosts: list[str], count: int) -> int:
 
 class ShardCluster(HaCluster):
     def __init__(self, directory: Path, size: int = 2, shards: int = 2, replicas: int = 2,
-                 backup_timeout: float = 2.0) -> None:
+                 backup_timeout: float = 2.0, extra: dict[str, Any] | None = None) -> None:
+        """`extra`: more keys of the cluster file (every process's), e.g. an audit section; its `ha` keys are
+        added to the harness's."""
         self.directory = Path(directory)
         self.password = secrets.token_hex(8)
         self.tls = None
@@ -86,7 +88,9 @@ class ShardCluster(HaCluster):
             "nodes": {node: {"address": host, "data_dir": str(self.directory / node / "data")}
                       for node, host in self.hosts.items()},
             "users": {OPS_USER: ops},
-            "ha": {"username": HA_USER, "password": self.password, "backup_timeout": backup_timeout}}
+            **(extra or {}),
+            "ha": {"username": HA_USER, "password": self.password, "backup_timeout": backup_timeout,
+                   **(extra or {}).get("ha", {})}}
         self.brokers: list[ShardProcess] = []
         for shard, nodes in enumerate(self.placement):
             for node in nodes:

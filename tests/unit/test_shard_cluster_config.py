@@ -45,10 +45,36 @@ def test_each_process_gets_its_shards_broker_config(tmp_path: Path) -> None:
     assert config.ha.public == ("10.0.1.1", 5801)
     assert config.ha.backup_timeout == 2.0
     assert "app" in config.users
-    assert config.shard == ShardConfig(1, 4, [("10.0.1.1", 5800 + i) for i in range(4)], ("10.0.0.2", 5672))
+    replicas = [["n1", "n2"], ["n2", "n3"], ["n3", "n2"], ["n1", "n2"]]  # each shard's, its preferred primary first
+    addresses = {"n1": "10.0.0.1", "n2": "10.0.0.2", "n3": "10.0.0.3"}
+    assert config.shard == ShardConfig(1, 4, [("10.0.1.1", 5800 + i) for i in range(4)], ("10.0.0.2", 5672),
+                                       [[(n, (addresses[n], 5700 + i)) for n in on] for i, on in enumerate(replicas)],
+                                       assignment={"shards": [{"shard": i, "replicas": on}
+                                                              for i, on in enumerate(replicas)],
+                                                   "nodes": ["n1", "n2", "n3"]})
+    assert not config.shard.redirect
+    assert shard_process_config(write(tmp_path, CLUSTER + "    shard: {redirect: true}\n"), "n1", 0).shard.redirect
     other = shard_process_config(path, "n1", 0)
     assert other.data_dir == "/var/lib/haqueue/shard-0"
     assert other.ha is not None and other.ha.brokers[0] == ("10.0.0.1", 5700)  # the preferred primary first
+
+
+@pytest.mark.parametrize("sync, preferred", [("all", True), ("all_disk", True), ("quorum_disk", False)])
+def test_under_zookeeper_each_shard_elects_on_its_own_path_its_first_replica_preferred(
+        tmp_path: Path, sync: str, preferred: bool) -> None:
+    zookeeper = ("backup_timeout: 2}", f"backup_timeout: 2, sync: {sync}, coordinator: zookeeper, "
+                                       "zookeeper: {hosts: ['127.0.0.1:2181'], path: /prod/queues, weight: 3}}")
+    path = write(tmp_path, textwrap.dedent(CLUSTER).replace(*zookeeper))
+    configs = {(node, shard): shard_process_config(path, node, shard).ha
+               for node, shard in (("n2", 1), ("n3", 1), ("n1", 3), ("n2", 3))}
+    for (node, shard), ha in configs.items():
+        assert ha is not None and ha.zookeeper is not None
+        assert ha.zookeeper.path == f"/prod/queues/shards/{shard}"
+        assert ha.zookeeper.hosts == [("127.0.0.1", 2181)] and ha.zookeeper.weight == 3
+        first = node == ("n2" if shard == 1 else "n1")  # the placement's first replica of the shard
+        assert ha.zookeeper.preferred is (first and preferred), (node, shard)
+        assert shard_process_config(path, node, shard).shard.zookeeper_path == "/prod/queues"  # the assignment's
+    assert shard_process_config(write(tmp_path, CLUSTER), "n1", 0).ha.zookeeper is None  # no coordinator: none
 
 
 @pytest.mark.parametrize("node, shard, message", [
@@ -83,6 +109,11 @@ def test_a_process_the_placement_does_not_have_is_refused(tmp_path: Path, node: 
     (("backup_timeout: 2}", "backup_timeout: -1}"), "ha.backup_timeout: must be a non-negative number of "
                                                     "seconds, got -1"),
     (("client_port: 5672", "client_port: 5702"), "client_port: is among the shards' peer ports 5700..5703"),
+    (("client_port: 5672", "shard: {redirect: 1}"), "shard.redirect: must be true or false, got 1"),
+    (("backup_timeout: 2}", "backup_timeout: 2, coordinator: zookeeper, zookeeper: {hosts: ['h:1'], preferred: true}}"),
+     "ha.zookeeper.preferred: not in a cluster's config: each shard's preferred primary is the first of its "
+     "replicas in the placement"),
+    (("client_port: 5672", "shard: {relay: false}"), "shard.relay: unknown key (known: redirect)"),
 ])
 def test_a_bad_cluster_file_names_file_key_and_reason(tmp_path: Path, change: tuple[str, str], message: str) -> None:
     text = textwrap.dedent(CLUSTER)
