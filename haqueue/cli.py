@@ -90,8 +90,8 @@ def _broker(args: argparse.Namespace) -> int:
                 from haqueue.coord.zookeeper import ZooKeeperCoordinator
                 ZooKeeperCoordinator(ha)
             if config.shard is not None:  # one shard's process of a sharded cluster
-                from haqueue.shard.routing import ShardRouting
-                ShardRouting(broker, ha, config.shard)
+                from haqueue.shard.plugin import install
+                install(broker, ha, config.shard)
         if config.audit is not None:  # after HA: it records HA's role, epoch and replication
             from haqueue.audit.events import AuditLog
             AuditLog(broker, config.audit, ha)

@@ -1,0 +1,16 @@
+"""The shard plug-in of one shard's process: the relay and routing of client links, the wiring broadcast and the
+forwarder, sharing the relay's connections to the other shards' primaries (design/sharding.md)."""
+from __future__ import annotations
+
+from ..broker.server import Broker
+from ..config import ShardConfig
+from ..ha.ha_broker import HaBroker
+from .forwarder import Forwarder
+from .routing import ShardRouting
+from .wiring_broadcast import WiringBroadcast
+
+
+def install(broker: Broker, ha: HaBroker, config: ShardConfig) -> None:
+    routing = ShardRouting(broker, ha, config)
+    WiringBroadcast(broker, ha, config, routing.relay)
+    Forwarder(broker, ha, routing.relay)

@@ -1,0 +1,86 @@
+"""Step 4 of design/sharding.md: exchanges and bindings declared at one process live in every shard, a queue's
+name in every shard (a forwarding queue where it is not owned), and a message published to an exchange at any
+node reaches the bound queues of every shard, through the forwarder where the queue is another shard's.
+
+In the 2-node, 2-shard cluster, n1 hosts shard 0's primary and a backup of shard 1, n2 the reverse; the kernel
+hands a client connection at a node's client address to either of the node's processes."""
+from __future__ import annotations
+
+import pytest
+from proton import Message
+
+from ha_harness import Refused, receive, send_all
+from haqueue.shard.forwarding_queues import FORWARD
+from shard_harness import owned_by
+
+pytestmark = pytest.mark.timeout(180)
+
+# subject -> the queues (by owning shard) a topic exchange with the bindings below routes it to
+ROUTES = {"eu.normal": {0}, "us.urgent": {1}, "eu.urgent": {0, 1}, "us.normal": set()}
+
+
+def test_an_exchange_routes_to_the_bound_queues_of_every_shard(two_shards) -> None:
+    c = two_shards
+    queues = [owned_by(0, "wired"), owned_by(1, "wired")]
+    entry = c.client_address("n1")
+    for queue in queues:
+        c.request(entry, "CREATE", "queue", queue)
+    c.request(entry, "CREATE", "exchange", "orders", {"type": "topic"})
+    c.request(entry, "CREATE", "binding", body={"exchange": "orders", "queue": queues[0], "key": "eu.*"})
+    c.request(entry, "CREATE", "binding", body={"exchange": "orders", "queue": queues[1], "key": "*.urgent"})
+    for shard in range(2):
+        primary = c.shard_processes(shard)[0]
+        assert "orders" in c.exchanges(primary)
+        assert len(c.bindings(primary)) == 2
+        other = queues[1 - shard]
+        assert c.queues(primary)[other]["args"][FORWARD] == 1 - shard  # a forwarding queue, not the queue
+
+    nodes = ["n1", "n2"]
+    for node in nodes:  # published at every node, every subject 5 times
+        send_all(c.client_address(node), "orders",
+                 [Message(subject=subject, body=f"{node}-{subject}-{i}", durable=True)
+                  for subject in ROUTES for i in range(5)])
+    for shard, queue in enumerate(queues):
+        expected = sorted(f"{node}-{subject}-{i}" for node in nodes for subject, shards in ROUTES.items()
+                          if shard in shards for i in range(5))
+        owner = c.shard_processes(shard)[0]
+        c.wait_depth(owner, queue, len(expected))  # forwarded ones included
+        got = receive(c.client_address("n2"), queue, len(expected))
+        assert sorted(m.body for m in got) == expected
+        c.wait_depth(owner, queue, 0)
+    for shard in range(2):  # the forwarding queues were emptied, once the owner confirmed
+        c.wait_depth(c.shard_processes(shard)[0], queues[1 - shard], 0)
+
+    c.request(c.client_address("n2"), "DELETE", "binding",
+              body={"exchange": "orders", "queue": queues[1], "key": "*.urgent"})
+    for shard in range(2):
+        assert len(c.bindings(c.shard_processes(shard)[0])) == 1
+    for node in nodes:
+        send_all(c.client_address(node), "orders", [Message(subject="eu.urgent", body=f"after-{node}")])
+    assert sorted(m.body for m in receive(entry, queues[0], 2)) == ["after-n1", "after-n2"]
+    for shard in range(2):
+        c.wait_depth(c.shard_processes(shard)[0], queues[1 - shard], 0)
+    assert c.depth(c.shard_processes(1)[0], queues[1]) == 0  # unbound: nothing more for it
+
+
+def test_a_refusal_names_the_shard_and_a_delete_reaches_every_shard(two_shards) -> None:
+    c = two_shards
+    entry = c.client_address("n2")
+    with pytest.raises(Refused) as refused:
+        c.request(entry, "CREATE", "binding", body={"exchange": "none-such", "queue": owned_by(0, "q")})
+    assert refused.value.code == 404 and "shard 0 refused: no exchange named 'none-such'" in str(refused.value)
+    with pytest.raises(Refused) as refused:
+        c.request(entry, "CREATE", "queue", "placed", {"x-shard": 7})
+    assert refused.value.code == 400 and "x-shard must be a shard number from 0 to 1, got 7" in str(refused.value)
+    c.request(entry, "CREATE", "queue", "placed", {"x-shard": 1})
+    c.request(entry, "CREATE", "exchange", "gone", {"type": "fanout"})
+    for shard in range(2):
+        primary = c.shard_processes(shard)[0]
+        assert "gone" in c.exchanges(primary) and "placed" in c.queues(primary)
+    send_all(c.client_address("n1"), "placed", ["to shard 1"])  # relayed to the owner its x-shard names
+    c.wait_depth(c.shard_processes(1)[0], "placed", 1)
+    c.request(entry, "DELETE", "exchange", "gone")
+    c.request(entry, "DELETE", "queue", "placed")
+    for shard in range(2):
+        primary = c.shard_processes(shard)[0]
+        assert "gone" not in c.exchanges(primary) and "placed" not in c.queues(primary)
