@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 from proton import Message
 
-from ha_harness import Refused, receive, send_all
+from ha_harness import Load, Refused, receive, send_all
 from haqueue.shard.forwarding_queues import FORWARD
 from shard_harness import owned_by
 
@@ -84,3 +84,33 @@ def test_a_refusal_names_the_shard_and_a_delete_reaches_every_shard(two_shards) 
     for shard in range(2):
         primary = c.shard_processes(shard)[0]
         assert "gone" not in c.exchanges(primary) and "placed" not in c.queues(primary)
+
+
+class ExchangeLoad(Load):
+    """Load's producer publishes to an exchange (its consumer still takes from the queue)."""
+
+    def __init__(self, address: str, exchange: str, queue: str) -> None:
+        super().__init__(address, queue)
+        self.exchange = exchange
+
+    def _produce(self) -> None:
+        self._keep_going(self._stop_producer, lambda conn: conn.create_sender(self.exchange), self._send_next,
+                         self._send_failed)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("killed", ["forwarding", "owning"])
+def test_a_failover_of_either_shard_loses_no_confirmed_forwarded_message(two_shards, killed) -> None:
+    """Published to a fanout exchange at shard 0's primary (its direct address), every message goes into shard 0's
+    forwarding queue for a queue of shard 1, and is consumed there too (relayed to shard 1): kill -9 of the
+    primary of shard 0 (the forwarding queue's) or of shard 1 (the queue's owner) mid-run loses none of them."""
+    c = two_shards
+    queue = owned_by(1, "forwarded")
+    entry = c.publics[0]
+    c.request(entry, "CREATE", "queue", queue)
+    c.request(entry, "CREATE", "exchange", "fan", {"type": "fanout"})
+    c.request(entry, "CREATE", "binding", body={"exchange": "fan", "queue": queue})
+    old, new = c.shard_processes(0 if killed == "forwarding" else 1)
+    _, report = ExchangeLoad(entry, "fan", queue).across(lambda: (c.kill(old), c.promote(new)), timeout=90)
+    assert report["lost"] == [], report
+    c.wait_depth(c.shard_processes(0)[1 if killed == "forwarding" else 0], queue, 0)  # shard 0's forwarding queue
