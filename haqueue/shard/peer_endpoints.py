@@ -9,14 +9,15 @@ from ..broker.proton_adapter import Link, LinkHandler
 from ..ha.ha_broker import HaBroker
 
 
-def serve_peers(ha: HaBroker, address: str, factory: Callable[[Link], LinkHandler]) -> None:
-    """Serve links that send to `address` (or `address/...`) from peers, on a primary, with `factory`."""
+def serve_peers(ha: HaBroker, address: str, factory: Callable[[Link], LinkHandler], sends: bool = False) -> None:
+    """Serve peers' links to `address` (or `address/...`), on a primary, with `factory`: links on which this
+    process receives, or with `sends` those on which it sends."""
     def endpoint(link: Link) -> LinkHandler:
         if not ha.is_peer(link.conn):
             raise BrokerError(UNAUTHORIZED, f"{link.address} is for the shard's peers (user {link.conn.user} is not)")
         if ha.primary is None:
             raise BrokerError(NOT_ALLOWED, f"{ha.broker.name} is not its shard's primary")
-        if link.is_sender:
-            raise BrokerError(NOT_ALLOWED, f"{link.address} only receives")
+        if link.is_sender != sends:
+            raise BrokerError(NOT_ALLOWED, f"{link.address} only {'sends' if sends else 'receives'}")
         return factory(link)
     ha.broker.endpoints[address] = endpoint

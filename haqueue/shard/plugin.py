@@ -1,5 +1,6 @@
-"""The shard plug-in of one shard's process: the relay and routing of client links, the wiring broadcast and the
-forwarder, sharing the relay's connections to the other shards' primaries (design/sharding.md)."""
+"""The shard plug-in of one shard's process: the relay and routing of client links, the wiring broadcast, the
+forwarder and the wiring's convergence, sharing the relay's connections to the other shards' primaries
+(design/sharding.md)."""
 from __future__ import annotations
 
 from ..broker.server import Broker
@@ -8,9 +9,11 @@ from ..ha.ha_broker import HaBroker
 from .forwarder import Forwarder
 from .routing import ShardRouting
 from .wiring_broadcast import WiringBroadcast
+from .wiring_sync import WiringSync
 
 
 def install(broker: Broker, ha: HaBroker, config: ShardConfig) -> None:
     routing = ShardRouting(broker, ha, config)
     WiringBroadcast(broker, ha, config, routing.relay)
     Forwarder(broker, ha, routing.relay)
+    WiringSync(broker, ha, config, routing.relay)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 from proton import Message
 
-from ha_harness import Load, Refused, receive, send_all
+from ha_harness import Load, Refused, receive, send_all, wait_for
 from haqueue.shard.forwarding_queues import FORWARD
 from shard_harness import owned_by
 
@@ -84,6 +84,33 @@ def test_a_refusal_names_the_shard_and_a_delete_reaches_every_shard(two_shards) 
     for shard in range(2):
         primary = c.shard_processes(shard)[0]
         assert "gone" not in c.exchanges(primary) and "placed" not in c.queues(primary)
+
+
+def test_a_shard_without_a_primary_refuses_and_takes_the_wiring_once_it_has_one(shard_cluster) -> None:
+    c = shard_cluster(size=2, shards=2, replicas=2)  # ha.backup_timeout 2 s
+    first = [c.brokers.index(b) for b in c.shard_processes(0)]
+    c.start(*first)  # shard 1 has no process yet
+    c.promote(c.brokers[first[0]])
+    c.wait_backups_ready(c.brokers[first[0]], [c.brokers[first[1]].name])
+    queue = owned_by(0, "early")
+    entry = c.publics[0]
+    with pytest.raises(Refused) as refused:
+        c.request(entry, "CREATE", "exchange", "early", {"type": "fanout"})
+    assert "shard 1 refused: no primary of shard 1 for 2 s (ha.backup_timeout)" in str(refused.value)
+    with pytest.raises(Refused):
+        c.request(entry, "CREATE", "queue", queue)  # made in shard 0, its owner, and refused by shard 1
+    with pytest.raises(Refused):
+        c.request(entry, "CREATE", "binding", body={"exchange": "early", "queue": queue})
+    c.start()
+    later, backup = c.shard_processes(1)
+    c.promote(later)  # a brand-new shard: it asks shard 0 for its wiring
+    c.wait_backups_ready(later, [backup.name])
+    binding = {"exchange": "early", "queue": queue, "key": "", "args": {}}
+    wait_for(lambda: c.bindings(later) == [binding], 10, message="shard 0's binding in shard 1")
+    assert "early" in c.exchanges(later) and c.queues(later)[queue]["args"][FORWARD] == 0
+    wait_for(lambda: c.bindings(backup) == [binding], 10, message="and on its backup")
+    send_all(c.publics[1], "early", ["from shard 1"])  # routed into shard 1's forwarding queue, forwarded
+    assert [m.body for m in receive(c.client_address("n1"), queue, 1)] == ["from shard 1"]
 
 
 class ExchangeLoad(Load):
