@@ -215,7 +215,7 @@ def _reply(request: Message, status: int, description: str, answer: Any) -> Mess
     reply = Message(correlation_id=request.id if request.id is not None else request.correlation_id,
                     address=request.reply_to)
     reply.properties = {"statusCode": status, "statusDescription": description}
-    reply.body = answer  # type: ignore[assignment]  # proton's stub types the body by its first value
+    reply.body = answer
     return reply
 
 
