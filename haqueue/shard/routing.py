@@ -1,7 +1,8 @@
 """Which process serves a client's link, in a shard process (design/sharding.md, step 3).
 
-A link to a queue this process's shard owns is served here while this process is the shard's primary;
-any other link to a named address is relayed to its owning shard's primary. A backup admits clients on
+A link to a queue this process's shard owns, or to an exchange (every shard has them: wiring_broadcast.py), is
+served here while this process is the shard's primary; any other link to a named address is relayed to its
+owning shard's primary, a forwarding queue's name to the shard it forwards to. A backup admits clients on
 the node's client address (shared by the node's shard processes) and relays every link it gets there.
 Links from the HA peer user are a relay's own: served here by a primary, refused by a backup, never
 relayed again, and checked here with the rights of the client they were relayed for (the peer user
