@@ -2,8 +2,9 @@
 name in every shard (a forwarding queue where it is not owned), and a message published to an exchange at any
 node reaches the bound queues of every shard, through the forwarder where the queue is another shard's.
 
-In the 2-node, 2-shard cluster, n1 hosts shard 0's primary and a backup of shard 1, n2 the reverse; the kernel
-hands a client connection at a node's client address to either of the node's processes."""
+In the 2-node, 2-shard cluster, n1 hosts shard 0's primary and a backup of shard 1, n2 the reverse (with 3 nodes
+and 3 shards, node i+1 shard i's primary and shard i-1's backup); the kernel hands a client connection at a
+node's client address to any of the node's processes."""
 from __future__ import annotations
 
 import pytest
@@ -15,51 +16,57 @@ from shard_harness import owned_by
 
 pytestmark = pytest.mark.timeout(180)
 
-# subject -> the queues (by owning shard) a topic exchange with the bindings below routes it to
-ROUTES = {"eu.normal": {0}, "us.urgent": {1}, "eu.urgent": {0, 1}, "us.normal": set()}
+# Each shard's queue is bound to a topic exchange with its key; a subject goes to the shards whose key matches.
+KEYS = ["eu.*", "*.urgent", "#"]
+ROUTES = {"eu.normal": {0, 2}, "us.urgent": {1, 2}, "eu.urgent": {0, 1, 2}, "us.normal": {2}}
 
 
-def test_an_exchange_routes_to_the_bound_queues_of_every_shard(two_shards) -> None:
-    c = two_shards
-    queues = [owned_by(0, "wired"), owned_by(1, "wired")]
-    entry = c.client_address("n1")
+@pytest.mark.parametrize("shards", [2, 3])
+def test_an_exchange_routes_to_the_bound_queues_of_every_shard(shard_cluster, shards) -> None:
+    """Nodes n1..nK, K shards of 2 replicas; shard i's preferred primary on node i+1."""
+    c = shard_cluster(size=shards, shards=shards, replicas=2)
+    c.start_shards()
+    queues = [owned_by(shard, "wired", shards) for shard in range(shards)]
+    nodes = list(c.hosts)
+    entry = c.client_address(nodes[0])
     for queue in queues:
         c.request(entry, "CREATE", "queue", queue)
     c.request(entry, "CREATE", "exchange", "orders", {"type": "topic"})
-    c.request(entry, "CREATE", "binding", body={"exchange": "orders", "queue": queues[0], "key": "eu.*"})
-    c.request(entry, "CREATE", "binding", body={"exchange": "orders", "queue": queues[1], "key": "*.urgent"})
-    for shard in range(2):
+    for queue, key in zip(queues, KEYS):
+        c.request(entry, "CREATE", "binding", body={"exchange": "orders", "queue": queue, "key": key})
+    for shard in range(shards):
         primary = c.shard_processes(shard)[0]
         assert "orders" in c.exchanges(primary)
-        assert len(c.bindings(primary)) == 2
-        other = queues[1 - shard]
-        assert c.queues(primary)[other]["args"][FORWARD] == 1 - shard  # a forwarding queue, not the queue
+        assert len(c.bindings(primary)) == shards
+        for other in range(shards):  # every other shard's queue is a forwarding queue here
+            if other != shard:
+                assert c.queues(primary)[queues[other]]["args"][FORWARD] == other
 
-    nodes = ["n1", "n2"]
     for node in nodes:  # published at every node, every subject 5 times
         send_all(c.client_address(node), "orders",
                  [Message(subject=subject, body=f"{node}-{subject}-{i}", durable=True)
                   for subject in ROUTES for i in range(5)])
     for shard, queue in enumerate(queues):
-        expected = sorted(f"{node}-{subject}-{i}" for node in nodes for subject, shards in ROUTES.items()
-                          if shard in shards for i in range(5))
+        expected = sorted(f"{node}-{subject}-{i}" for node in nodes for subject, bound in ROUTES.items()
+                          if shard in bound for i in range(5))
         owner = c.shard_processes(shard)[0]
         c.wait_depth(owner, queue, len(expected))  # forwarded ones included
-        got = receive(c.client_address("n2"), queue, len(expected))
+        got = receive(c.client_address(nodes[-1]), queue, len(expected))
         assert sorted(m.body for m in got) == expected
         c.wait_depth(owner, queue, 0)
-    for shard in range(2):  # the forwarding queues were emptied, once the owner confirmed
-        c.wait_depth(c.shard_processes(shard)[0], queues[1 - shard], 0)
+    for shard in range(shards):  # the forwarding queues were emptied, once the owners confirmed
+        for other in range(shards):
+            c.wait_depth(c.shard_processes(shard)[0], queues[other], 0)
 
-    c.request(c.client_address("n2"), "DELETE", "binding",
-              body={"exchange": "orders", "queue": queues[1], "key": "*.urgent"})
-    for shard in range(2):
-        assert len(c.bindings(c.shard_processes(shard)[0])) == 1
+    c.request(c.client_address(nodes[-1]), "DELETE", "binding",
+              body={"exchange": "orders", "queue": queues[1], "key": KEYS[1]})
+    for shard in range(shards):
+        assert len(c.bindings(c.shard_processes(shard)[0])) == shards - 1
     for node in nodes:
         send_all(c.client_address(node), "orders", [Message(subject="eu.urgent", body=f"after-{node}")])
-    assert sorted(m.body for m in receive(entry, queues[0], 2)) == ["after-n1", "after-n2"]
-    for shard in range(2):
-        c.wait_depth(c.shard_processes(shard)[0], queues[1 - shard], 0)
+    assert sorted(m.body for m in receive(entry, queues[0], shards)) == sorted(f"after-{node}" for node in nodes)
+    for shard in range(shards):
+        c.wait_depth(c.shard_processes(shard)[0], queues[1], 0)
     assert c.depth(c.shard_processes(1)[0], queues[1]) == 0  # unbound: nothing more for it
 
 
