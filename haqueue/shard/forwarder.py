@@ -16,8 +16,9 @@ from ..broker.proton_adapter import ACCEPTED, REJECTED, Link, LinkHandler
 from ..broker.queue import Entry, Queue, Returned
 from ..broker.selector import Selector
 from ..broker.server import Broker
+from ..config import ShardConfig
 from ..ha.ha_broker import HaBroker
-from .forwarding_queues import forwarded_to
+from .forwarding_queues import forwarded_to, validator
 from .peer_endpoints import serve_peers
 from .relay import Relay
 
@@ -129,10 +130,11 @@ class Forwarder:
     """Every forwarding queue's QueueForwarder, while this process is its shard's primary; and the owner's end,
     `$shard.forward/<queue>`: a publisher on the queue, confirming as any publish does (replicas, disk)."""
 
-    def __init__(self, broker: Broker, ha: HaBroker, relay: Relay) -> None:
+    def __init__(self, broker: Broker, ha: HaBroker, config: ShardConfig, relay: Relay) -> None:
         self.broker = broker
         self.ha = ha
         self.relay = relay
+        broker.registry.validators.append(validator(config.index, config.shards))
         broker.registry.queue_hooks.append(self._declared)
         ha.promotion_hooks.append(self._promoted)
         serve_peers(ha, ADDRESS, self._forwarded)

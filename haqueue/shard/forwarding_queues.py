@@ -4,13 +4,25 @@ that only exchange routing fills and the forwarder (forwarder.py) empties into t
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 from ..broker.queue import Queue
 
 FORWARD = "x-shard-forward"
 # Arguments of the declared queue its forwarding queues share: kept on disk and replicated as it is.
 SHARED = ("durable", "x-replicate")
+
+
+def validator(shard: int, shards: int) -> Callable[[str, str, dict[str, Any]], str | None]:
+    """A registry validator for shard `shard` of `shards`: a forwarding queue forwards to another shard."""
+    def check(kind: str, name: str, args: dict[str, Any]) -> str | None:
+        owner = args.get(FORWARD)
+        if owner is None:
+            return None
+        if isinstance(owner, bool) or not isinstance(owner, int) or not 0 <= owner < shards or owner == shard:
+            return f"{FORWARD} must name another shard (0 to {shards - 1}, not {shard}), got {owner!r}"
+        return None
+    return check
 
 
 def forwarded_to(node: Any) -> int | None:

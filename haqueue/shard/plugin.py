@@ -15,5 +15,5 @@ from .wiring_sync import WiringSync
 def install(broker: Broker, ha: HaBroker, config: ShardConfig) -> None:
     routing = ShardRouting(broker, ha, config)
     WiringBroadcast(broker, ha, config, routing.relay)
-    Forwarder(broker, ha, routing.relay)
+    Forwarder(broker, ha, config, routing.relay)
     WiringSync(broker, ha, config, routing.relay)

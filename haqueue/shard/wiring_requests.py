@@ -14,7 +14,7 @@ from typing import Any
 
 from proton import Message
 
-from ..broker.errors import INTERNAL, INVALID_FIELD, NOT_FOUND, RESOURCE_LOCKED, UNAUTHORIZED, NOT_IMPLEMENTED
+from ..broker.errors import DECODE, INTERNAL, INVALID_FIELD, NOT_FOUND, RESOURCE_LOCKED, UNAUTHORIZED, NOT_IMPLEMENTED
 from ..broker.proton_adapter import ACCEPTED, REJECTED, Link, LinkHandler
 from ..broker.server import Broker
 from .forwarding_queues import forwarded_to, forwarding_args
@@ -69,7 +69,11 @@ class WiringRequests(LinkHandler):
 
     def on_message(self, delivery: int, data: bytes, settled: bool) -> None:
         request = Message()
-        request.decode(data)
+        try:
+            request.decode(data)
+        except Exception as e:  # noqa: BLE001 - proton raises its own errors for bad bytes
+            self.link.settle(delivery, REJECTED, DECODE, f"cannot decode request: {e}")
+            return
         props: dict[Any, Any] = request.properties or {}
         user = props.get(RELAYED_FOR) or None
         status, description = status_of(apply(self.broker, self.shard, request, user))

@@ -79,6 +79,9 @@ def test_a_refusal_names_the_shard_and_a_delete_reaches_every_shard(two_shards) 
     with pytest.raises(Refused) as refused:
         c.request(entry, "CREATE", "queue", "placed", {"x-shard": 7})
     assert refused.value.code == 400 and "x-shard must be a shard number from 0 to 1, got 7" in str(refused.value)
+    with pytest.raises(Refused) as refused:
+        c.request(entry, "CREATE", "queue", "bogus", {FORWARD: 9})
+    assert refused.value.code == 400 and "x-shard-forward must name another shard" in str(refused.value)
     c.request(entry, "CREATE", "queue", "placed", {"x-shard": 1})
     c.request(entry, "CREATE", "exchange", "gone", {"type": "fanout"})
     for shard in range(2):
