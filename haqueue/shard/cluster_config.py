@@ -17,9 +17,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ..config import CLUSTER_KEY, BrokerConfig, Check, ConfigError, ShardConfig, _address, _Bad, _fields, _int, \
-    _name, broker_config, read_yaml
+from ..config import CLUSTER_KEY, BrokerConfig, Check, ConfigError, QueueConfig, ShardConfig, _address, _Bad, \
+    _fields, _int, _name, broker_config, read_yaml
 from .errors import ShardError
+from .forwarding_queues import forwarding_args
+from .ownership import owning_shard, shard_of_name
 from .placement import Placement, place
 from .topology import Topology
 
@@ -90,7 +92,26 @@ def process_config(cluster: Cluster, node: str, shard: int) -> BrokerConfig:
     config.shard = ShardConfig(shard, cluster.shards,
                                [(public_host, public_port + i) for i in range(cluster.shards)],
                                (here.address, cluster.client_port))
+    _queues_of_shard(config, shard, cluster.shards, origin)
     return config
+
+
+def _queues_of_shard(config: BrokerConfig, shard: int, shards: int, origin: str) -> None:
+    """The file's queues as this shard holds them: its own as they are, every other shard's as a forwarding queue
+    (as wiring_broadcast.py declares a queue at run time), and one for each other shard's queue that only a
+    binding names (this shard's own are left to auto-create, as in any broker)."""
+    listed = {q.name for q in config.queues}
+    for binding in config.bindings:
+        if binding.queue not in listed and shard_of_name(binding.queue, shards) != shard:
+            listed.add(binding.queue)
+            config.queues.append(QueueConfig(binding.queue))
+    for i, queue in enumerate(config.queues):
+        try:
+            owner = owning_shard(queue.name, queue.args, shards)
+        except ShardError as e:
+            raise ConfigError(f"{origin}: queues[{i}]: {e}") from None
+        if owner != shard:
+            queue.args = forwarding_args(owner, queue.args)
 
 
 def _host_port(host: str, port: int) -> str:

@@ -123,6 +123,20 @@ def test_a_shard_without_a_primary_refuses_and_takes_the_wiring_once_it_has_one(
     assert [m.body for m in receive(c.client_address("n1"), queue, 1)] == ["from shard 1"]
 
 
+def test_the_files_queues_exchanges_and_bindings_route_across_shards(shard_cluster) -> None:
+    c = shard_cluster(size=2, shards=2, replicas=2)
+    queue = owned_by(1, "configured")
+    for b in c.brokers:  # one cluster file for every process
+        b.config.update(queues=[{"name": queue}], exchanges=[{"name": "configured", "type": "fanout"}],
+                        bindings=[{"exchange": "configured", "queue": queue}])
+    c.start_shards()
+    assert c.queues(c.shard_processes(0)[0])[queue]["args"][FORWARD] == 1  # shard 0 forwards, shard 1 owns it
+    assert FORWARD not in c.queues(c.shard_processes(1)[0])[queue]["args"]
+    for shard in range(2):
+        send_all(c.publics[shard], "configured", [f"via shard {shard}"])
+    assert sorted(m.body for m in receive(c.client_address("n1"), queue, 2)) == ["via shard 0", "via shard 1"]
+
+
 class ExchangeLoad(Load):
     """Load's producer publishes to an exchange (its consumer still takes from the queue)."""
 
