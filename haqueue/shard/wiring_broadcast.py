@@ -107,15 +107,16 @@ class ShardWiringLink(LinkHandler):
 class _Run:
     """One client request on its way through the shards, phase after phase."""
 
-    def __init__(self, broadcast: "WiringBroadcast", request: Message, user: str | None,
+    def __init__(self, broadcast: "WiringBroadcast", request: Message, user: str | None, owner: int | None,
                  phases: list[list[int]], answer: Answer) -> None:
         self.broadcast = broadcast
         self.request = request
         self.user = user
-        self.phases = phases
+        self.phases = [phase for phase in phases if phase]  # one shard in all: no others to ask
         self.answer = answer
         self.data = bytes(request.encode())  # proton gives a bytearray; links send bytes
-        self.local: Message | None = None  # this process's own answer, if it applied the request
+        self.owner = owner  # the shard owning the queue the request concerns, if it does
+        self.local: Message | None = None  # this process's own answer, if it applied the request as the owner
         self.waiting = 0
         self.refusal: tuple[int, str] | None = None
 
@@ -127,8 +128,10 @@ class _Run:
         self.waiting = len(shards)
         for shard in shards:
             if self.broadcast.serves(shard):
-                self.local = apply(self.broadcast.broker, shard, self.request, self.user)
-                status, description = status_of(self.local)
+                reply = apply(self.broadcast.broker, shard, self.request, self.user)
+                if self.owner in (None, shard):  # not a forwarding queue's answer
+                    self.local = reply
+                status, description = status_of(reply)
                 self._answered(shard, (CONDITIONS.get(status, INTERNAL), description) if status >= 300 else None,
                                status)
             else:
@@ -199,5 +202,5 @@ class WiringBroadcast:
                 else [shards]
             request = Message(properties={"operation": operation, "type": type_, "name": name,
                                           RELAYED_FOR: user or "", OWNER: owner}, body=body)
-            _Run(self, request, user, phases, answer).next_phase()
+            _Run(self, request, user, owner, phases, answer).next_phase()
         return broadcast

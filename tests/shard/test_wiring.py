@@ -82,7 +82,9 @@ def test_a_refusal_names_the_shard_and_a_delete_reaches_every_shard(two_shards) 
     with pytest.raises(Refused) as refused:
         c.request(entry, "CREATE", "queue", "bogus", {FORWARD: 9})
     assert refused.value.code == 400 and "x-shard-forward must name another shard" in str(refused.value)
-    c.request(entry, "CREATE", "queue", "placed", {"x-shard": 1})
+    info = c.request(c.publics[1], "CREATE", "queue", "placed", {"x-shard": 1})  # at its owner's primary
+    assert info["name"] == "placed" and info["args"] == {"x-shard": 1}  # the owner's answer, not a forwarding queue's
+    assert c.request(c.publics[0], "CREATE", "queue", "placed", {"x-shard": 1}) is None  # the owner answered remotely
     c.request(entry, "CREATE", "exchange", "gone", {"type": "fanout"})
     for shard in range(2):
         primary = c.shard_processes(shard)[0]
