@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 from proton import Message
 
-from ha_harness import Load, Refused, receive, send_all, wait_for
+from ha_harness import Load, Refused, connect, receive, send_all, wait_for
 from haqueue.shard.forwarding_queues import FORWARD
 from shard_harness import owned_by
 
@@ -137,6 +137,12 @@ def test_the_files_queues_exchanges_and_bindings_route_across_shards(shard_clust
     for shard in range(2):
         send_all(c.publics[shard], "configured", [f"via shard {shard}"])
     assert sorted(m.body for m in receive(c.client_address("n1"), queue, 2)) == ["via shard 0", "via shard 1"]
+    conn = connect(c.publics[0])  # the anonymous relay at shard 0: its forwarding queue takes it to shard 1
+    try:
+        conn.create_sender(None).send(Message(address=queue, body="relayed anonymously"))
+    finally:
+        conn.close()
+    assert [m.body for m in receive(c.client_address("n2"), queue, 1)] == ["relayed anonymously"]
 
 
 class ExchangeLoad(Load):
