@@ -1,6 +1,6 @@
 """The shard plug-in of one shard's process: the relay and routing of client links, the wiring broadcast, the
-forwarder and the wiring's convergence, sharing the relay's connections to the other shards' primaries
-(design/sharding.md)."""
+forwarder, the wiring's convergence and exchange subscriptions across shards, sharing the relay's connections
+to the other shards' primaries (design/sharding.md)."""
 from __future__ import annotations
 
 from ..broker.server import Broker
@@ -8,6 +8,7 @@ from ..config import ShardConfig
 from ..ha.ha_broker import HaBroker
 from .forwarder import Forwarder
 from .routing import ShardRouting
+from .subscriptions import Subscriptions
 from .wiring_broadcast import WiringBroadcast
 from .wiring_sync import WiringSync
 
@@ -17,3 +18,4 @@ def install(broker: Broker, ha: HaBroker, config: ShardConfig) -> None:
     WiringBroadcast(broker, ha, config, routing.relay)
     Forwarder(broker, ha, config, routing.relay)
     WiringSync(broker, ha, config, routing.relay)
+    Subscriptions(broker, ha, config, routing.relay)

@@ -196,6 +196,12 @@ class WiringBroadcast:
                 owner = owning_shard(str(name), body, self.config.shards) if operation == "CREATE" \
                     else self.queue_owner(str(name))
             elif type_ == "binding":
+                queue = self.broker.registry.lookup(str(body.get("queue")))
+                if isinstance(queue, Queue) and queue.temporary:  # this process's own (subscriptions.py mirrors it)
+                    reply = self.broker.management.handle(Message(properties={"operation": operation, "type": type_},
+                                                                  body=body), user)
+                    answer(*status_of(reply), reply.body)
+                    return
                 owner = self.queue_owner(str(body.get("queue")))
             shards = list(range(self.config.shards))
             phases = [[owner], [s for s in shards if s != owner]] if owner is not None and operation == "CREATE" \

@@ -145,6 +145,23 @@ def test_the_files_queues_exchanges_and_bindings_route_across_shards(shard_clust
     assert [m.body for m in receive(c.client_address("n2"), queue, 1)] == ["relayed anonymously"]
 
 
+def test_a_client_subscribed_to_an_exchange_gets_what_every_shard_routes(two_shards) -> None:
+    c = two_shards
+    c.request(c.publics[0], "CREATE", "exchange", "events", {"type": "fanout"})
+    mirrors = lambda: [name for name in c.queues(c.shard_processes(1)[0]) if name.startswith("events.sub.")]  # noqa: E731
+    conn = connect(c.publics[0])  # served by shard 0's primary: its subscription queue is there
+    try:
+        r = conn.create_receiver("events", credit=10)
+        wait_for(lambda: len(mirrors()) == 1, 10, message="the subscription mirrored in shard 1")
+        send_all(c.publics[1], "events", ["from shard 1"])  # through shard 1's forwarding queue
+        send_all(c.publics[0], "events", ["from shard 0"])
+        got = [r.receive(timeout=10).body for _ in range(2)]
+        assert sorted(got) == ["from shard 0", "from shard 1"]
+    finally:
+        conn.close()
+    wait_for(lambda: mirrors() == [], 10, message="the mirror gone with the subscription")
+
+
 class ExchangeLoad(Load):
     """Load's producer publishes to an exchange (its consumer still takes from the queue)."""
 
