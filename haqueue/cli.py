@@ -93,10 +93,8 @@ def _broker(args: argparse.Namespace) -> int:
                 from haqueue.coord.zookeeper import ZooKeeperCoordinator
                 ZooKeeperCoordinator(ha)
             if config.shard is not None:  # one shard's process of a sharded cluster
-                from haqueue.shard.routing import ShardRouting
-                from haqueue.shard.status import serve_layout
-                ShardRouting(broker, ha, config.shard)
-                serve_layout(broker, config.shard)
+                from haqueue.shard.plugin import install
+                install(broker, ha, config.shard)
         if config.audit is not None:  # after HA: it records HA's role, epoch and replication
             from haqueue.audit.events import AuditLog
             AuditLog(broker, config.audit, ha, config.shard.index if config.shard is not None else None)

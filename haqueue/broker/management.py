@@ -26,6 +26,11 @@ Operation = Callable[[str | None, dict[str, Any]], tuple[int, Any]]
 Needs = Callable[[str | None, dict[str, Any]], list[tuple[str, str]]]
 # an answer's item -> the names it concerns: a QUERY lists the items whose names the caller may SEE one of
 Shows = Callable[[dict[str, Any]], list[str]]
+# (status code, description, answer body): how a deferred operation answers
+Answer = Callable[[int, str, Any], None]
+# (name, request body, user, answer) -> None: an operation that answers later, once other processes have (the
+# shard plug-in's wiring broadcast); what it needs is checked first, as its local operation's needs say
+Deferred = Callable[[str | None, dict[str, Any], str | None, Answer], None]
 
 
 def _name(name: str | None) -> str:
@@ -78,6 +83,9 @@ class Management:
         self.broker = broker
         self.access = broker.access
         self.operations: dict[tuple[str, str], tuple[Operation, Needs, Shows | None]] = {}
+        # Operations a plug-in answers later, in place of the local ones for requests from a client (`answer`);
+        # `handle` still applies the local one (what the plug-in itself asks for).
+        self.deferred: dict[tuple[str, str], Deferred] = {}
         registry = broker.registry
         names: Shows = lambda item: [item["name"]]
         self.register("queue", "CREATE", self._create_queue, _create_queue_needs)
@@ -113,33 +121,50 @@ class Management:
     def endpoint(self, link: Link) -> "ManagementEndpoint":
         return ManagementEndpoint(self, link)
 
+    def answer(self, request: Message, user: str | None, respond: Callable[[Message], None]) -> None:
+        """Answer a client's request through `respond`: at once, or once a deferred operation has its answer."""
+        props: dict[Any, Any] = request.properties or {}
+        key = (str(props.get("type")), str(props.get("operation")))
+        deferred = self.deferred.get(key)
+        if deferred is None or key not in self.operations:
+            respond(self.handle(request, user))
+            return
+        name, args = props.get("name"), _args(request)
+
+        def reply(status: int, description: str, answer: Any) -> None:
+            respond(_reply(request, status, description, answer))
+        try:
+            self._check(self.operations[key][1], name, args, user)
+            deferred(name, args, user, reply)
+        except BrokerError as e:
+            reply(e.status, e.description, None)
+        except (TypeError, ValueError, KeyError) as e:
+            reply(400, f"bad request: {e}", None)
+
     def handle(self, request: Message, user: str | None) -> Message:
-        props = request.properties or {}
+        """Apply a request here and answer it."""
+        props: dict[Any, Any] = request.properties or {}
         operation, type_, name = props.get("operation"), props.get("type"), props.get("name")
-        body = request.body if isinstance(request.body, dict) else {}
-        reply = Message(correlation_id=request.id if request.id is not None else request.correlation_id,
-                        address=request.reply_to)
         found = self.operations.get((str(type_), str(operation)))
         if found is None:
-            status, description, answer = 501, f"unknown operation {operation} on type {type_}", None
-        else:
-            handler, needs, shows = found
-            try:
-                args = {str(k): v for k, v in body.items()}
-                for action, address in needs(name, args):
-                    self.access.check(user, action, address)
-                status, answer = handler(name, args)
-                if shows is not None:
-                    answer = [item for item in answer
-                              if any(self.access.may(user, SEE, n) for n in shows(item))]
-                description = "OK"
-            except BrokerError as e:
-                status, description, answer = e.status, e.description, None
-            except (TypeError, ValueError, KeyError) as e:
-                status, description, answer = 400, f"bad request: {e}", None
-        reply.properties = {"statusCode": status, "statusDescription": description}
-        reply.body = answer
-        return reply
+            return _reply(request, 501, f"unknown operation {operation} on type {type_}", None)
+        handler, needs, shows = found
+        try:
+            args = _args(request)
+            self._check(needs, name, args, user)
+            status, answer = handler(name, args)
+            if shows is not None:
+                answer = [item for item in answer
+                          if any(self.access.may(user, SEE, n) for n in shows(item))]
+            return _reply(request, status, "OK", answer)
+        except BrokerError as e:
+            return _reply(request, e.status, e.description, None)
+        except (TypeError, ValueError, KeyError) as e:
+            return _reply(request, 400, f"bad request: {e}", None)
+
+    def _check(self, needs: Needs, name: str | None, args: dict[str, Any], user: str | None) -> None:
+        for action, address in needs(name, args):
+            self.access.check(user, action, address)
 
     # -- operations ----------------------------------------------------------------------
     def _node(self, name: str | None, kind: str) -> Any:
@@ -181,6 +206,19 @@ class Management:
         return 200, found
 
 
+def _args(request: Message) -> dict[str, Any]:
+    body = request.body if isinstance(request.body, dict) else {}
+    return {str(k): v for k, v in body.items()}
+
+
+def _reply(request: Message, status: int, description: str, answer: Any) -> Message:
+    reply = Message(correlation_id=request.id if request.id is not None else request.correlation_id,
+                    address=request.reply_to)
+    reply.properties = {"statusCode": status, "statusDescription": description}
+    reply.body = answer
+    return reply
+
+
 class ManagementEndpoint(LinkHandler):
     """The link a client sends requests on; answers go to each request's reply-to address."""
 
@@ -204,12 +242,14 @@ class ManagementEndpoint(LinkHandler):
         except BrokerError as e:
             self.link.settle(delivery, REJECTED, e.condition, e.description)
             return
-        reply = self.management.handle(request, user)
-        try:
-            self.management.broker.deliver(request.reply_to, reply.encode())
-        except BrokerError as e:
-            log.warning("management reply to %s not delivered: %s", request.reply_to, e.description)
+        self.management.answer(request, user, self._respond)
         self.link.settle(delivery, 0 if settled else ACCEPTED)
+
+    def _respond(self, reply: Message) -> None:
+        try:
+            self.management.broker.deliver(str(reply.address), reply.encode())
+        except BrokerError as e:
+            log.warning("management reply to %s not delivered: %s", reply.address, e.description)
 
 
 

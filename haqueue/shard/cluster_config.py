@@ -20,10 +20,12 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any
 
-from ..config import CLUSTER_KEY, PREFERRED_SYNC_MODES, BrokerConfig, Check, ConfigError, ShardConfig, \
-    ZooKeeperConfig, _address, _Bad, _bool, _fields, _int, _name, broker_config, read_yaml
+from ..config import CLUSTER_KEY, PREFERRED_SYNC_MODES, BrokerConfig, Check, ConfigError, QueueConfig, \
+    ShardConfig, ZooKeeperConfig, _address, _Bad, _bool, _fields, _int, _name, broker_config, read_yaml
 from .assignment import to_json
 from .errors import ShardError
+from .forwarding_queues import forwarding_args
+from .ownership import owning_shard, shard_of_name
 from .placement import Placement, place
 from .topology import Topology
 
@@ -100,6 +102,7 @@ def process_config(cluster: Cluster, node: str, shard: int) -> BrokerConfig:
                                [[(r, (cluster.nodes[r].address, cluster.peer_base + i)) for r in on]
                                 for i, on in enumerate(cluster.placement.shards)], cluster.redirect,
                                to_json(cluster.placement, with_moves=False))
+    _queues_of_shard(config, shard, cluster.shards, origin)
     if config.ha is not None and config.ha.zookeeper is not None:
         config.shard.zookeeper_path = config.ha.zookeeper.path
         config.ha.zookeeper = _shard_election(config.ha.zookeeper, config.ha.sync, shard, node == replicas[0])
@@ -113,6 +116,24 @@ def _shard_election(zookeeper: ZooKeeperConfig, sync: str, shard: int, preferred
     every confirmed message)."""
     return replace(zookeeper, path=f"{zookeeper.path}/shards/{shard}",
                    preferred=preferred and sync in PREFERRED_SYNC_MODES)
+
+
+def _queues_of_shard(config: BrokerConfig, shard: int, shards: int, origin: str) -> None:
+    """The file's queues as this shard holds them: its own as they are, every other shard's as a forwarding queue
+    (as wiring_broadcast.py declares a queue at run time), and one for each other shard's queue that only a
+    binding names (this shard's own are left to auto-create, as in any broker)."""
+    listed = {q.name for q in config.queues}
+    for binding in config.bindings:
+        if binding.queue not in listed and shard_of_name(binding.queue, shards) != shard:
+            listed.add(binding.queue)
+            config.queues.append(QueueConfig(binding.queue))
+    for i, queue in enumerate(config.queues):
+        try:
+            owner = owning_shard(queue.name, queue.args, shards)
+        except ShardError as e:
+            raise ConfigError(f"{origin}: queues[{i}]: {e}") from None
+        if owner != shard:
+            queue.args = forwarding_args(owner, queue.args)
 
 
 def process_name(node: str, shard: int) -> str:

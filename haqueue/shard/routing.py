@@ -1,8 +1,9 @@
 """Which process serves a client's link, in a shard process (design/sharding.md, step 3).
 
-A link to a queue this process's shard owns is served here while this process is the shard's primary;
-any other link to a named address is relayed to its owning shard's primary (or, with `shard.redirect`, refused
-with amqp:link:redirect naming the owning shard's direct address). A backup admits clients on
+A link to a queue this process's shard owns, or to an exchange (every shard has them: wiring_broadcast.py), is
+served here while this process is the shard's primary; any other link to a named address is relayed to its
+owning shard's primary, a forwarding queue's name to the shard it forwards to (or, with `shard.redirect`,
+refused with amqp:link:redirect naming the owning shard's direct address). A backup admits clients on
 the node's client address (shared by the node's shard processes) and relays every link it gets there.
 Links from the HA peer user are a relay's own: served here by a primary, refused by a backup, never
 relayed again, and checked here with the rights of the client they were relayed for (the peer user
@@ -16,6 +17,7 @@ from ..broker.server import Broker
 from ..config import ShardConfig
 from ..ha.ha_broker import HaBroker
 from .directory import ShardDirectory
+from .forwarding_queues import forwarded_to
 from .ownership import shard_of_name
 from .relay import Relay
 from .relayed_links import RELAYED_FOR, RelayedConsumer, RelayedPublisher
@@ -33,10 +35,13 @@ class ShardRouting:
         broker.link_user = self.link_user
 
     def owner(self, address: str) -> int | None:
-        """The shard serving `address` if not this process: None while this process serves it."""
-        if self.ha.primary is not None and self.broker.registry.lookup(address) is not None:
-            return None  # here already (an x-shard queue declared here, or an exchange)
-        shard = shard_of_name(address, self.config.shards)
+        """The shard serving `address` if not this process: None while this process serves it. A forwarding
+        queue names its owner; any other node here is this shard's (every shard has the exchanges, a backup its
+        shard's queues); an address found nowhere belongs to the shard its name hashes to."""
+        node = self.broker.registry.lookup(address)
+        shard = forwarded_to(node)
+        if shard is None:
+            shard = self.config.index if node is not None else shard_of_name(address, self.config.shards)
         return None if shard == self.config.index and self.ha.primary is not None else shard
 
     def link_user(self, link: Link) -> str | None:

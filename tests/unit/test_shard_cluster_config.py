@@ -129,3 +129,33 @@ def test_a_cluster_file_without_node_and_shard_is_refused_as_a_broker_config(tmp
     with pytest.raises(ConfigError, match="shards: a sharded cluster's config: run one shard's process of it with "
                                           "--node NODE --shard I"):
         load_config(path)
+
+
+def test_each_shard_holds_the_files_queues_it_owns_and_forwarding_queues_for_the_others(tmp_path: Path) -> None:
+    from haqueue.shard.forwarding_queues import FORWARD
+    from haqueue.shard.ownership import shard_of_name
+    def named(prefix: str, here: bool) -> str:  # a name of shard 1 (here), or of another
+        return next(f"{prefix}{i}" for i in range(100) if (shard_of_name(f"{prefix}{i}", 4) == 1) == here)
+    own, other, unlisted = named("q", True), named("q", False), named("u", False)
+    path = write(tmp_path, CLUSTER + f"""
+    queues:
+      - {{name: {own}, args: {{max_depth: 5}}}}
+      - {{name: {other}, args: {{durable: false, max_depth: 5}}}}
+      - {{name: placed, args: {{x-shard: 1}}}}
+    exchanges: [{{name: events, type: fanout}}]
+    bindings: [{{exchange: events, queue: {other}}}, {{exchange: events, queue: {unlisted}}}]
+    """)
+    config = shard_process_config(path, "n2", 1)
+    args = {q.name: q.args for q in config.queues}
+    assert args[own] == {"max_depth": 5} and args["placed"] == {"x-shard": 1}  # its own, as they are
+    assert args[other] == {FORWARD: shard_of_name(other, 4), "durable": False}  # forwarding: no limits of its own
+    assert args[unlisted] == {FORWARD: shard_of_name(unlisted, 4)}
+
+
+def test_a_bad_x_shard_in_the_files_queues_is_refused(tmp_path: Path) -> None:
+    path = write(tmp_path, CLUSTER + """
+    queues: [{name: a}, {name: b, args: {x-shard: 4}}]
+    """)
+    with pytest.raises(ConfigError) as e:
+        shard_process_config(path, "n2", 1)
+    assert str(e.value) == f"{path}: queues[1]: x-shard must be a shard number from 0 to 3, got 4"
