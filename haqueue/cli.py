@@ -497,8 +497,10 @@ def _add_place(commands: Subparsers) -> None:
                                         "allow). With --from, rebalance that earlier assignment onto --nodes, "
                                         "moving as few replicas as possible, and print the moves. "
                                         "design/sharding.md has the rules.")
-    p.add_argument("--nodes", required=True, metavar="N1,N2,...", type=lambda text: text.split(","),
-                   help="the nodes, comma-separated")
+    p.add_argument("--config", metavar="CLUSTER", help="the placement of this cluster file (its nodes, racks, regions, "
+                                                      "shards and replicas); in JSON also its pacemaker: VIPs")
+    p.add_argument("--nodes", metavar="N1,N2,...", type=lambda text: text.split(","),
+                   help="the nodes, comma-separated (required without --config)")
     p.add_argument("--shards", type=int, metavar="K", help="number of shards (required without --from)")
     p.add_argument("--replicas", type=int, metavar="R", help="replicas per shard (required without --from)")
     for option, what in (("--rack", "RACK"), ("--region", "REGION")):
@@ -522,7 +524,11 @@ def _place(args: argparse.Namespace) -> int:
     from haqueue.shard.placement import place
     from haqueue.shard.rebalance import rebalance, replica_count
     from haqueue.shard.topology import Topology
+    if args.config is not None:
+        return _place_cluster(args)
     try:
+        if args.nodes is None:
+            raise ShardError("--nodes is required (or --config a cluster file)")
         topology = Topology.of(args.nodes, _labels("--rack", args.rack), _labels("--region", args.region))
         if args.old is None:
             if args.shards is None or args.replicas is None:
@@ -550,6 +556,32 @@ def _place(args: argparse.Namespace) -> int:
         print(json.dumps(to_json(placement, with_moves)))
     else:
         print(to_table(placement, with_moves))
+    return EXIT_OK
+
+
+def _place_cluster(args: argparse.Namespace) -> int:
+    """The placement a cluster file's processes derive (pcs-shard-setup.sh reads it, with the file's VIPs)."""
+    from dataclasses import asdict
+
+    from haqueue.shard.assignment import to_json, to_table
+    from haqueue.shard.cluster_config import load_cluster
+    if args.nodes or args.shards or args.replicas or args.rack or args.region or args.old:
+        _error("place: --config takes the nodes, shards and replicas from the cluster file: give no other option")
+        return EXIT_USAGE
+    try:
+        cluster = load_cluster(args.config)
+    except ConfigError as e:
+        _error(f"place: {e}")
+        return EXIT_USAGE
+    for warning in cluster.placement.warnings:
+        _error(f"place: warning: {warning}")
+    if args.format == "json":
+        document = to_json(cluster.placement, with_moves=False)
+        if cluster.pacemaker is not None:
+            document["pacemaker"] = asdict(cluster.pacemaker)
+        print(json.dumps(document))
+    else:
+        print(to_table(cluster.placement, with_moves=False))
     return EXIT_OK
 
 

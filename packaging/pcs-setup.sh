@@ -10,8 +10,7 @@
 # Usage: VIP=192.0.2.100 packaging/pcs-setup.sh
 #
 # Settings (environment variables; defaults in brackets):
-#   VIP            the virtual IP (required); none: the clone alone (pcs-shard-setup.sh makes a clone
-#                  per shard this way, and VIPs per node)
+#   VIP            the virtual IP (required); none: the clone alone
 #   CIDR_NETMASK   its prefix length [24]
 #   NIC            the interface it goes on [eth0]
 #   CONFIG         the broker config on every node [/etc/haqueue/haqueue.yaml]
@@ -21,6 +20,8 @@
 #   PING_TIMEOUT   seconds a broker has to answer a monitor [3]
 #   NODES          clone-max: how many brokers [3]
 #   RESOURCE       the resource name; the clone is RESOURCE-clone [haqueue]
+#   SHARD          empty, or a shard's index: CONFIG is then a sharded cluster's file and each broker
+#                  that shard's process on its node (pcs-shard-setup.sh makes a clone per shard so) []
 #   PCS            the pcs command [pcs]; PCS="pcs -f cib.xml" edits a CIB file instead, which
 #                  you then push with `pcs cluster cib-push cib.xml`
 #   FORCE          set to --force to create the clone where the agent is not installed (a CIB file
@@ -41,6 +42,7 @@ set -eu
 : "${PING_TIMEOUT:=3}"
 : "${NODES:=3}"
 : "${RESOURCE:=haqueue}"
+: "${SHARD:=}"
 : "${PCS:=pcs}"
 : "${FORCE:=}"
 
@@ -53,7 +55,7 @@ set -x
 # restart as a backup (stop, then start), so it gets the sum of both timeouts.
 # shellcheck disable=SC2086  # FORCE is empty or one word
 $PCS resource create "$RESOURCE" ocf:haqueue:haqueue $FORCE \
-    config="$CONFIG" binary="$BINARY" data_dir="$DATA_DIR" logfile="$LOGFILE" ping_timeout="$PING_TIMEOUT" \
+    config="$CONFIG" ${SHARD:+shard="$SHARD"} binary="$BINARY" data_dir="$DATA_DIR" logfile="$LOGFILE" ping_timeout="$PING_TIMEOUT" \
     op start timeout=30s \
     op stop timeout=30s \
     op promote timeout=30s \

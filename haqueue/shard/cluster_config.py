@@ -10,10 +10,16 @@ The file is a broker config (users, limits, store, ha credentials...) plus the c
     shard_public: 10.0.1.1:5800    # shard i's direct address, port + i, bound only by its primary
     shard: {redirect: false}       # true: a link to another shard's queue is refused with amqp:link:redirect
                                    # naming the owner's direct address, instead of being relayed
+    pacemaker:                     # instead of shard_public, when Pacemaker runs the processes (pcs-shard-setup.sh):
+      node_vips: {n1: 10.0.0.101, ...}   # each node's client address, a VIP that moves while its node is down
+      shard_vips: [10.0.1.10, ...]       # shard i's direct address: its VIP, on its primary's node, port shard_port + i
+      shard_port: 5800
 
 The placement is computed (shard/placement.py), never listed. What the placement derives per process
 (`name`, `listen`, `ha.brokers`, `ha.public`, `ha.zookeeper.preferred`) may not be given (design/sharding.md,
-step 2). Under ZooKeeper each shard elects on its own path, `ha.zookeeper.path`/shards/<i>.
+step 2). Under ZooKeeper each shard elects on its own path, `ha.zookeeper.path`/shards/<i>. Under Pacemaker the VIPs
+come and go with the processes' roles, so a process binds wildcard addresses (the node's client port, its shard's
+direct port) and has no `ha.public`: Pacemaker's VIP is the public address, as for an unsharded cluster.
 """
 from __future__ import annotations
 
@@ -21,7 +27,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from ..config import CLUSTER_KEY, PREFERRED_SYNC_MODES, BrokerConfig, Check, ConfigError, QueueConfig, \
-    ShardConfig, ZooKeeperConfig, _address, _Bad, _bool, _fields, _int, _name, broker_config, read_yaml
+    ShardConfig, ZooKeeperConfig, _address, _Bad, _bool, _fields, _int, _list_of, _map_of, _name, broker_config, read_yaml
 from .assignment import to_json
 from .errors import ShardError
 from .forwarding_queues import forwarding_args
@@ -31,22 +37,32 @@ from .topology import Topology
 
 DEFAULT_CLIENT_PORT = 5672
 DEFAULT_PEER_BASE = 5700
+DEFAULT_SHARD_PORT = 5800
+ANY_ADDRESS = "0.0.0.0"  # under Pacemaker: whichever VIP is on the node reaches its processes
 _NODE: dict[str, Check] = {"address": _name, "rack": _name, "region": _name, "data_dir": _name}
 _OPTIONS: dict[str, Check] = {"redirect": _bool}  # the cluster file's `shard:` section
+_PACEMAKER: dict[str, Check] = {"node_vips": _map_of(_name), "shard_vips": _list_of(_name), "shard_port": _int(1)}
 _CLUSTER: dict[str, Check] = {CLUSTER_KEY: _int(1), "replicas": _int(1), "nodes": lambda value, path: value,
             "client_port": _int(1), "peer_base": _int(1), "shard_public": _address,
-            "shard": lambda value, path: _fields(value, path, _OPTIONS)}
+            "shard": lambda value, path: _fields(value, path, _OPTIONS),
+            "pacemaker": lambda value, path: _fields(value, path, _PACEMAKER, ("node_vips", "shard_vips"))}
 _DERIVED = {"name": "the process's name is <node>.s<shard>",
             "listen": "each process listens on its node's client address and its shard's peer port",
             "metrics": "one metrics endpoint per process is not built yet"}
 _DERIVED_HA = {"brokers": "the shard's replicas come from the placement",
-               "public": "each shard's direct address is shard_public's port + its index"}
+               "public": "each shard's direct address is shard_public's port + its index, or its VIP (pacemaker)"}
 
 
 @dataclass(frozen=True)
 class Node:
     address: str
     data_dir: str | None
+
+
+@dataclass(frozen=True)
+class Pacemaker:
+    node_vips: dict[str, str]  # node -> its client address's VIP
+    shard_vips: list[str]  # shard i's direct address's VIP, colocated with its promoted instance
 
 
 @dataclass(frozen=True)
@@ -57,9 +73,10 @@ class Cluster:
     nodes: dict[str, Node]
     client_port: int
     peer_base: int
-    shard_public: tuple[str, int]
+    publics: list[tuple[str, int]]  # each shard's direct address (shard_public's port + i, or its VIP)
     placement: Placement
     redirect: bool  # shard.redirect: links to other shards are redirected, not relayed
+    pacemaker: Pacemaker | None  # None: each shard's primary binds its direct address itself (ha.public)
     broker: dict[str, Any]  # the rest: every process's broker config, before what is derived
 
 
@@ -87,18 +104,20 @@ def process_config(cluster: Cluster, node: str, shard: int) -> BrokerConfig:
         raise ConfigError(f"{origin}: nodes: shard {shard} has no replica on {node} (its replicas are on "
                           f"{', '.join(replicas)})")
     here = cluster.nodes[node]
-    public_host, public_port = cluster.shard_public
+    client = (ANY_ADDRESS if cluster.pacemaker else here.address, cluster.client_port)
     raw = dict(cluster.broker)
     raw["name"] = process_name(node, shard)
     raw["data_dir"] = f"{here.data_dir or raw.get('data_dir', './data')}/shard-{shard}"
-    raw["listen"] = [{"address": host_port(here.address, cluster.client_port), "reuse_port": True},
+    raw["listen"] = [{"address": host_port(*client), "reuse_port": True},
                      host_port(here.address, cluster.peer_base + shard)]
-    raw["ha"] = {**raw["ha"], "public": host_port(public_host, public_port + shard),
-                 "brokers": [host_port(cluster.nodes[r].address, cluster.peer_base + shard) for r in replicas]}
+    raw["ha"] = {**raw["ha"], "brokers": [host_port(cluster.nodes[r].address, cluster.peer_base + shard)
+                                          for r in replicas]}
+    if cluster.pacemaker:  # the shard's VIP reaches this process's direct listener while it is primary
+        raw["listen"].append(host_port(ANY_ADDRESS, cluster.publics[shard][1]))
+    else:  # the primary binds its shard's direct address itself
+        raw["ha"]["public"] = host_port(*cluster.publics[shard])
     config = broker_config(raw, origin)
-    config.shard = ShardConfig(shard, cluster.shards,
-                               [(public_host, public_port + i) for i in range(cluster.shards)],
-                               (here.address, cluster.client_port),
+    config.shard = ShardConfig(shard, cluster.shards, cluster.publics, client,
                                [[(r, (cluster.nodes[r].address, cluster.peer_base + i)) for r in on]
                                 for i, on in enumerate(cluster.placement.shards)], cluster.redirect,
                                to_json(cluster.placement, with_moves=False))
@@ -148,8 +167,7 @@ def host_port(host: str, port: int) -> str:
 def _cluster(raw: Any, origin: str) -> Cluster:
     if not isinstance(raw, dict):
         raise _Bad("top level", "must be a map")
-    own = _fields({key: raw[key] for key in _CLUSTER if key in raw}, "", _CLUSTER,
-                  (CLUSTER_KEY, "replicas", "nodes", "shard_public"))
+    own = _fields({key: raw[key] for key in _CLUSTER if key in raw}, "", _CLUSTER, (CLUSTER_KEY, "replicas", "nodes"))
     broker = {key: value for key, value in raw.items() if key not in _CLUSTER}
     for key, why in _DERIVED.items():
         if key in broker:
@@ -172,13 +190,36 @@ def _cluster(raw: Any, origin: str) -> Cluster:
     peer_base = own.get("peer_base", DEFAULT_PEER_BASE)
     if peer_base + shards - 1 > 65535:
         raise _Bad("peer_base", f"leaves no room for {shards} shards' ports (peer_base + shard <= 65535)")
-    if own["shard_public"][1] + shards - 1 > 65535:
-        raise _Bad("shard_public", f"leaves no room for {shards} shards' ports (its port + shard <= 65535)")
     if peer_base <= client_port < peer_base + shards:
         raise _Bad("client_port", f"is among the shards' peer ports {peer_base}..{peer_base + shards - 1}")
+    pacemaker = _pacemaker(own["pacemaker"], nodes, shards) if "pacemaker" in own else None
+    if pacemaker and broker["ha"].get("coordinator") == "zookeeper":
+        raise _Bad("pacemaker", "not with ha.coordinator: zookeeper (Pacemaker decides the roles)")
+    if pacemaker and "shard_public" in own:
+        raise _Bad("shard_public", "not with pacemaker: each shard's direct address is its VIP (pacemaker.shard_vips)")
+    if pacemaker:
+        port = own["pacemaker"].get("shard_port", DEFAULT_SHARD_PORT)
+        key, publics = "pacemaker.shard_port", [(vip, port + i) for i, vip in enumerate(pacemaker.shard_vips)]
+    elif "shard_public" in own:
+        (host, port), key = own["shard_public"], "shard_public"
+        publics = [(host, port + i) for i in range(shards)]
+    else:
+        raise _Bad("shard_public", "missing (or a pacemaker: section): each shard's direct address")
+    if port + shards - 1 > 65535:
+        raise _Bad(key, f"leaves no room for {shards} shards' ports (its port + shard <= 65535)")
     redirect = own.get("shard", {}).get("redirect", False)
-    return Cluster(origin, shards, replicas, nodes, client_port, peer_base, own["shard_public"], placement, redirect,
+    return Cluster(origin, shards, replicas, nodes, client_port, peer_base, publics, placement, redirect, pacemaker,
                    broker)
+
+
+def _pacemaker(fields: dict[str, Any], nodes: dict[str, Node], shards: int) -> Pacemaker:
+    node_vips, shard_vips = fields["node_vips"], fields["shard_vips"]
+    if sorted(node_vips) != sorted(nodes):
+        raise _Bad("pacemaker.node_vips", f"must give a VIP for each node ({', '.join(nodes)}), got "
+                                          f"{', '.join(node_vips) or 'none'}")
+    if len(shard_vips) != shards:
+        raise _Bad("pacemaker.shard_vips", f"must give a VIP for each of the {shards} shards, got {len(shard_vips)}")
+    return Pacemaker(node_vips, shard_vips)
 
 
 def _nodes(value: Any) -> tuple[dict[str, Node], dict[str, str], dict[str, str]]:

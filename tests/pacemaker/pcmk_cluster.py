@@ -288,8 +288,11 @@ class PacemakerCluster:
         })
 
     def ha_section(self, brokers: list[str]) -> dict:
-        return {"brokers": brokers, "username": HA_USER, "password": self.password,
-                "backup_timeout": BACKUP_TIMEOUT, "recovery_wait": RECOVERY_WAIT}
+        return {"brokers": brokers, **self.ha_credentials()}
+
+    def ha_credentials(self) -> dict:
+        return {"username": HA_USER, "password": self.password, "backup_timeout": BACKUP_TIMEOUT,
+                "recovery_wait": RECOVERY_WAIT}
 
     @staticmethod
     def write_broker_config(node: Node, name: str, config: dict) -> None:

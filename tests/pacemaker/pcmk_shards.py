@@ -1,60 +1,68 @@
-"""The three-node Pacemaker cluster of pcmk_cluster.py running a sharded haqueue: 2 shards of 2 replicas
-placed by `haqueue place` (shard 0 on node1, node2; shard 1 on node2, node3; the first the preferred
-primary), each replica a broker process with its own config /etc/haqueue/shard-<i>.yaml (clients on
-0.0.0.0:5680+i, peers on the node's address :5690+i), the resources made by the project's own
-`packaging/pcs-shard-setup.sh` (a clone per shard, a VIP per node: 10.213.47.101..103)."""
+"""The three-node Pacemaker cluster of pcmk_cluster.py running a sharded haqueue from ONE cluster file,
+/etc/haqueue/cluster.yaml on every node: 2 shards of 2 replicas placed by haqueue's own code (shard 0 on node1,
+node2; shard 1 on node2, node3; the first the preferred primary), each replica the shard's process
+`haqueue broker --config cluster.yaml --node <node> --shard <i>` run by the agent (its `shard` parameter): clients
+on 0.0.0.0:5672 of every process (SO_REUSEPORT), peers on the node's address :5690+i, shard i's direct address
+its VIP 10.213.47.110+i, port 5680+i. The resources are made by the project's own `packaging/pcs-shard-setup.sh`
+from that file: a clone and a VIP per shard, a VIP per node (10.213.47.101..103)."""
 from __future__ import annotations
 
 import json
 import os
 
-import threading
-
-from proton.utils import BlockingConnection
+import yaml
 
 from harness import wait_for
-from ha_harness import connect
-from pcmk_clients import Load
 from pcmk_cluster import BINARY, HA_USER, PING_TIMEOUT, POLL_INTERVAL, REPO, SUBNET, Node, PacemakerCluster, run
 
 from haqueue.admin import AdminClient, AdminError
 
 SHARDS, REPLICAS = 2, 2
-SHARD_CLIENT_PORT, SHARD_PEER_PORT = 5680, 5690  # + the shard's index
+CLIENT_PORT, SHARD_PORT, SHARD_PEER_PORT = 5672, 5680, 5690  # the last two + the shard's index
+CLUSTER_FILE = "/etc/haqueue/cluster.yaml"  # on every node
+# longer than a failover under Pacemaker (about 6 s): a relay waits for the shard's new primary that long before
+# detaching its clients' links (design/sharding.md)
+SHARD_BACKUP_TIMEOUT = 15.0
 
 
 def node_vip(node: Node) -> str:
     return f"{SUBNET}.{100 + node.index}"
 
 
+def shard_vip(shard: int) -> str:
+    return f"{SUBNET}.{110 + shard}"
+
+
 class ShardedPacemakerCluster(PacemakerCluster):
     def __init__(self) -> None:
         super().__init__()
-        self.placement = run([str(BINARY), "place", "--nodes", ",".join(n.name for n in self.nodes),
-                              "--shards", str(SHARDS), "--replicas", str(REPLICAS), "--format", "json"]).stdout
-        self.replicas = {s["shard"]: s["replicas"] for s in json.loads(self.placement)["shards"]}
+        self.cluster_file = self.base / "cluster.yaml"
+        self.cluster_file.write_text(yaml.safe_dump({
+            "shards": SHARDS, "replicas": REPLICAS,
+            "nodes": {n.name: {"address": n.ip} for n in self.nodes},
+            "client_port": CLIENT_PORT, "peer_base": SHARD_PEER_PORT,
+            "pacemaker": {"node_vips": {n.name: node_vip(n) for n in self.nodes},
+                          "shard_vips": [shard_vip(i) for i in range(SHARDS)], "shard_port": SHARD_PORT},
+            "data_dir": "/var/lib/haqueue",
+            "ha": {**self.ha_credentials(), "backup_timeout": SHARD_BACKUP_TIMEOUT},
+        }, sort_keys=False))
+        self.cluster_file.chmod(0o600)
+        placement = run([str(BINARY), "place", "--config", str(self.cluster_file), "--format", "json"]).stdout
+        self.replicas = {s["shard"]: s["replicas"] for s in json.loads(placement)["shards"]}
 
     @staticmethod
     def shard_peer(node: Node, shard: int) -> str:
         return f"{node.ip}:{SHARD_PEER_PORT + shard}"
 
     def write_broker_configs(self, node: Node) -> None:
-        """A config for each shard placed on the node, none for the others (a probe there finds none)."""
-        for shard, replicas in self.replicas.items():
-            if node.name in replicas:
-                self.write_broker_config(node, f"shard-{shard}.yaml", {
-                    "name": f"{node.name}.s{shard}",
-                    "listen": [f"0.0.0.0:{SHARD_CLIENT_PORT + shard}", self.shard_peer(node, shard)],
-                    "data_dir": ".",  # the agent's data_dir, /var/lib/haqueue/shard-<i>
-                    "ha": self.ha_section([self.shard_peer(self.node(n), shard) for n in replicas]),
-                })
+        """The one cluster file, the same on every node."""
+        (node.dir("etc-haqueue") / "cluster.yaml").write_bytes(self.cluster_file.read_bytes())
+        (node.dir("etc-haqueue") / "cluster.yaml").chmod(0o600)
 
     def setup_resources(self) -> None:
-        placement = self.base / "placement.json"
-        placement.write_text(self.placement)
-        env = {**os.environ, "VIPS": ",".join(f"{n.name}={node_vip(n)}" for n in self.nodes), "CIDR_NETMASK": "24",
-               "NIC": "eth0", "BINARY": str(BINARY), "PING_TIMEOUT": str(PING_TIMEOUT)}
-        self.on(self.nodes[0], ["sh", str(REPO / "packaging" / "pcs-shard-setup.sh"), str(placement)],
+        env = {**os.environ, "CIDR_NETMASK": "24", "NIC": "eth0", "BINARY": str(BINARY),
+               "PING_TIMEOUT": str(PING_TIMEOUT)}
+        self.on(self.nodes[0], ["sh", str(REPO / "packaging" / "pcs-shard-setup.sh"), CLUSTER_FILE],
                 timeout=240, env=env)
 
     def roles(self, resource: str) -> dict[str, str]:
@@ -70,9 +78,13 @@ class ShardedPacemakerCluster(PacemakerCluster):
         """The shard's broker on the node, from the agent's pid file."""
         return int((node.dir("run") / "resource-agents" / f"haqueue-haqueue-s{shard}.pid").read_text().strip())
 
+    def shard_admin(self, node: Node, shard: int) -> AdminClient:
+        """The admin client of the shard's process on the node, at its peer address."""
+        return AdminClient(self.shard_peer(node, shard), 3.0, HA_USER, self.password)
+
     def shard_broker(self, node: Node, shard: int) -> dict | None:
         try:
-            with AdminClient(self.shard_peer(node, shard), 3.0, HA_USER, self.password) as client:
+            with self.shard_admin(node, shard) as client:
                 code, _, body = client.request("READ", "ha")
             return body if code < 400 else None
         except AdminError:
@@ -84,6 +96,9 @@ class ShardedPacemakerCluster(PacemakerCluster):
             roles = self.roles(f"haqueue-s{shard}")
             if roles != {replicas[0]: "Promoted", **{n: "Unpromoted" for n in replicas[1:]}}:
                 return False, f"shard {shard}: {roles}"
+            vip = self.roles(f"haqueue-s{shard}-vip")
+            if vip != {replicas[0]: "Started"}:
+                return False, f"shard {shard}'s VIP: {vip}"
             primary = self.shard_broker(self.node(replicas[0]), shard)
             if not primary or (primary.get("role"), primary.get("state")) != ("primary", "active"):
                 return False, f"shard {shard} on {replicas[0]}: {primary}"
@@ -103,20 +118,3 @@ class ShardedPacemakerCluster(PacemakerCluster):
             wait_for(check, timeout, interval=POLL_INTERVAL * 5, message="every shard on its preferred primary")
         except AssertionError as e:
             raise AssertionError(f"{e}: {last[0]}\n{self.describe()}") from None
-
-
-class ShardLoad(Load):
-    """The Pacemaker tests' reconnecting producer and consumer (pcmk_clients.py) on one shard's queue,
-    with no VIP in front of the shard: each connection goes to the next of the shard's replicas' client
-    addresses in turn (the backups refuse clients), as a failover-capable client's URL list does."""
-
-    def __init__(self, addresses: list[str], queue: str) -> None:
-        super().__init__(addresses[0], queue)
-        self.addresses = addresses
-        self.turns = {"producer": 0, "consumer": 0}
-
-    def _connect(self, stop: threading.Event) -> BlockingConnection:
-        name = threading.current_thread().name  # "producer" or "consumer": each its own turn
-        address = self.addresses[self.turns[name] % len(self.addresses)]
-        self.turns[name] += 1
-        return connect(address, timeout=self.connect_timeout)

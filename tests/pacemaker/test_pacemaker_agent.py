@@ -202,6 +202,54 @@ def test_validate_all_reports_bad_parameters(agents, params, config_change, rc, 
         assert agent.rc("monitor", CRM_meta_interval="0", **params) == OCF_NOT_RUNNING
 
 
+def shard_cluster(password: str, shards: int = 1, nodes: int = 1, pacemaker: bool = True) -> dict:
+    """A sharded cluster's one file on loopback, its ports free: with a pacemaker: section, as the agent runs it."""
+    names = [f"n{i}" for i in range(1, nodes + 1)]
+    config = {"shards": shards, "replicas": 1, "nodes": {n: {"address": "127.0.0.1"} for n in names},
+              "client_port": free_port(), "peer_base": free_port(), "data_dir": ".",
+              "ha": {"username": "ha", "password": password, "backup_timeout": 2, "recovery_wait": 10}}
+    if pacemaker:
+        config["pacemaker"] = {"node_vips": {n: "127.0.0.1" for n in names}, "shard_vips": ["127.0.0.1"] * shards,
+                               "shard_port": free_port()}
+    else:
+        config["shard_public"] = f"127.0.0.1:{free_port()}"
+    return config
+
+
+@pytest.mark.parametrize("params, cluster, rc, reason", [
+    ({"shard": "one"}, {}, OCF_ERR_CONFIGURED, "shard must be a shard's index (0, 1, ...) or empty, got 'one'"),
+    ({"shard": "2"}, {}, OCF_ERR_CONFIGURED, "no shard 2: the shards are 0 to 1"),
+    ({"shard": "0"}, {"pacemaker": False}, OCF_ERR_CONFIGURED, "no pacemaker: section (under Pacemaker the direct address of each shard is its VIP"),
+    # shard 0's one replica is on n1: on n2 the instance cannot run (that node only; -INFINITY keeps it away)
+    ({"shard": "0", "CRM_meta_on_node": "n2"}, {}, OCF_ERR_INSTALLED, "this node, n2, holds no replica of shard 0"),
+    ({"shard": "0", "CRM_meta_on_node": "n9"}, {}, OCF_ERR_INSTALLED,
+     "this node, n9, is not a node of the cluster (its nodes are n1, n2)"),
+])
+def test_validate_all_checks_the_shard_parameter(agents, params, cluster, rc, reason):
+    agent = agents(shard_cluster("secret", shards=2, nodes=2, **cluster), CRM_meta_on_node="n1")
+    proc = agent.run("validate-all", **params)
+    assert proc.returncode == rc, proc.stderr
+    assert reason in proc.stderr, proc.stderr
+
+
+def test_with_shard_the_agent_runs_that_shards_process_of_the_cluster_file(agents):
+    """The instance on node n1 (Pacemaker's name for it) of shard 0 runs `haqueue broker --config CLUSTER --node n1
+    --shard 0`, which the agent monitors and promotes at the peer address the file gives it."""
+    password = secrets.token_hex(8)
+    agent = agents(shard_cluster(password), shard="0", CRM_meta_on_node="n1")
+    assert agent.rc("start") == OCF_SUCCESS
+    cmdline = Path(f"/proc/{agent.pid()}/cmdline").read_bytes().split(b"\0")
+    assert cmdline[-8:-1] == [b"broker", b"--config", str(agent.config_path).encode(), b"--node", b"n1",
+                              b"--shard", b"0"]
+    assert agent.rc("monitor") == OCF_SUCCESS  # a backup, the freshest of a brand-new cluster
+    assert agent.scores()[-1] == "v 1"
+    assert agent.rc("promote") == OCF_SUCCESS
+    assert agent.rc("monitor") == OCF_RUNNING_PROMOTED
+    peer = yaml.safe_load(agent.config_path.read_text())["peer_base"]
+    assert _ha_at(f"127.0.0.1:{peer}", password)["name"] == "n1.s0"
+    assert agent.rc("stop") == OCF_SUCCESS and agent.rc("monitor") == OCF_NOT_RUNNING
+
+
 def test_promotion_scores_follow_the_broker_state(agents, tmp_path):
     password = secrets.token_hex(8)
     port_a, port_b = free_port(), free_port()

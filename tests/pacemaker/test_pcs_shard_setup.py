@@ -1,20 +1,23 @@
 """packaging/pcs-shard-setup.sh without a live cluster: the script writes into a CIB file (`PCS="pcs -f FILE"`)
-from `haqueue place --format json` for 3 nodes in 2 racks and 6 shards of 2 replicas; the test reads the
-clones and constraints back from the CIB's XML, then lets Pacemaker's own scheduler (`crm_simulate`) run that
-CIB on three simulated nodes: every shard promoted on its preferred primary's node, instances only on its
-replicas; and, with the agent's promotion scores injected, a preferred primary that crashes is replaced by
+from a cluster file of 3 nodes in 2 racks and 6 shards of 2 replicas with its pacemaker: VIPs (the placement
+`haqueue place --config` derives from it); the test reads the clones (the agent's `shard` parameter on the
+file), VIPs and constraints back from the CIB's XML, then lets Pacemaker's own scheduler (`crm_simulate`) run
+that CIB on three simulated nodes: every shard promoted on its preferred primary's node with its VIP there,
+instances only on its replicas; and, with the agent's promotion scores injected, a preferred primary that crashes is replaced by
 the ready backup (not restarted in place as primary), leaves the primary there while it catches up, and
 takes it back once ready (design/sharding.md, "Coordination")."""
 from __future__ import annotations
 
 import json
 import os
+import sys
 import shutil
 import subprocess
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
+import yaml
 
 from harness import run_haqueue
 
@@ -22,6 +25,8 @@ REPO = Path(__file__).resolve().parents[2]
 NODES = ["n1", "n2", "n3"]
 RACKS = {"n1": "r1", "n2": "r1", "n3": "r2"}
 VIPS = {"n1": "192.0.2.101", "n2": "192.0.2.102", "n3": "192.0.2.103"}
+SHARD_VIPS = [f"192.0.2.{110 + i}" for i in range(6)]
+BINARY = Path(sys.executable).with_name("haqueue")  # this tree's, which derives the placement
 # the agent's promotion scores (agents/haqueue; design/pacemaker.md)
 PRIMARY_SCORE, READY_SCORE, CATCHING_UP_SCORE, FRESHEST_SCORE = 10000, 1000, 10, 1
 
@@ -72,18 +77,19 @@ def nvpairs(element: ET.Element, tag: str) -> dict[str, str]:
 
 @pytest.mark.slow  # about 40 s: two dozen pcs calls
 def test_pcs_shard_setup_makes_one_promotable_clone_per_shard_as_placed(tmp_path):
-    racks = [a for n, rack in RACKS.items() for a in ("--rack", f"{n}={rack}")]
-    r = run_haqueue(["place", "--nodes", ",".join(NODES), "--shards", "6", "--replicas", "2", *racks,
-                     "--format", "json"])
+    cluster = tmp_path / "cluster.yaml"
+    cluster.write_text(yaml.safe_dump({
+        "shards": 6, "replicas": 2, "nodes": {n: {"address": f"10.0.0.{i}", "rack": RACKS[n]}
+                                              for i, n in enumerate(NODES, 1)},
+        "pacemaker": {"node_vips": VIPS, "shard_vips": SHARD_VIPS}, "ha": {"username": "ha", "password": "p"}}))
+    r = run_haqueue(["place", "--config", str(cluster), "--format", "json"])
     assert r.returncode == 0, r.stderr
-    placement = tmp_path / "placement.json"
-    placement.write_text(r.stdout)
     shards = {s["shard"]: s["replicas"] for s in json.loads(r.stdout)["shards"]}
     assert all(len({RACKS[n] for n in replicas}) == 2 for replicas in shards.values())
     cib = tmp_path / "cib.xml"
     cib.write_text(run(["cibadmin", "--empty"]))
-    run(["sh", str(REPO / "packaging" / "pcs-shard-setup.sh"), str(placement)],
-        env={"PCS": f"pcs -f {cib}", "FORCE": "--force", "VIPS": ",".join(f"{n}={ip}" for n, ip in VIPS.items())})
+    run(["sh", str(REPO / "packaging" / "pcs-shard-setup.sh"), str(cluster)],
+        env={"PCS": f"pcs -f {cib}", "FORCE": "--force", "BINARY": str(BINARY)})
 
     # What the CIB says, read back as XML
     root = ET.parse(cib).getroot()
@@ -99,8 +105,9 @@ def test_pcs_shard_setup_makes_one_promotable_clone_per_shard_as_placed(tmp_path
         assert (primitive.get("id"), primitive.get("class"), primitive.get("provider"), primitive.get("type")) == \
             (f"haqueue-s{i}", "ocf", "haqueue", "haqueue")
         params = nvpairs(primitive, "instance_attributes")
-        assert params["config"] == f"/etc/haqueue/shard-{i}.yaml"
-        assert params["data_dir"] == f"/var/lib/haqueue/shard-{i}"
+        # the shard's process of the one cluster file: haqueue broker --config CLUSTER --node <node> --shard i
+        assert (params["config"], params["shard"], params["binary"]) == (str(cluster), str(i), str(BINARY))
+        assert params["logfile"] == f"/var/log/haqueue/shard-{i}.log"
         mine = [c for c in locations if c.get("rsc") == clone.get("id")]
         banned = sorted(c.get("node") for c in mine if c.get("score") == "-INFINITY")
         assert banned == sorted(set(NODES) - set(replicas))
@@ -110,6 +117,14 @@ def test_pcs_shard_setup_makes_one_promotable_clone_per_shard_as_placed(tmp_path
         [scored] = rule.findall("rule")  # only while primary or ready (>= 1000), or the freshest of a new cluster (1)
         assert scored.get("boolean-op") == "or"
         assert expressions(scored) == [(f"master-haqueue-s{i}", "gte", "1000"), (f"master-haqueue-s{i}", "eq", "1")]
+    colocations = {(c.get("rsc"), c.get("with-rsc"), c.get("with-rsc-role"), c.get("score"))
+                   for c in root.iter("rsc_colocation")}
+    orders = {(o.get("first"), o.get("first-action"), o.get("then"), o.get("then-action")) for o in root.iter("rsc_order")}
+    for i, ip in enumerate(SHARD_VIPS):  # the shard's direct address: on its primary's node, after the promotion
+        vip = next(p for p in root.iter("primitive") if p.get("id") == f"haqueue-s{i}-vip")
+        assert (vip.get("type"), nvpairs(vip, "instance_attributes")["ip"]) == ("IPaddr2", ip)
+        assert (f"haqueue-s{i}-vip", f"haqueue-s{i}-clone", "Promoted", "INFINITY") in colocations
+        assert (f"haqueue-s{i}-clone", "promote", f"haqueue-s{i}-vip", "start") in orders
     for node, ip in VIPS.items():
         vip = next(p for p in root.iter("primitive") if p.get("id") == f"haqueue-vip-{node}")
         assert (vip.get("type"), nvpairs(vip, "instance_attributes")["ip"]) == ("IPaddr2", ip)
@@ -127,6 +142,7 @@ def test_pcs_shard_setup_makes_one_promotable_clone_per_shard_as_placed(tmp_path
     for i, replicas in shards.items():
         assert sorted(running[f"haqueue-s{i}"]) == sorted(replicas)
         assert promoted(cib, i) == [replicas[0]]
+        assert running[f"haqueue-s{i}-vip"] == {replicas[0]: "Started"}
     assert all(running[f"haqueue-vip-{n}"] == {n: "Started"} for n in NODES)
 
     # Shard 0's preferred primary crashes; its monitor fails and its stop clears its score, while the other
@@ -137,6 +153,7 @@ def test_pcs_shard_setup_makes_one_promotable_clone_per_shard_as_placed(tmp_path
     simulate(cib, "--op-inject", f"haqueue-s0_monitor_2000@{preferred}=7")
     simulate(cib)
     assert promoted(cib, 0) == [other] and preferred in roles(cib)["haqueue-s0"]
+    assert roles(cib)["haqueue-s0-vip"] == {other: "Started"}  # the relays' way to shard 0 follows its primary
     # It catches up (10): 10 < 10000, the primary stays
     promotion_score(cib, other, 0, PRIMARY_SCORE)
     promotion_score(cib, preferred, 0, CATCHING_UP_SCORE)
@@ -146,3 +163,4 @@ def test_pcs_shard_setup_makes_one_promotable_clone_per_shard_as_placed(tmp_path
     promotion_score(cib, preferred, 0, READY_SCORE)
     simulate(cib)
     assert promoted(cib, 0) == [preferred]
+    assert roles(cib)["haqueue-s0-vip"] == {preferred: "Started"}

@@ -24,6 +24,24 @@ def test_json_lists_each_shard_with_its_preferred_primary_first() -> None:
                                "nodes": ["n1", "n2", "n3"]}
 
 
+def test_the_placement_of_a_cluster_file_with_its_pacemaker_vips(tmp_path: Path) -> None:
+    cluster = tmp_path / "cluster.yaml"
+    cluster.write_text("shards: 2\nreplicas: 2\nnodes: {a: {address: 10.0.0.1}, b: {address: 10.0.0.2}}\n"
+                       "pacemaker: {node_vips: {a: 10.0.0.101, b: 10.0.0.102}, shard_vips: [10.0.0.110, 10.0.0.111]}\n"
+                       "ha: {username: ha, password: p}\n")
+    code, out, err = place("--config", str(cluster), "--format", "json")
+    assert (code, err) == (0, "")
+    assert json.loads(out) == {"shards": [{"shard": 0, "replicas": ["a", "b"]}, {"shard": 1, "replicas": ["b", "a"]}],
+                               "nodes": ["a", "b"],
+                               "pacemaker": {"node_vips": {"a": "10.0.0.101", "b": "10.0.0.102"},
+                                             "shard_vips": ["10.0.0.110", "10.0.0.111"]}}
+    code, _, err = place("--config", str(cluster), "--shards", "3")
+    assert code == 2 and "--config takes the nodes, shards and replicas from the cluster file" in err
+    cluster.write_text("shards: 2\n")
+    code, _, err = place("--config", str(cluster))
+    assert code == 2 and f"{cluster}: replicas: missing" in err
+
+
 def test_the_table_shows_shards_and_what_each_node_holds() -> None:
     code, out, _ = place("--nodes", "a1,a2,b1,b2", "--shards", "4", "--replicas", "2",
                          "--rack", "a1=A", "--rack", "a2=A", "--rack", "b1=B", "--rack", "b2=B")

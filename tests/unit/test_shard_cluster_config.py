@@ -24,6 +24,9 @@ CLUSTER = """
     users: {app: secret}
     ha: {username: ha, password: p, backup_timeout: 2}
 """
+# the cluster under Pacemaker (packaging/pcs-shard-setup.sh): VIPs instead of shard_public
+PACEMAKER = ("pacemaker: {node_vips: {n1: 10.9.0.1, n2: 10.9.0.2, n3: 10.9.0.3}, "
+             "shard_vips: [10.9.1.0, 10.9.1.1, 10.9.1.2, 10.9.1.3], shard_port: 5800}")
 
 
 def write(tmp_path: Path, text: str) -> str:
@@ -57,6 +60,21 @@ def test_each_process_gets_its_shards_broker_config(tmp_path: Path) -> None:
     other = shard_process_config(path, "n1", 0)
     assert other.data_dir == "/var/lib/haqueue/shard-0"
     assert other.ha is not None and other.ha.brokers[0] == ("10.0.0.1", 5700)  # the preferred primary first
+
+
+def test_under_pacemaker_the_vips_reach_every_process_and_it_binds_no_public_address(tmp_path: Path) -> None:
+    path = write(tmp_path, textwrap.dedent(CLUSTER).replace("shard_public: 10.0.1.1:5800", PACEMAKER))
+    config = shard_process_config(path, "n2", 1)
+    # the node's client port and the shard's direct port on every address (the node's VIP and the shard's come
+    # and go), the peer listener on the node's own address, as in ha.brokers
+    assert [(l.host, l.port, l.reuse_port) for l in config.listen] == [("0.0.0.0", 5672, True),
+                                                                       ("10.0.0.2", 5701, False),
+                                                                       ("0.0.0.0", 5801, False)]
+    assert config.ha is not None and config.ha.public is None  # Pacemaker's VIP is the shard's public address
+    assert config.ha.brokers == [("10.0.0.2", 5701), ("10.0.0.3", 5701)]
+    assert config.shard is not None
+    assert config.shard.publics == [(f"10.9.1.{i}", 5800 + i) for i in range(4)]  # the relay's, by each shard's VIP
+    assert config.shard.client == ("0.0.0.0", 5672)  # where a backup admits clients
 
 
 @pytest.mark.parametrize("sync, preferred", [("all", True), ("all_disk", True), ("quorum_disk", False)])
@@ -105,7 +123,8 @@ def test_a_process_the_placement_does_not_have_is_refused(tmp_path: Path, node: 
      "listen: not in a cluster's config: each process listens on its node's client address and its shard's "
      "peer port"),
     (("backup_timeout: 2}", "backup_timeout: 2, public: 1.2.3.4:5}"),
-     "ha.public: not in a cluster's config: each shard's direct address is shard_public's port + its index"),
+     "ha.public: not in a cluster's config: each shard's direct address is shard_public's port + its index, or its "
+     "VIP (pacemaker)"),
     (("backup_timeout: 2}", "backup_timeout: -1}"), "ha.backup_timeout: must be a non-negative number of "
                                                     "seconds, got -1"),
     (("client_port: 5672", "client_port: 5702"), "client_port: is among the shards' peer ports 5700..5703"),
@@ -114,6 +133,21 @@ def test_a_process_the_placement_does_not_have_is_refused(tmp_path: Path, node: 
      "ha.zookeeper.preferred: not in a cluster's config: each shard's preferred primary is the first of its "
      "replicas in the placement"),
     (("client_port: 5672", "shard: {relay: false}"), "shard.relay: unknown key (known: redirect)"),
+    (("shard_public: 10.0.1.1:5800", "client_port: 5672"), "shard_public: missing (or a pacemaker: section): each "
+                                                           "shard's direct address"),
+    (("client_port: 5672", PACEMAKER), "shard_public: not with pacemaker: each shard's direct address is its VIP "
+                                       "(pacemaker.shard_vips)"),
+    (("shard_public: 10.0.1.1:5800", PACEMAKER.replace(", n3: 10.9.0.3", "")),
+     "pacemaker.node_vips: must give a VIP for each node (n1, n2, n3), got n1, n2"),
+    (("shard_public: 10.0.1.1:5800", PACEMAKER.replace(", 10.9.1.3", "")),
+     "pacemaker.shard_vips: must give a VIP for each of the 4 shards, got 3"),
+    (("shard_public: 10.0.1.1:5800", PACEMAKER.replace("shard_vips", "vips")),
+     "pacemaker.vips: unknown key (known: node_vips, shard_vips, shard_port)"),
+    (("shard_public: 10.0.1.1:5800", PACEMAKER.replace("shard_port: 5800", "shard_port: 65535")),
+     "pacemaker.shard_port: leaves no room for 4 shards' ports (its port + shard <= 65535)"),
+    (("backup_timeout: 2}", "backup_timeout: 2, coordinator: zookeeper, zookeeper: {hosts: ['h:1']}}\n"
+                            + PACEMAKER.replace("shard_public: 10.0.1.1:5800", "")),
+     "pacemaker: not with ha.coordinator: zookeeper (Pacemaker decides the roles)"),
 ])
 def test_a_bad_cluster_file_names_file_key_and_reason(tmp_path: Path, change: tuple[str, str], message: str) -> None:
     text = textwrap.dedent(CLUSTER)
