@@ -1,8 +1,9 @@
 """Where each shard's primary is: the address the relay connects to for a shard's links.
 
-With the cluster file's `shard_public`, shard i's direct address (port + i) is bound only by its primary,
-as a VIP per shard would be (the local supervisor's public address, or Pacemaker's), so the address
-itself follows failover: after one, the relay connects to the same address and reaches the new primary.
+Shard i's direct address follows its primary: with the cluster file's `shard_public` (port + i) it is bound
+only by the primary (the local supervisor's public address), under Pacemaker it is the shard's VIP, which
+Pacemaker keeps on the promoted instance's node. So after a failover the relay connects to the same address
+and reaches the new primary.
 ZooKeeper's `primary` znode per shard is the other way to know (design/sharding.md, step 6).
 """
 from __future__ import annotations
