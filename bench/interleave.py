@@ -19,6 +19,7 @@ Set-ups (--setups, comma-separated):
                     same set-up without, the report gives the audit's cost round by round
   cluster[:MODE]    `haqueue cluster up --size 3 [--sync MODE]`: primary + 2 backups; clients use the
                     public address
+  old-cluster:DIR   the same (default sync mode) run from another tree
   rabbit-classic    RabbitMQ, one node, durable classic queue
   rabbit-quorum     RabbitMQ, 3 nodes on this machine, quorum queue of 3
 
@@ -71,7 +72,8 @@ def default_label(spec: str) -> str:
         return default_label(spec.removesuffix(AUDIT)) + " + audit"
     kind, _, arg = spec.partition(":")
     return {"single": "haqueue single broker", "old": f"haqueue single broker ({arg})",
-            "cluster": f"haqueue primary + 2 backups, {arg or 'all'}", "rabbit-classic": "RabbitMQ classic",
+            "cluster": f"haqueue primary + 2 backups, {arg or 'all'}",
+            "old-cluster": f"haqueue primary + 2 backups ({arg})", "rabbit-classic": "RabbitMQ classic",
             "rabbit-quorum": "RabbitMQ 3-node cluster, quorum queue"}.get(kind, spec)
 
 
@@ -89,11 +91,14 @@ def make_setup(spec: str, startup_timeout: float) -> R.Broker:
         return R.CommandBroker(OLD_CMD.format(tree=shlex.quote(arg)), default_label(spec), None, startup_timeout)
     if kind == "cluster":
         return S.HaCluster(default_label(spec), size=3, sync=arg or None)
+    if kind == "old-cluster" and arg:
+        return S.HaCluster(default_label(spec), size=3, tree=Path(arg))
     if kind == "rabbit-classic":
         return R.RabbitBroker(None)
     if kind == "rabbit-quorum":
         return S.RabbitCluster()
-    raise ValueError(f"unknown set-up {spec!r} (single, old:DIR, cluster[:MODE], rabbit-classic, rabbit-quorum)")
+    raise ValueError(f"unknown set-up {spec!r} (single, old:DIR, cluster[:MODE], old-cluster:DIR, rabbit-classic, "
+                     f"rabbit-quorum)")
 
 
 def start_all(specs: list[str], args) -> dict[str, R.Broker]:

@@ -157,8 +157,9 @@ class BackupWatch(threading.Thread):
 class HaCluster(R.LoggedProcess, R.Broker):
     """`haqueue cluster up --size N [--sync MODE]`: supervisor + N brokers; clients use the public address."""
 
-    def __init__(self, label: str, size: int = 3, sync: str | None = None):
+    def __init__(self, label: str, size: int = 3, sync: str | None = None, tree: Path = REPO):
         self.label = label
+        self.tree = tree  # the haqueue it runs: this one, or another tree (its brokers inherit the directory)
         self.size = size
         self.dir = tempfile.mkdtemp(prefix="haqueue-habench-")
         self.port = free_ports(1)[0]
@@ -182,7 +183,7 @@ class HaCluster(R.LoggedProcess, R.Broker):
     def start(self) -> None:
         log(f"starting {self.label}: {self.command()}")
         self.logf = open(self.log_path, "ab")
-        self.proc = subprocess.Popen(self.cmd, cwd=REPO, stdout=self.logf, stderr=subprocess.STDOUT,
+        self.proc = subprocess.Popen(self.cmd, cwd=self.tree, stdout=self.logf, stderr=subprocess.STDOUT,
                                      stdin=subprocess.DEVNULL, start_new_session=True)
         self.pid = self.proc.pid
         deadline = time.monotonic() + 60
