@@ -16,6 +16,7 @@
  *                                                list of bytes one after the other (0 if settled)
  *   settle(delivery, outcome)                    give the outcome (unless 0), settle
  *   credit(link) -> int
+ *   pending(transport) -> int                    the bytes of output proton has (< 0: none will come)
  *   drained(link) -> bool                        answer a drain request, if the peer made one
  *   tag(delivery) -> bytes
  */
@@ -401,6 +402,14 @@ static PyObject *credit(PyObject *self, PyObject *link)
     return PyLong_FromLong(link_credit(p));
 }
 
+static PyObject *pending(PyObject *self, PyObject *transport)
+{
+    void *p = address(transport);
+    if (PyErr_Occurred())
+        return NULL;
+    return PyLong_FromSsize_t(transport_pending(p));
+}
+
 static PyObject *drained(PyObject *self, PyObject *link)
 {
     void *p = address(link);
@@ -438,6 +447,7 @@ static PyMethodDef methods[] = {
      "send(link, tag, data, settled) -> the new delivery (0 when sent settled)"},
     {"settle", (PyCFunction)(void (*)(void))settle, METH_FASTCALL, "settle(delivery, outcome): update unless 0, settle"},
     {"credit", credit, METH_O, "credit(link) -> the link's credit"},
+    {"pending", pending, METH_O, "pending(transport) -> the bytes of output proton has (< 0: its output is closed)"},
     {"drained", drained, METH_O, "drained(link) -> whether the peer asked for a drain (then answered)"},
     {"tag", tag, METH_O, "tag(delivery) -> its tag"},
     {NULL, NULL, 0, NULL},

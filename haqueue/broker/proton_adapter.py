@@ -419,7 +419,9 @@ class ProtonConnection:
 
     # -- output ------------------------------------------------------------------------------
     def pending(self) -> int:
-        return lib.pn_transport_pending(self.transport)
+        """The bytes of output proton has (it encodes what is due first); < 0 once its output is closed. Asked
+        in each dispatch (Link.output_full): through _pn, not cffi."""
+        return _pn.pending(self.transport_addr)
 
     def write(self, fd: int) -> int:
         """Write proton's output to the socket with no copy on the way; what it holds is popped once all
