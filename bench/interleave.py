@@ -267,8 +267,9 @@ def markdown(run: dict, args) -> str:
              "`syncs` counters (summed over a cluster's brokers) over the measured run. Other load = cores used by "
              "everything but the set-up under test and the two clients (the idle set-ups included).", "",
              f"| set-up | msg/s | broker CPU µs/msg | fsyncs/s | msgs per fsync | p50 ms @ {args.rate:g}/s | "
-             f"p99 ms @ {args.rate:g}/s | fsyncs/s @ {args.rate:g}/s | other load (cores) | calibration ms |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+             f"p99 ms @ {args.rate:g}/s | broker CPU µs/msg @ {args.rate:g}/s | fsyncs/s @ {args.rate:g}/s | "
+             "other load (cores) | calibration ms |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for spec in specs:
         sat, lat = ok_runs(results[spec], "saturation"), ok_runs(results[spec], "latency")
         get = lambda runs, k: [r.get(k) if r else None for r in runs]  # noqa: E731
@@ -279,22 +280,26 @@ def markdown(run: dict, args) -> str:
             + (f", {failed} failed" if failed else "")
             + f" | {med_range(get(sat, 'broker_cpu_us_per_msg'), 1)} | {med_range(get(sat, 'syncs_per_s'))} "
             f"| {med_range(get(sat, 'msgs_per_sync'), 1)} | {med_range(get(lat, 'p50_ms'), 2)} "
-            f"| {med_range(get(lat, 'p99_ms'), 2)} | {med_range(get(lat, 'syncs_per_s'))} "
+            f"| {med_range(get(lat, 'p99_ms'), 2)} | {med_range(get(lat, 'broker_cpu_us_per_msg'), 1)} "
+            f"| {med_range(get(lat, 'syncs_per_s'))} "
             f"| {fmt(statistics.median(loads), 2) if loads else '—'} (≤ {fmt(max(loads), 2) if loads else '—'}) "
             f"| {med_range(get(sat, 'calibration_ms'), 1)} |")
     lines += ["", f"Ratios to `{base}`, round by round (median, min–max, each round's value):", "",
-              "| set-up | msg/s ratio | broker CPU ratio | p99 ratio | msg/s ratio per round | other load per round "
-              "(cores, the pair's saturation runs) |", "|---|---|---|---|---|---|"]
+              f"| set-up | msg/s ratio | broker CPU ratio | p99 ratio | broker CPU ratio @ {args.rate:g}/s | msg/s ratio "
+              f"per round | broker CPU ratio @ {args.rate:g}/s per round | other load per round (cores, the pair's "
+              "saturation runs) |", "|---|---|---|---|---|---|---|---|"]
     for spec in specs:
         if spec == base:
             continue
         r_rate = ratios(results[spec], results[base], "saturation", "msgs_per_s")
         r_cpu = ratios(results[spec], results[base], "saturation", "broker_cpu_us_per_msg")
         r_p99 = ratios(results[spec], results[base], "latency", "p99_ms")
+        r_cpu_rate = ratios(results[spec], results[base], "latency", "broker_cpu_us_per_msg")
         loads = [f"{a['other_load_cores']:.1f}/{b['other_load_cores']:.1f}" for a, b in
                  zip(ok_runs(results[spec], "saturation"), ok_runs(results[base], "saturation")) if a and b]
         lines.append(f"| `{spec}` | {med_range(r_rate, 2)} | {med_range(r_cpu, 2)} | {med_range(r_p99, 2)} | "
-                     + " ".join(f"{x:.2f}" for x in r_rate) + " | " + " ".join(loads) + " |")
+                     f"{med_range(r_cpu_rate, 2)} | " + " ".join(f"{x:.2f}" for x in r_rate) + " | "
+                     + " ".join(f"{x:.2f}" for x in r_cpu_rate) + " | " + " ".join(loads) + " |")
     lines.append("")
     targets = []
     for spec in specs:

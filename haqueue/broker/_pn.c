@@ -7,14 +7,17 @@
  * around their system calls only, as socket.recv and send do). Links, deliveries, transports and
  * collectors are passed as their addresses (Python ints); proton_adapter.py keeps cffi for everything else.
  *
- *   bind(path, PN_DELIVERY)                      find the functions in the library at path
+ *   bind(path, PN_DELIVERY, PN_LINK_FLOW, kept)  find the functions in the library at path; `kept`: the
+ *                                                other event types proton_adapter.py handles itself
  *   read(transport, fd, budget) -> int           socket -> proton's input buffer, no copy on the way
  *   write(transport, fd, offset) -> (int, int)   proton's output buffer -> socket, likewise
- *   drain(collector, limit) -> list              the delivery events at the collector's head, popped
+ *   drain(collector, limit) -> list              the collector's events up to one proton_adapter.py keeps
  *   send(link, tag, data, settled) -> int        a new delivery with these bytes, or the pieces of a
  *                                                list of bytes one after the other (0 if settled)
  *   settle(delivery, outcome)                    give the outcome (unless 0), settle
  *   credit(link) -> int
+ *   pending(transport) -> int                    the bytes of output proton has (< 0: none will come)
+ *   drained(link) -> bool                        answer a drain request, if the peer made one
  *   tag(delivery) -> bytes
  */
 #define PY_SSIZE_T_CLEAN
@@ -52,6 +55,10 @@ static void (*delivery_abort)(void *);
 static void (*delivery_update)(void *, uint64_t);
 static int (*link_credit)(void *);
 static pn_bytes (*delivery_tag)(void *);
+static bool (*link_get_drain)(void *);
+static int (*link_drained)(void *);
+static void *(*event_link)(void *);
+static bool (*transport_closed)(void *);
 static ssize_t (*transport_capacity)(void *);
 static char *(*transport_tail)(void *);
 static int (*transport_process)(void *, size_t);
@@ -59,11 +66,16 @@ static ssize_t (*transport_pending)(void *);
 static const char *(*transport_head)(void *);
 static void (*transport_pop)(void *, size_t);
 
-static int PN_DELIVERY = -1;
+static int PN_DELIVERY = -1, PN_LINK_FLOW = -1;
+enum { EVENT_TYPES = 128 };
+static bool kept[EVENT_TYPES]; /* the event types proton_adapter.py handles with proton's objects (opens, closes) */
 enum { ACCEPTED = 0x24, MODIFIED = 0x27, TRANSACTIONAL = 0x34 };
-/* What drain() reports: a whole message in hand, an outcome, or a delivery for proton_adapter.py to handle
- * itself (aborted, over the size limit, transactional). */
-enum { RAW = 0, TRANSFER = 1, OUTCOME = 2 };
+/* What drain() reports: a whole message in hand, an outcome, a delivery for proton_adapter.py to handle
+ * itself (aborted, over the size limit, transactional), a link's flow, or an event proton_adapter.py
+ * keeps, left at the collector's head. */
+enum { RAW = 0, TRANSFER = 1, OUTCOME = 2, FLOW = 3, EVENT = 4 };
+/* What write() reports. */
+enum { WRITTEN = 0, FULL = 1, FAILED = -1, CLOSED = 2 };
 enum { MAX_BATCH = 4096 };
 
 #define FIND(var, name)                                                                            \
@@ -78,7 +90,21 @@ enum { MAX_BATCH = 4096 };
 static PyObject *bind_library(PyObject *self, PyObject *args)
 {
     const char *path;
-    if (!PyArg_ParseTuple(args, "si", &path, &PN_DELIVERY))
+    PyObject *kept_types;
+    if (!PyArg_ParseTuple(args, "siiO", &path, &PN_DELIVERY, &PN_LINK_FLOW, &kept_types))
+        return NULL;
+    PyObject *types = PySequence_Fast(kept_types, "bind: kept must be a sequence of event types");
+    if (types == NULL)
+        return NULL;
+    for (int t = 0; t < EVENT_TYPES; t++)
+        kept[t] = false;
+    for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(types); i++) {
+        long t = PyLong_AsLong(PySequence_Fast_GET_ITEM(types, i));
+        if (t >= 0 && t < EVENT_TYPES)
+            kept[t] = true;
+    }
+    Py_DECREF(types);
+    if (PyErr_Occurred())
         return NULL;
     void *lib = dlopen(path, RTLD_NOW | RTLD_NOLOAD); /* the copy cffi loaded, not a second one */
     if (lib == NULL)
@@ -108,6 +134,10 @@ static PyObject *bind_library(PyObject *self, PyObject *args)
     FIND(delivery_update, "pn_delivery_update");
     FIND(link_credit, "pn_link_credit");
     FIND(delivery_tag, "pn_delivery_tag");
+    FIND(link_get_drain, "pn_link_get_drain");
+    FIND(link_drained, "pn_link_drained");
+    FIND(event_link, "pn_event_link");
+    FIND(transport_closed, "pn_transport_closed");
     FIND(transport_capacity, "pn_transport_capacity");
     FIND(transport_tail, "pn_transport_tail");
     FIND(transport_process, "pn_transport_process");
@@ -176,6 +206,10 @@ static PyObject *item(void *delivery, size_t limit, bool *skip)
     return Py_BuildValue("(iNN)", RAW, ADDRESS(link), ADDRESS(delivery));
 }
 
+/* The events at the collector's head, popped, as drain's items: deliveries (item above), links' flows, and
+ * nothing for the events the broker does not act on (the transport has output, local opens and closes,
+ * objects made or freed). It stops at an event of a type proton_adapter.py keeps, reported last as
+ * (EVENT, type) and left at the head for it to handle and pop; an empty list: the collector is empty. */
 static PyObject *drain(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
     if (nargs != 2)
@@ -188,11 +222,23 @@ static PyObject *drain(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     if (items == NULL)
         return NULL;
     void *event;
-    while (PyList_GET_SIZE(items) < MAX_BATCH && (event = collector_peek(collector)) != NULL
-           && event_type(event) == PN_DELIVERY) {
-        bool skip;
-        PyObject *one = item(event_delivery(event), limit, &skip);
-        collector_pop(collector); /* even when it failed: the next call goes on with the next event */
+    while (PyList_GET_SIZE(items) < MAX_BATCH && (event = collector_peek(collector)) != NULL) {
+        int type = event_type(event);
+        PyObject *one = NULL;
+        bool skip = false, stop = false;
+        if (type == PN_DELIVERY) {
+            one = item(event_delivery(event), limit, &skip);
+        } else if (type == PN_LINK_FLOW) {
+            void *link = event_link(event);
+            one = Py_BuildValue("(iNO)", FLOW, ADDRESS(link), link_get_drain(link) ? Py_True : Py_False);
+        } else if (type < 0 || type >= EVENT_TYPES || kept[type]) {
+            one = Py_BuildValue("(ii)", EVENT, type);
+            stop = true;
+        } else {
+            skip = true;
+        }
+        if (!stop)
+            collector_pop(collector); /* even when it failed: the next call goes on with the next event */
         if (one == NULL && !skip) {
             Py_DECREF(items);
             return NULL;
@@ -205,6 +251,8 @@ static PyObject *drain(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
                 return NULL;
             }
         }
+        if (stop)
+            break;
     }
     return items;
 }
@@ -250,8 +298,9 @@ static PyObject *read_socket(PyObject *self, PyObject *const *args, Py_ssize_t n
 /* Write proton's pending output to the socket from proton's own buffer. `offset` is how much of the
  * buffer's head went out already: proton moves what is left to the buffer's start on every pop, so a
  * pop waits until all it holds is written (a large message to a slow reader would otherwise be moved
- * once per write). Returns (0, 0) when all is written, (1, offset) when the socket is full, (-1, 0)
- * when it failed. */
+ * once per write). Returns (WRITTEN, 0) when all is written, (CLOSED, 0) when all is written and the
+ * transport is closed both ways (the connection is over), (FULL, offset) when the socket is full,
+ * (FAILED, 0) when it failed. */
 static PyObject *write_socket(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
     if (nargs != 3)
@@ -271,16 +320,16 @@ static PyObject *write_socket(PyObject *self, PyObject *const *args, Py_ssize_t 
         if (n < 0 && errno == EINTR)
             continue;
         if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
-            return Py_BuildValue("(in)", 1, offset);
+            return Py_BuildValue("(in)", FULL, offset);
         if (n < 0)
-            return Py_BuildValue("(in)", -1, (Py_ssize_t)0);
+            return Py_BuildValue("(in)", FAILED, (Py_ssize_t)0);
         offset += n;
         if (offset < pending)
-            return Py_BuildValue("(in)", 1, offset);
+            return Py_BuildValue("(in)", FULL, offset);
         transport_pop(transport, (size_t)pending); /* all of it: nothing to move, and proton adds more */
         offset = 0;
     }
-    return Py_BuildValue("(in)", 0, (Py_ssize_t)0);
+    return Py_BuildValue("(in)", transport_closed(transport) ? CLOSED : WRITTEN, (Py_ssize_t)0);
 }
 
 /* Hand one buffer's bytes to proton (which copies them into its own). */
@@ -353,6 +402,25 @@ static PyObject *credit(PyObject *self, PyObject *link)
     return PyLong_FromLong(link_credit(p));
 }
 
+static PyObject *pending(PyObject *self, PyObject *transport)
+{
+    void *p = address(transport);
+    if (PyErr_Occurred())
+        return NULL;
+    return PyLong_FromSsize_t(transport_pending(p));
+}
+
+static PyObject *drained(PyObject *self, PyObject *link)
+{
+    void *p = address(link);
+    if (PyErr_Occurred())
+        return NULL;
+    if (!link_get_drain(p))
+        Py_RETURN_FALSE;
+    link_drained(p);
+    Py_RETURN_TRUE;
+}
+
 static PyObject *tag(PyObject *self, PyObject *delivery)
 {
     void *p = address(delivery);
@@ -363,19 +431,24 @@ static PyObject *tag(PyObject *self, PyObject *delivery)
 }
 
 static PyMethodDef methods[] = {
-    {"bind", bind_library, METH_VARARGS, "bind(path, PN_DELIVERY): find proton's functions in the loaded library"},
+    {"bind", bind_library, METH_VARARGS,
+     "bind(path, PN_DELIVERY, PN_LINK_FLOW, kept): find proton's functions in the loaded library; kept: the "
+     "event types drain leaves to the caller"},
     {"read", (PyCFunction)(void (*)(void))read_socket, METH_FASTCALL,
      "read(transport, fd, budget) -> bytes read from the socket into the transport, -1 once it is closed"},
     {"write", (PyCFunction)(void (*)(void))write_socket, METH_FASTCALL,
-     "write(transport, fd, offset) -> (0, 0) all written, (1, offset) the socket is full, (-1, 0) it failed"},
+     "write(transport, fd, offset) -> (WRITTEN, 0), (CLOSED, 0) all written and the transport closed, "
+     "(FULL, offset) the socket is full, (FAILED, 0)"},
     {"drain", (PyCFunction)(void (*)(void))drain, METH_FASTCALL,
-     "drain(collector, limit) -> the delivery events at the head of the collector, popped: "
-     "(TRANSFER, link, delivery, data, settled), (OUTCOME, link, delivery, state, failed, undeliverable) "
-     "or (RAW, link, delivery)"},
+     "drain(collector, limit) -> the events at the head of the collector, popped: "
+     "(TRANSFER, link, delivery, data, settled), (OUTCOME, link, delivery, state, failed, undeliverable), "
+     "(RAW, link, delivery), (FLOW, link, drain); last, (EVENT, type) for one left at the head for the caller"},
     {"send", (PyCFunction)(void (*)(void))send_delivery, METH_FASTCALL,
      "send(link, tag, data, settled) -> the new delivery (0 when sent settled)"},
     {"settle", (PyCFunction)(void (*)(void))settle, METH_FASTCALL, "settle(delivery, outcome): update unless 0, settle"},
     {"credit", credit, METH_O, "credit(link) -> the link's credit"},
+    {"pending", pending, METH_O, "pending(transport) -> the bytes of output proton has (< 0: its output is closed)"},
+    {"drained", drained, METH_O, "drained(link) -> whether the peer asked for a drain (then answered)"},
     {"tag", tag, METH_O, "tag(delivery) -> its tag"},
     {NULL, NULL, 0, NULL},
 };
@@ -388,7 +461,10 @@ PyMODINIT_FUNC PyInit__pn(void)
     if (m == NULL)
         return NULL;
     if (PyModule_AddIntConstant(m, "RAW", RAW) < 0 || PyModule_AddIntConstant(m, "TRANSFER", TRANSFER) < 0
-        || PyModule_AddIntConstant(m, "OUTCOME", OUTCOME) < 0) {
+        || PyModule_AddIntConstant(m, "OUTCOME", OUTCOME) < 0 || PyModule_AddIntConstant(m, "FLOW", FLOW) < 0
+        || PyModule_AddIntConstant(m, "EVENT", EVENT) < 0 || PyModule_AddIntConstant(m, "WRITTEN", WRITTEN) < 0
+        || PyModule_AddIntConstant(m, "FULL", FULL) < 0 || PyModule_AddIntConstant(m, "FAILED", FAILED) < 0
+        || PyModule_AddIntConstant(m, "CLOSED", CLOSED) < 0) {
         Py_DECREF(m);
         return NULL;
     }

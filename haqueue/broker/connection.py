@@ -13,7 +13,7 @@ import ssl
 from typing import TYPE_CHECKING, Any, Protocol
 
 from .preamble import Preamble
-from .proton_adapter import Link, LinkHandler, ProtonConnection
+from .proton_adapter import WRITE_CLOSED, WRITE_FAILED, WRITE_FULL, WRITTEN, Link, LinkHandler, ProtonConnection
 from .sasl import SaslClient
 from .tls_pump import TlsPump
 
@@ -179,12 +179,15 @@ class Connection:
             return
         engine = self.engine
         blocked = False
-        if self.phase == "amqp" and self.tls is None and not self.raw_out:
+        plain = self.phase == "amqp" and self.tls is None and not self.raw_out
+        over = False  # plain: the transport is closed and all of it written
+        if plain:
             status = self.proton.write(self.fd)  # from proton's buffer, no copy on the way
-            if status < 0:
+            if status == WRITE_FAILED:
                 self.abort()
                 return
-            blocked = status > 0
+            blocked = status == WRITE_FULL
+            over = status == WRITE_CLOSED or (self.closing and status == WRITTEN)
         elif self.phase == "amqp":  # through TLS, or after bytes that wait in raw_out
             proton = self.proton
             while True:
@@ -209,7 +212,7 @@ class Connection:
         if blocked != self.writing:
             self.writing = blocked
             engine.epoll.modify(self.fd, EPOLL_IN | (EPOLL_OUT if blocked else 0))
-        if not blocked and self._finished():
+        if not blocked and (over if plain else self._finished()):
             self.abort()
             return
         if self.output_waiters and self.backlog() <= engine.limits.output_buffer:

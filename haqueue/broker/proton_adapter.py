@@ -5,7 +5,7 @@ deliveries are known by their addresses (ints); cffi pointers are made from them
 
 It holds `Link` (a link end: sending, settling, the credit window of a link the broker receives on),
 `ProtonConnection` (a connection's pn_connection and pn_transport) and `ProtonEvents` (proton's
-collector drained: delivery events through `_pn.drain`, the others here, each to the broker).
+collector drained: deliveries and flows through `_pn.drain`, opens and closes here, each to the broker).
 Everything above it speaks broker terms: a connection, a link, a message's bytes, a credit grant, a
 settlement. proton's Python wrapper objects appear only on cold paths (reading link properties).
 
@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import logging
 from logging import INFO
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Final
 
 import cproton_ffi
 from cproton_ffi import ffi, lib
@@ -36,9 +36,27 @@ log = logging.getLogger("haqueue.engine")
 NULL = ffi.NULL
 ACCEPTED, REJECTED, RELEASED, MODIFIED = lib.PN_ACCEPTED, lib.PN_REJECTED, lib.PN_RELEASED, lib.PN_MODIFIED
 DECLARED, TRANSACTIONAL = 0x33, 0x34  # delivery states of transactions (AMQP 1.0 part 4), not named by proton
-_PN_DELIVERY = lib.PN_DELIVERY
-_pn.bind(cproton_ffi.__file__, _PN_DELIVERY)
-_PN_LINK_FLOW = lib.PN_LINK_FLOW
+# The events ProtonEvents handles itself with proton's objects (by its method of that name): _pn.drain
+# stops at each, reports deliveries and flows, and pops every other event (the broker does nothing on
+# them: the transport has output, local opens and closes, objects made and freed).
+_KEPT_EVENTS = {
+    lib.PN_CONNECTION_REMOTE_OPEN: "_on_connection_remote_open",
+    lib.PN_CONNECTION_REMOTE_CLOSE: "_on_connection_remote_close",
+    lib.PN_SESSION_REMOTE_OPEN: "_on_session_remote_open",
+    lib.PN_SESSION_REMOTE_CLOSE: "_on_session_remote_close",
+    lib.PN_LINK_REMOTE_OPEN: "_on_link_remote_open",
+    lib.PN_LINK_REMOTE_CLOSE: "_on_link_remote_close",
+    lib.PN_LINK_REMOTE_DETACH: "_on_link_remote_close",
+    lib.PN_TRANSPORT_ERROR: "_on_transport_error",
+    lib.PN_TRANSPORT_TAIL_CLOSED: "_on_tail_closed",
+}
+_pn.bind(cproton_ffi.__file__, lib.PN_DELIVERY, lib.PN_LINK_FLOW, list(_KEPT_EVENTS))
+# What ProtonConnection.write reports: all written; all written and the transport closed both ways (the
+# connection is over); the socket is full; the socket failed.
+WRITTEN: Final = _pn.WRITTEN
+WRITE_CLOSED: Final = _pn.CLOSED
+WRITE_FULL: Final = _pn.FULL
+WRITE_FAILED: Final = _pn.FAILED
 _OUTPUT_CHUNK = 256 * 1024  # bytes of proton's output taken at a time where it is not written by _pn.write
 _OUTPUT_BUFFER = ffi.new("char[]", _OUTPUT_CHUNK)
 _OUTPUT_VIEW = ffi.buffer(_OUTPUT_BUFFER)
@@ -130,8 +148,8 @@ class Link:
     link the broker sends on, target for one it receives on)."""
 
     __slots__ = ("ptr", "addr", "conn", "name", "is_sender", "address", "dynamic", "browse", "handler",
-                 "_tag", "_received", "_received_bytes", "window", "settle_first", "_properties_ptr",
-                 "closed", "coordinator", "held", "honoured_filters")
+                 "_tag", "_sent", "_granted", "_received", "_received_bytes", "window", "settle_first",
+                 "_properties_ptr", "closed", "coordinator", "held", "honoured_filters")
 
     def __init__(self, ptr: Any, conn: "Connection", outgoing_address: str | None = None) -> None:
         self.ptr = ptr
@@ -141,6 +159,8 @@ class Link:
         self.is_sender = bool(lib.pn_link_is_sender(ptr))
         self.handler: LinkHandler | None = None
         self._tag = 0
+        self._sent = 0  # sending: messages sent; with the credit left, what the peer has granted in all
+        self._granted = 0  # ... as the last flow found it
         self._received = 0  # receiving: messages taken since the credit was last topped up: credit owed
         self._received_bytes = 0  # ... and their bytes
         self.window = 0  # receiving: the credit the peer holds once topped up
@@ -216,8 +236,18 @@ class Link:
             self._tag += 1
             tag = self._tag.to_bytes(8, "little")
         delivery = _pn.send(self.addr, tag, data, settled)
+        self._sent += 1
         self.conn.engine.dirty.add(self.conn)
         return delivery or None
+
+    def granted_more(self, drain: bool) -> bool:
+        """A flow on this link the broker sends on: did the peer grant more credit (or ask for a drain)?
+        proton reports a flow after each message sent as well, for the credit it used: messages sent plus
+        the credit left grow only by the peer's grants."""
+        granted = self._sent + _pn.credit(self.addr)
+        more = granted > self._granted
+        self._granted = granted
+        return more or drain
 
     @staticmethod
     def tag(delivery: int) -> bytes:
@@ -240,8 +270,8 @@ class Link:
 
     def drained(self) -> None:
         """Answer a drain request: no more to send, the rest of the credit is spent."""
-        if lib.pn_link_get_drain(self.ptr):
-            lib.pn_link_drained(self.ptr)
+        if _pn.drained(self.addr):
+            self._granted = self._sent  # the credit left is gone
             self.conn.engine.dirty.add(self.conn)
 
     def output_full(self) -> bool:
@@ -389,11 +419,13 @@ class ProtonConnection:
 
     # -- output ------------------------------------------------------------------------------
     def pending(self) -> int:
-        return lib.pn_transport_pending(self.transport)
+        """The bytes of output proton has (it encodes what is due first); < 0 once its output is closed. Asked
+        in each dispatch (Link.output_full): through _pn, not cffi."""
+        return _pn.pending(self.transport_addr)
 
     def write(self, fd: int) -> int:
         """Write proton's output to the socket with no copy on the way; what it holds is popped once all
-        written. < 0: the socket failed; > 0: it is full."""
+        written. WRITTEN, WRITE_CLOSED, WRITE_FULL or WRITE_FAILED."""
         status, self.written = _pn.write(self.transport_addr, fd, self.written)
         return status
 
@@ -453,61 +485,57 @@ class ProtonEvents:
         self._collector = address(self.collector)
         self.by_ptr: dict[Any, Connection] = {}  # the engine's connections, by their pn_connection_t*
         self._handlers: dict[int, Callable[[Any], None]] = {
-            lib.PN_CONNECTION_REMOTE_OPEN: self._on_connection_remote_open,
-            lib.PN_CONNECTION_REMOTE_CLOSE: self._on_connection_remote_close,
-            lib.PN_SESSION_REMOTE_OPEN: self._on_session_remote_open,
-            lib.PN_SESSION_REMOTE_CLOSE: self._on_session_remote_close,
-            lib.PN_LINK_REMOTE_OPEN: self._on_link_remote_open,
-            lib.PN_LINK_REMOTE_CLOSE: self._on_link_remote_close,
-            lib.PN_LINK_REMOTE_DETACH: self._on_link_remote_close,
-            lib.PN_TRANSPORT_ERROR: self._on_transport_error,
-            lib.PN_TRANSPORT_TAIL_CLOSED: self._on_tail_closed,
-        }
+            kind: getattr(self, name) for kind, name in _KEPT_EVENTS.items()}
 
     def drain(self) -> None:
-        """Handle proton's events in order: runs of delivery events through _pn (the hot path), any
-        other event here. Every event is popped, whatever its handler does."""
-        collector = self.collector
-        peek, pop, event_type = lib.pn_collector_peek, lib.pn_collector_pop, lib.pn_event_type
+        """Handle proton's events in order: runs of them through _pn.drain (deliveries and flows: the hot
+        path), each it stops at here. Every event is popped, whatever its handler does."""
         links = self.engine.links
         while True:
             try:
                 items = _pn.drain(self._collector, self.engine.limits.max_message_size)
             except Exception:
-                log.exception("error reading proton's delivery events")
+                log.exception("error reading proton's events")
                 continue
+            if not items:
+                return
             for item in items:
+                kind = item[0]
+                if kind == _pn.EVENT:  # the last of the run
+                    self._on_kept_event(item[1])
+                    continue
                 link = links.get(item[1])
                 if link is None:
                     continue
                 try:
-                    kind = item[0]
                     if kind == _pn.TRANSFER:
                         self._on_message(link, item[2], item[3], item[4])
                     elif kind == _pn.OUTCOME:
                         self._on_outcome(link, item[2], item[3], item[4], item[5])
+                    elif kind == _pn.FLOW:
+                        self._on_flow(link, item[2])
                     else:
                         self._on_raw_transfer(link, item[2])
                 except Exception:
-                    log.exception("error handling a delivery on link '%s'", link.name)
-            event = peek(collector)
-            if event == NULL:
-                return
-            kind = event_type(event)
-            if kind == _PN_DELIVERY:
-                continue  # a handler's action queued more: _pn's turn again
-            try:
-                if kind == _PN_LINK_FLOW:
-                    link = links.get(address(lib.pn_event_link(event)))
-                    if link is not None and link.handler is not None:
-                        link.handler.on_credit()
-                else:
-                    handler = self._handlers.get(kind)
-                    if handler is not None:
-                        handler(event)
-            except Exception:
-                log.exception("error handling proton event %s", ffi.string(lib.pn_event_type_name(kind)))
-            pop(collector)
+                    log.exception("error handling a delivery or flow on link '%s'", link.name)
+
+    def _on_kept_event(self, kind: int) -> None:
+        """The event at the collector's head, one of _KEPT_EVENTS: handled, then popped."""
+        collector = self.collector
+        handler = self._handlers.get(kind)
+        try:
+            if handler is not None:
+                handler(lib.pn_collector_peek(collector))
+        except Exception:
+            log.exception("error handling proton event %s", ffi.string(lib.pn_event_type_name(kind)))
+        lib.pn_collector_pop(collector)
+
+    def _on_flow(self, link: Link, drain: bool) -> None:
+        """A flow: on a link the broker sends on, news only when the peer granted more (or asks for a
+        drain); on one it receives on, the peer's answer to a drain (or the broker's own grant)."""
+        handler = link.handler
+        if handler is not None and (not link.is_sender or link.granted_more(drain)):
+            handler.on_credit()
 
     def _on_message(self, link: Link, delivery: int, data: bytes, settled: bool) -> None:
         """A whole message from a publisher (read and advanced past by _pn.drain)."""

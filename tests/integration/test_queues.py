@@ -258,6 +258,23 @@ def test_drain_returns_unused_credit(broker):
         assert bodies(r.receive_n(1)) == ["after"]
 
 
+def test_credit_granted_one_at_a_time_and_after_a_drain_brings_every_waiting_message(broker):
+    """proton tells the broker of the credit each of its sends used as well as of the client's grants; only a
+    grant dispatches. Credit given one message at a time, then a drain, then one more: each brings the next."""
+    with Client(broker) as c:
+        c.send("q.trickle", make_messages(6, prefix="t"))
+        r = c.receiver("q.trickle", credit=0)
+        got = []
+        for _ in range(3):
+            r.flow(1)
+            got += r.receive_n(1, credit=False)
+        got += r.drain(2)
+        assert r.credit == 0
+        r.flow(1)
+        got += r.receive_n(1, credit=False)
+        assert bodies(got) == [f"t-{i}" for i in range(6)]
+
+
 # ---- dispositions -------------------------------------------------------------------------
 
 def test_accept_removes(broker):
