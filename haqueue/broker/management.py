@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any, Callable
 from proton import Message
 
 from .access import ADMIN, MANAGE, RECEIVE, SEE, SEND
-from .errors import BrokerError, INVALID_FIELD, NOT_FOUND, RESOURCE_LOCKED
+from .errors import BrokerError, DECODE, INVALID_FIELD, NOT_FOUND, RESOURCE_LOCKED
 from .proton_adapter import ACCEPTED, REJECTED, Link, LinkHandler
 from .queue import Queue
 
@@ -219,6 +219,17 @@ def _reply(request: Message, status: int, description: str, answer: Any) -> Mess
     return reply
 
 
+def decode_request(link: Link, delivery: Any, data: bytes) -> Message | None:
+    """A request's message, or None once its delivery is rejected as undecodable."""
+    request = Message()
+    try:
+        request.decode(data)
+    except Exception as e:  # noqa: BLE001 - proton raises its own errors for bad bytes
+        link.settle(delivery, REJECTED, DECODE, f"cannot decode request: {e}")
+        return None
+    return request
+
+
 class ManagementEndpoint(LinkHandler):
     """The link a client sends requests on; answers go to each request's reply-to address."""
 
@@ -227,11 +238,8 @@ class ManagementEndpoint(LinkHandler):
         self.link = link
 
     def on_message(self, delivery: Any, data: bytes, settled: bool) -> None:
-        request = Message()
-        try:
-            request.decode(data)
-        except Exception as e:
-            self.link.settle(delivery, REJECTED, "amqp:decode-error", f"cannot decode request: {e}")
+        request = decode_request(self.link, delivery, data)
+        if request is None:
             return
         if not request.reply_to:
             self.link.settle(delivery, REJECTED, INVALID_FIELD, "a management request needs reply-to")

@@ -14,7 +14,8 @@ from typing import Any
 
 from proton import Message
 
-from ..broker.errors import DECODE, INTERNAL, INVALID_FIELD, NOT_FOUND, RESOURCE_LOCKED, UNAUTHORIZED, NOT_IMPLEMENTED
+from ..broker.errors import INTERNAL, INVALID_FIELD, NOT_FOUND, RESOURCE_LOCKED, UNAUTHORIZED, NOT_IMPLEMENTED
+from ..broker.management import decode_request
 from ..broker.proton_adapter import ACCEPTED, REJECTED, Link, LinkHandler
 from ..broker.server import Broker
 from .forwarding_queues import forwarded_to, forwarding_args
@@ -25,7 +26,6 @@ OWNER = "x-shard-owner"  # a request's property: the shard owning the queue it c
 
 # A refusal's status as the condition a rejection carries, and back (403: a permission, the usual one here).
 CONDITIONS = {400: INVALID_FIELD, 403: UNAUTHORIZED, 404: NOT_FOUND, 409: RESOURCE_LOCKED, 501: NOT_IMPLEMENTED}
-STATUSES = {condition: status for status, condition in CONDITIONS.items()}
 
 
 def status_of(reply: Message) -> tuple[int, str]:
@@ -68,11 +68,8 @@ class WiringRequests(LinkHandler):
         self.link = link
 
     def on_message(self, delivery: int, data: bytes, settled: bool) -> None:
-        request = Message()
-        try:
-            request.decode(data)
-        except Exception as e:  # noqa: BLE001 - proton raises its own errors for bad bytes
-            self.link.settle(delivery, REJECTED, DECODE, f"cannot decode request: {e}")
+        request = decode_request(self.link, delivery, data)
+        if request is None:
             return
         props: dict[Any, Any] = request.properties or {}
         user = props.get(RELAYED_FOR) or None
