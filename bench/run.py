@@ -269,10 +269,22 @@ def renice_tree(pid: int, nice: int) -> None:
                 pass
 
 
+def c_client() -> Path:
+    """bench/c_clients/client.c compiled (again when the source is newer) into bench/out."""
+    source, binary = BENCH / "c_clients" / "client.c", OUT / "c-client"
+    if not binary.exists() or binary.stat().st_mtime < source.stat().st_mtime:
+        OUT.mkdir(exist_ok=True)
+        subprocess.run(["cc", "-O2", "-Wall", "-o", str(binary), str(source), "-lm"], check=True)
+    return binary
+
+
 def start_client(kind: str, role: str, args: list[str], stderr_path: Path) -> subprocess.Popen:
-    """kind 'rhea': bench/js/{role}.js under node; 'proton': bench/py_clients.py {role} in the venv."""
+    """kind 'rhea': bench/js/{role}.js under node; 'c': bench/c_clients/client.c (saturation runs only);
+    'proton': bench/py_clients.py {role} in the venv."""
     if kind == "rhea":
         cmd = ["node", str(JS / f"{role}.js"), *args]
+    elif kind == "c":
+        cmd = [str(c_client()), role, *args]
     else:
         cmd = [str(VENV_PY), str(BENCH / "py_clients.py"), role, *args]
     with open(stderr_path, "ab") as err:
