@@ -142,7 +142,7 @@ def stop_all(brokers: dict[str, R.Broker]) -> None:
 def turn(broker: R.Broker, args) -> dict:
     """One set-up's share of a round: a saturation run and a fixed-rate latency run."""
     out: dict = {"background_cores": R.wait_quiet(args.quiet_wait) if args.quiet_wait > 0 else None}
-    sat = R.saturation(broker, args.size, args.messages, args, clients=args.clients,
+    sat = R.saturation(broker, args.size, R.messages_for(args.messages, args.size), args, clients=args.clients,
                        pairs=args.pairs if args.pairs > 1 else getattr(broker, "pairs", 1))
     out["saturation"] = sat
     if "error" in sat:

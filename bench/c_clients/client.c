@@ -9,7 +9,7 @@
  *
  * At-least-once like the rhea clients: the producer sends unsettled transfers, at most W unsettled, within
  * the link's credit and the session's window, and counts the broker's settlements; the consumer grants C
- * credit, accepts and settles what arrived in one disposition per half window, and grants again. The body
+ * credit, accepts and settles what each read brought in one disposition, and grants again. The body
  * is a data section whose bytes 0-7 hold the send time (µs, CLOCK_MONOTONIC, a little-endian double) and
  * 8-11 the sequence number (little-endian), as bench/js/common.js lays them out. SASL PLAIN when a username
  * is given, no SASL layer otherwise. Saturation only: --rate is refused.
@@ -39,7 +39,7 @@ enum { OPEN = 0x10, BEGIN = 0x11, ATTACH = 0x12, FLOW = 0x13, TRANSFER = 0x14, D
        DETACH = 0x16, END = 0x17, CLOSE = 0x18, SASL_INIT = 0x41, SASL_OUTCOME = 0x44 };
 enum { ACCEPTED = 0x24, REJECTED = 0x25, RELEASED = 0x26, MODIFIED = 0x27 };
 enum { BODY_TS = 0, BODY_SEQ = 8, BODY_MIN = 12, WINDOW = 0x7fffffff };
-enum { IN_SIZE = 1 << 20, OUT_SIZE = 1 << 20 };
+enum { IN_SIZE = 1 << 20, MAX_FRAME = 65536 }; /* our max-frame-size: the broker splits larger messages */
 
 /* ------------------------------------------------------------------ options, clock, result */
 
@@ -72,12 +72,12 @@ static void fail(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 
 /* ------------------------------------------------------------------ writing frames */
 
-static uint8_t out[OUT_SIZE];
-static size_t out_len;
+static uint8_t *out;
+static size_t out_len, out_cap;
 
 static void put(const void *p, size_t n)
 {
-    if (out_len + n > OUT_SIZE) fail("output buffer full");
+    if (out_len + n > out_cap) fail("output buffer full");
     memcpy(out + out_len, p, n);
     out_len += n;
 }
@@ -248,9 +248,12 @@ static size_t in_len;
 static int headers_expected = 1; /* protocol headers still to come (two with SASL) */
 static bool sasl_done;
 
+static double last_output_us;
+
 static void flush_out(bool block)
 {
     size_t sent = 0;
+    if (out_len) last_output_us = now_us();
     while (sent < out_len) {
         ssize_t n = send(fd, out + sent, out_len - sent, MSG_NOSIGNAL);
         if (n > 0) { sent += (size_t)n; continue; }
@@ -296,7 +299,9 @@ static void connect_to_broker(void)
     char container[64];
     snprintf(container, sizeof container, "bench-c-%s-%d", opt.role, (int)getpid());
     put_str(container);
-    end_list(l, 1);
+    put_null();                                      /* hostname */
+    put_uint(MAX_FRAME);                             /* max-frame-size */
+    end_list(l, 3);
     end_frame(f);
     f = begin_frame(0);
     l = begin_list(BEGIN);
@@ -444,12 +449,14 @@ static void fail(const char *fmt, ...)
 static bool attached;                 /* the broker's attach came */
 static uint64_t credit_limit;         /* producer: it may send while sent < this (delivery-count + credit) */
 static uint64_t peer_next_in, peer_in_window = 0; /* producer: the broker's session window */
-static uint64_t next_delivery;        /* consumer: the broker's next transfer id (for our flows) */
+static uint64_t next_incoming;        /* consumer: the broker's next transfer-id (one per frame) */
 static uint64_t delivery_count;       /* consumer: the link's delivery-count */
 static uint64_t first_unsettled;      /* consumer: the first delivery id not yet settled */
 static long unsettled;                /* consumer: received, not yet settled */
+static uint64_t last_received;        /* consumer: the delivery id of the last whole message */
 static bool any_unsettled;
 static uint64_t peer_max_frame = 0xffffffff; /* the broker's open's max-frame-size */
+static double peer_idle_us;           /* the broker's idle-time-out: send something at least every half of it */
 static uint8_t *template_msg;         /* producer: one message's encoding, its body at body_at */
 static size_t template_len, body_at;
 
@@ -457,7 +464,7 @@ static void send_flow(void)
 {
     size_t f = begin_frame(0);
     size_t l = begin_list(FLOW);
-    put_uint((uint32_t)next_delivery);    /* next-incoming-id */
+    put_uint((uint32_t)next_incoming);    /* next-incoming-id */
     put_uint(WINDOW);                     /* incoming-window */
     put_uint(0);                          /* next-outgoing-id */
     put_uint(WINDOW);                     /* outgoing-window */
@@ -498,7 +505,7 @@ static void on_message(Cursor payload)
             Cursor c = {payload.p + 3, payload.end};
             if (need(&c, 2) && c.p[0] == 0xA0) { body_len = c.p[1]; body = c.p + 2; }
             else if (need(&c, 5) && c.p[0] == 0xB0) { body_len = be32(c.p + 1); body = c.p + 5; }
-            if (body && !need(&c, body_len + (size_t)(body - c.p))) body = NULL;
+            if (body && !need(&c, BODY_MIN + (size_t)(body - c.p))) body = NULL; /* the rest may follow in more frames */
             break;
         }
         if (section == 0x70) { /* header: its delivery-count (field 4) says redelivered */
@@ -540,9 +547,8 @@ static void on_performative(uint8_t type, Cursor fields, uint32_t count, Cursor 
     case OPEN: {
         uint64_t max = field(fields, count, 2, &absent);
         if (!absent) peer_max_frame = max;
-        if (is_producer && template_len + 64 > peer_max_frame)
-            fail("a %d-byte message does not fit the broker's max-frame-size %llu: this client sends each message "
-                 "in one frame", opt.size, (unsigned long long)peer_max_frame);
+        if (peer_max_frame < 512) fail("the broker's max-frame-size %llu is below AMQP's 512", (unsigned long long)max);
+        peer_idle_us = (double)field(fields, count, 4, &absent) * 1000;
         break;
     }
     case BEGIN:
@@ -550,8 +556,8 @@ static void on_performative(uint8_t type, Cursor fields, uint32_t count, Cursor 
             peer_next_in = 0; /* our next-outgoing-id */
             peer_in_window = field(fields, count, 2, &absent);
         } else {
-            next_delivery = field(fields, count, 1, &absent);
-            first_unsettled = next_delivery;
+            next_incoming = field(fields, count, 1, &absent);
+            first_unsettled = next_incoming;
         }
         break;
     case ATTACH: {
@@ -602,17 +608,21 @@ static void on_performative(uint8_t type, Cursor fields, uint32_t count, Cursor 
         break;
     }
     case TRANSFER: {
-        uint64_t id = field(fields, count, 1, &absent);
-        if (field(fields, count, 5, &absent)) fail("a message in more than one frame: this client reads one frame each");
+        /* A message may come in several frames (more = true but the last): its first frame has the
+         * delivery-id and the body's first bytes, the last one completes it. */
+        static bool continuing;
+        static uint64_t id;
+        next_incoming++;
+        if (!continuing) {
+            id = field(fields, count, 1, &absent);
+            on_message(payload);
+        }
+        continuing = field(fields, count, 5, &absent);
+        if (continuing) break;
         if (!any_unsettled) { first_unsettled = id; any_unsettled = true; }
-        next_delivery++;
         delivery_count++;
         unsettled++;
-        on_message(payload);
-        if (unsettled >= (opt.credit + 1) / 2 || C.received >= opt.messages) {
-            settle_received(id);
-            send_flow();
-        }
+        last_received = id;
         break;
     }
     case DETACH: describe_error("detach", fields, count, 2); finish(1); break;
@@ -674,7 +684,13 @@ static bool read_input(void)
             continue;
         }
         if (n == 0) fail("the broker closed the connection");
-        if (errno == EAGAIN || errno == EWOULDBLOCK) return true;
+        if (errno == EAGAIN || errno == EWOULDBLOCK) {
+            if (unsettled) { /* accept what this read brought, in one disposition, and grant again */
+                settle_received(last_received);
+                send_flow();
+            }
+            return true;
+        }
         if (errno != EINTR) fail("recv: %s", strerror(errno));
     }
 }
@@ -697,26 +713,44 @@ static void build_template(void)
     memset(p, 'x', (size_t)opt.size);
 }
 
-/* Transfers while credit, the session window, the in-flight limit and the output buffer allow. */
+/* Transfers while credit, the session window (counted in frames), the in-flight limit and the output
+ * buffer allow; a message larger than the broker's max-frame-size goes in several frames. */
 static void send_what_is_allowed(void)
 {
+    static uint64_t frames_sent; /* our next transfer-id */
+    enum { PERFORMATIVE = 30 };
+    size_t chunk = (size_t)(peer_max_frame < MAX_FRAME ? peer_max_frame : MAX_FRAME) - 8 - PERFORMATIVE;
+    uint64_t frames = (template_len + chunk - 1) / chunk;
     while (attached && P.sent < opt.messages && (uint64_t)P.sent < credit_limit
-           && (uint64_t)P.sent < peer_next_in + peer_in_window && P.sent - P.settled < opt.inflight
-           && out_len + template_len + 64 < OUT_SIZE / 2) {
+           && frames_sent + frames <= peer_next_in + peer_in_window && P.sent - P.settled < opt.inflight
+           && out_len + template_len + frames * (8 + PERFORMATIVE) < out_cap / 2) {
         double t = now_us();
         uint32_t seq = (uint32_t)(P.sent + opt.seq_base), id = (uint32_t)P.sent;
         memcpy(template_msg + body_at + BODY_TS, &t, 8);
         memcpy(template_msg + body_at + BODY_SEQ, &seq, 4);
-        size_t f = begin_frame(0);
-        uint8_t perf[] = {0x00, 0x53, TRANSFER, 0xC0, 23, 5,
-                          0x70, 0, 0, 0, 0,                            /* handle */
-                          0x70, id >> 24, id >> 16, id >> 8, id,       /* delivery-id */
-                          0xA0, 4, id >> 24, id >> 16, id >> 8, id,    /* delivery-tag */
-                          0x70, 0, 0, 0, 0,                            /* message-format */
-                          0x42};                                       /* settled: false */
-        put(perf, sizeof perf);
-        put(template_msg, template_len);
-        end_frame(f);
+        for (size_t at = 0; at < template_len; at += chunk) {
+            bool first = at == 0, more = at + chunk < template_len;
+            size_t f = begin_frame(0);
+            if (first) {
+                uint8_t perf[] = {0x00, 0x53, TRANSFER, 0xC0, 24, 6,
+                                  0x70, 0, 0, 0, 0,                            /* handle */
+                                  0x70, id >> 24, id >> 16, id >> 8, id,       /* delivery-id */
+                                  0xA0, 4, id >> 24, id >> 16, id >> 8, id,    /* delivery-tag */
+                                  0x70, 0, 0, 0, 0,                            /* message-format */
+                                  0x42,                                        /* settled: false */
+                                  more ? 0x41 : 0x42};                         /* more */
+                put(perf, sizeof perf);
+            } else {
+                uint8_t perf[] = {0x00, 0x53, TRANSFER, 0xC0, 11, 6,
+                                  0x70, 0, 0, 0, 0,                            /* handle */
+                                  0x40, 0x40, 0x40, 0x40,                      /* delivery-id .. settled */
+                                  more ? 0x41 : 0x42};                         /* more */
+                put(perf, sizeof perf);
+            }
+            put(template_msg + at, more ? chunk : template_len - at);
+            end_frame(f);
+            frames_sent++;
+        }
         if (P.sent == 0) P.first_send = t;
         P.last_send = t;
         P.sent++;
@@ -733,6 +767,10 @@ static void run(void)
         } else if (C.received >= opt.messages) {
             flush_out(true);
             finish(C.duplicates || C.bad_body ? 1 : 0);
+        }
+        if (peer_idle_us > 0 && !out_len && now_us() - last_output_us > peer_idle_us / 2) {
+            uint8_t heartbeat[] = {0, 0, 0, 8, 2, 0, 0, 0}; /* an empty frame */
+            put(heartbeat, sizeof heartbeat);
         }
         if (out_len) flush_out(false);
         if (now_us() > deadline) {
@@ -781,6 +819,8 @@ int main(int argc, char **argv)
         fprintf(stderr, "--size must be at least %d, --messages, --credit and --inflight at least 1\n", BODY_MIN);
         return 2;
     }
+    out_cap = (size_t)opt.size * 4 + (1 << 20);
+    out = malloc(out_cap);
     if (is_producer) build_template();
     else {
         C.seen = calloc((size_t)opt.messages, 1);
