@@ -139,6 +139,13 @@ class RelayedPublisher(_Relayed):
                 self._refuse(delivery, txn)
         self.link.hold_credit()
 
+    def on_detach(self) -> None:
+        for _, _, txn in self.waiting:
+            if txn is not None:
+                txn.sent_one()  # never to be sent: its discharge need not wait for it
+        self.waiting.clear()
+        super().on_detach()
+
     def _refuse(self, delivery: int, txn: RemoteTransaction) -> None:
         if delivery and self.unsettled.pop(delivery, None) is not None and not self.link.closed:
             self.link.settle(delivery, REJECTED, *txn.lost_refusal())

@@ -85,7 +85,7 @@ class RemoteTransaction:
             self.asked = "declare"
             return _control("amqp:declare:list", [])
         if self.asked == "declare" and self.owner_id is not None and self.discharging is not None \
-                and not self.unsent:
+                and not self.unsent and not self._when_declared:
             self.asked = "discharge"
             return _control("amqp:discharge:list", [self.owner_id, self.discharging[0]])
         return None
@@ -100,9 +100,8 @@ class RemoteTransaction:
             self._declared_or_lost()
 
     def _declared_or_lost(self) -> None:
-        callbacks, self._when_declared = self._when_declared, []
-        for callback in callbacks:
-            callback()
+        while self._when_declared:  # the discharge waits until the work they pass on has gone before it
+            self._when_declared.pop(0)()
 
     def answered(self, error: tuple[str, str] | None) -> None:
         """The owner answered its discharge (or it is lost: `error` from `lost_refusal`)."""

@@ -117,3 +117,17 @@ def test_the_owners_primary_killed_before_the_commit_rolls_the_relayed_transacti
     assert c.bodies(new, queue) == [f"before-{i}" for i in range(3)]  # nothing of it enqueued, both released
     got = receive(c.client_address("n1"), queue, 3)
     assert [m.body for m in got] == [f"before-{i}" for i in range(3)]  # the accepted two redelivered
+
+
+def test_an_outcome_on_a_second_shard_makes_the_commit_roll_back(three_nodes) -> None:
+    """An outcome has no answer of its own: accepting a message of shard 0 (served at n1) in a transaction
+    whose publishes went to shard 1 is refused at the commit, which rolls everything back."""
+    c = three_nodes
+    relayed, local = owned_by(1, "txn.out"), owned_by(0, "txn.in")
+    send_all(c.client_address("n1"), local, ["in-0"])
+    result = run_transaction(_url(c, "n1"), relayed, [Message(body="out-0")], receive=1, receive_from=local)
+    assert result.received == ["in-0"], result
+    assert (result.outcome, result.condition) == ("commit_failed", "amqp:transaction:rollback"), result
+    assert "shard 1's primary" in result.description and "n1.s0 (shard 0)" in result.description, result
+    assert not c.depth(c.shard_processes(1)[0], relayed)  # its publish rolled back at the owner
+    c.wait_depth(c.shard_processes(0)[0], local, 1)  # the accepted message released
