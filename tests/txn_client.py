@@ -69,6 +69,7 @@ class _TxnClient(_Bounded, TransactionHandler):
         self.link_per_address = link_per_address
         self.senders: dict[str, Any] = {}
         self.bodies: dict[Any, Any] = {}  # delivery -> body of what was sent
+        self.injector: EventInjector | None = None  # OpenTransaction's way in from the test's thread
         self.receive_from = receive_from or address
         self.url, self.address, self.to_send, self.to_receive = url, address, send, receive
         self.commit, self.hold, self.declared_event = commit, hold, declared
@@ -127,6 +128,15 @@ class _TxnClient(_Bounded, TransactionHandler):
                                           condition.name if condition else None,
                                           condition.description if condition else None))
 
+    def _end(self, event: Any) -> None:
+        super()._end(event)
+        if self.injector is not None:
+            self.injector.close()  # else it keeps the container running
+
+    def on_send_more(self, event: Any) -> None:  # OpenTransaction.send_more, from the test's thread
+        self.to_send.extend(event.subject)
+        self._send()
+
     def on_discharge_now(self, event: Any) -> None:  # OpenTransaction.finish, from the test's thread
         self.hold = None
         self._maybe_discharge()
@@ -181,7 +191,7 @@ class OpenTransaction:
         self.client = _TxnClient(url, address, list(send), receive, True, threading.Event(), self.declared,
                                  self.result, timeout)
         container = Container(self.client)
-        self.injector = EventInjector()
+        self.injector = self.client.injector = EventInjector()
         container.selectable(self.injector)
         self.thread = threading.Thread(target=container.run, daemon=True)
         self.thread.start()
@@ -192,6 +202,10 @@ class OpenTransaction:
         """Has the broker taken every message into the transaction, and the client received what it wants?"""
         return self.client.settled == len(self.client.to_send) and \
             len(self.result.received) == self.client.to_receive
+
+    def send_more(self, messages: list[Message]) -> None:
+        """Send these too, in the transaction, on the client's own thread."""
+        self.injector.trigger(ApplicationEvent("send_more", subject=list(messages)))
 
     def finish(self, commit: bool = True) -> None:
         """Discharge it now (commit or abort) on the client's own thread."""

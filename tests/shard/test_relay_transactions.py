@@ -7,6 +7,10 @@ and n3. n1 runs only n1.s0 and n3 only n3.s1 (a backup), so a client at n1 is se
 (a shard-1 queue is relayed) and one at n3 by a backup that relays every link."""
 from __future__ import annotations
 
+import os
+import signal
+import threading
+
 import pytest
 from proton import Message
 
@@ -120,14 +124,47 @@ def test_the_owners_primary_killed_before_the_commit_rolls_the_relayed_transacti
 
 
 def test_an_outcome_on_a_second_shard_makes_the_commit_roll_back(three_nodes) -> None:
-    """An outcome has no answer of its own: accepting a message of shard 0 (served at n1) in a transaction
-    whose publishes went to shard 1 is refused at the commit, which rolls everything back."""
+    """An outcome has no answer of its own: accepting a relayed message of shard 1 in a transaction whose
+    publish went to shard 0 (served at n1, before the message came) is refused at the commit, which rolls
+    everything back."""
     c = three_nodes
-    relayed, local = owned_by(1, "txn.out"), owned_by(0, "txn.in")
-    send_all(c.client_address("n1"), local, ["in-0"])
-    result = run_transaction(_url(c, "n1"), relayed, [Message(body="out-0")], receive=1, receive_from=local)
+    local, relayed = owned_by(0, "txn.out"), owned_by(1, "txn.in")
+    send_all(c.client_address("n1"), relayed, ["in-0"])
+    result = run_transaction(_url(c, "n1"), local, [Message(body="out-0")], receive=1, receive_from=relayed)
     assert result.received == ["in-0"], result
+    assert [state for _, state, _, _ in result.transfers] == ["transactional"], result
     assert (result.outcome, result.condition) == ("commit_failed", "amqp:transaction:rollback"), result
-    assert "shard 1's primary" in result.description and "n1.s0 (shard 0)" in result.description, result
-    assert not c.depth(c.shard_processes(1)[0], relayed)  # its publish rolled back at the owner
-    c.wait_depth(c.shard_processes(0)[0], local, 1)  # the accepted message released
+    assert "n1.s0 (shard 0)" in result.description and "shard 1's primary" in result.description, result
+    assert not c.depth(c.shard_processes(0)[0], local)  # its publish rolled back
+    c.wait_depth(c.shard_processes(1)[0], relayed, 1)  # the accepted message released at the owner
+    assert [m.body for m in receive(c.client_address("n3"), relayed, 1)] == ["in-0"]
+
+
+def test_a_transactional_publish_the_lost_owner_never_settled_is_refused_not_sent_again(three_nodes) -> None:
+    """Shard 1's primary is stopped (SIGSTOP) with a transaction open on it, two more messages are sent in
+    the transaction and one outside it, then it is killed: after the failover the relay sends the plain
+    one again (confirmed on the new primary) and refuses the two, which never reach the new primary."""
+    c = three_nodes
+    queue = owned_by(1, "txn.unsettled")
+    old, new = c.shard_processes(1)
+    txn = OpenTransaction(_url(c, "n1"), queue, [Message(body="t-0")])
+    wait_for(txn.taken, 10, message="the owner took t-0 into the transaction")
+    os.kill(old.pid, signal.SIGSTOP)
+    try:
+        txn.send_more([Message(body="t-1"), Message(body="t-2")])
+        plain = threading.Thread(target=send_all, args=(c.client_address("n1"), queue, ["plain"]), daemon=True)
+        plain.start()
+    finally:
+        c.kill(old)
+    c.promote(new)
+    plain.join(30)
+    assert not plain.is_alive(), "the plain publish was confirmed after the failover"
+    wait_for(lambda: len(txn.result.transfers) == 3, 20, message="an outcome for each transactional publish")
+    refused = txn.result.transfers[1:]
+    assert [(body, state, condition) for body, state, condition, _ in refused] == [
+        ("t-1", "rejected", "amqp:transaction:rollback"), ("t-2", "rejected", "amqp:transaction:rollback")], refused
+    assert "shard 1's primary" in refused[0][3] and "was lost" in refused[0][3], refused
+    txn.finish()
+    result = txn.join(20)
+    assert (result.outcome, result.condition) == ("commit_failed", "amqp:transaction:rollback"), result
+    assert c.bodies(new, queue) == ["plain"]
