@@ -21,7 +21,8 @@ class TxnResult:
     condition: str | None = None
     description: str | None = None
     received: list[Any] = field(default_factory=list)
-    transfers: list[tuple[Any, str, str | None, str | None]] = field(default_factory=list)  # body, state, condition, description
+    # each transactional publish's outcome: body, state, condition, description
+    transfers: list[tuple[Any, str, str | None, str | None]] = field(default_factory=list)
 
 
 class _Bounded(MessagingHandler):
@@ -171,7 +172,8 @@ class _TxnClient(_Bounded, TransactionHandler):
 
 
 def run_transaction(url: str, address: str | None, send: list[Message] = (), receive: int = 0, commit: bool = True,
-                    timeout: float = 20.0, receive_from: str | None = None, link_per_address: bool = False) -> TxnResult:
+                    timeout: float = 20.0, receive_from: str | None = None,
+                    link_per_address: bool = False) -> TxnResult:
     """Send `send` (to `address`; None: each to its own `address`, on the anonymous relay or, with
     `link_per_address`, on a link to it) and receive-and-accept `receive` messages (from `receive_from`, else
     `address`) in one transaction, then commit or abort."""

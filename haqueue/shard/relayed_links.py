@@ -191,7 +191,7 @@ class RelayedPublisher(_Relayed):
                 break
             else:
                 self.waiting.popleft()
-                sent = mirror.send(data)  # unsettled even if the client's was not: the owner settles it in the transaction
+                sent = mirror.send(data)  # unsettled even if the client's was: the owner settles it in its transaction
                 assert sent is not None
                 mirror.in_transaction(sent, txn.owner_id)
                 self.sent[sent] = delivery
@@ -279,7 +279,7 @@ class RelayedConsumer(_Relayed):
         txn.when_declared(lambda: self._pass_outcome(txn, mirror, upstream, delivery, outcome))
 
     def _pass_outcome(self, txn: RemoteTransaction, mirror: Link, upstream: int, delivery: int,
-                        outcome: int) -> None:
+                      outcome: int) -> None:
         if txn.lost is None and mirror is self.mirror:
             assert txn.owner_id is not None
             mirror.in_transaction(upstream, txn.owner_id, outcome)
