@@ -65,6 +65,17 @@ def test_messages_accepted_in_a_relayed_transaction_leave_at_commit_and_come_bac
     assert [m.body for m in receive(c.client_address("n3"), queue, 6)] == [f"m-{i}" for i in range(4, 10)]
 
 
+def test_received_and_sent_in_one_relayed_transaction_move_together(three_nodes) -> None:
+    """Consume, transform, produce: two queues of shard 1, both relayed from n1, in one transaction."""
+    c = three_nodes
+    source, target = owned_by(1, "txn.source"), owned_by(1, "txn.target")
+    owner = c.shard_processes(1)[0]
+    send_all(c.client_address("n1"), source, ["in-0", "in-1"])
+    result = run_transaction(_url(c, "n1"), target, [Message(body="out-0")], receive=2, receive_from=source)
+    assert (result.outcome, result.received) == ("committed", ["in-0", "in-1"]), result
+    assert (c.depth(owner, source), c.depth(owner, target)) == (0, 1)
+
+
 @pytest.mark.parametrize("node", ["n1", "n3"])
 def test_work_on_a_second_shard_is_refused_and_the_transaction_stays_good_for_the_first(three_nodes, node) -> None:
     """At n1 the shard-0 queue is served locally (n1.s0), at n3 relayed too: refused either way, naming both."""
