@@ -14,6 +14,8 @@ to bench/RESULTS.md (unless --no-record). fsyncs come from the haqueue brokers' 
 
 Set-ups (--setups, comma-separated):
   single            one haqueue broker of this tree
+  single:P          the same, its saturation runs through P queues at once (a producer and a consumer
+                    each): beside `single`, what many queues cost against one
   old:DIR           one haqueue broker of another tree (git archive COMMIT | tar -x -C DIR)
   single+audit, old:DIR+audit
                     the same writing audit events (`audit: {dir: DATA_DIR/audit}`); named beside the
@@ -37,6 +39,7 @@ times: time from the process start to the port accepting connections and to the 
     python bench/interleave.py --setups single,old:/tmp/hq-old --no-latency --target-ratio 0.95
     python bench/interleave.py --setups single+audit,single,old:/tmp/hq-old+audit,old:/tmp/hq-old --no-latency
     python bench/interleave.py --setups single,rabbit-classic --pairs 10 --no-latency   # 10 queues at once
+    python bench/interleave.py --setups single:10,single --no-latency --clients c        # 10 queues against 1
     python bench/interleave.py --setups shards:4,shards:2,shards:1 --no-latency   # K shards, K queues
     python bench/interleave.py --setups shards:2:relay,shards:2 --no-latency      # the relay's cost
     python bench/interleave.py --setups shards:2,shards:1 --no-latency --clients c  # clients that leave the cores
@@ -80,7 +83,8 @@ def default_label(spec: str) -> str:
     if spec.endswith(AUDIT):
         return default_label(spec.removesuffix(AUDIT)) + " + audit"
     kind, _, arg = spec.partition(":")
-    return {"single": "haqueue single broker", "old": f"haqueue single broker ({arg})",
+    return {"single": "haqueue single broker" + (f", {arg} queues at once" if arg else ""),
+            "old": f"haqueue single broker ({arg})",
             "cluster": f"haqueue primary + 2 backups, {arg.replace('@', ' (') + ')' if '@' in arg else arg or 'all'}", "rabbit-classic": "RabbitMQ classic",
             "rabbit-quorum": "RabbitMQ 3-node cluster, quorum queue",
             "shards": f"haqueue {arg.partition(':')[0]} shard(s){', relayed' if arg.endswith(':relay') else ''}",
@@ -95,8 +99,10 @@ def make_setup(spec: str, startup_timeout: float) -> R.Broker:
         return R.CommandBroker(AUDIT_CMD.format(tree=shlex.quote(tree)), default_label(spec), None, startup_timeout)
     if audit:
         raise ValueError(f"{spec}: only single and old:DIR write audit events here")
-    if kind == "single":
-        return R.CommandBroker(R.DEFAULT_HAQUEUE_CMD, default_label(spec), None, startup_timeout)
+    if kind == "single" and (arg == "" or arg.isdigit() and int(arg) > 1):
+        broker = R.CommandBroker(R.DEFAULT_HAQUEUE_CMD, default_label(spec), None, startup_timeout)
+        broker.pairs = int(arg or 1)  # its saturation runs' queues at once (unless --pairs)
+        return broker
     if kind == "old" and arg:
         return R.CommandBroker(OLD_CMD.format(tree=shlex.quote(arg)), default_label(spec), None, startup_timeout)
     if kind == "cluster":
@@ -109,7 +115,7 @@ def make_setup(spec: str, startup_timeout: float) -> R.Broker:
         return R.RabbitBroker(None)
     if kind == "rabbit-quorum":
         return S.RabbitCluster()
-    raise ValueError(f"unknown set-up {spec!r} (single, old:DIR, cluster[:MODE][@DIR], shards:K[:relay] (relay: K > 1), rabbit-classic, rabbit-quorum)")
+    raise ValueError(f"unknown set-up {spec!r} (single[:P], old:DIR, cluster[:MODE][@DIR], shards:K[:relay] (relay: K > 1), rabbit-classic, rabbit-quorum)")
 
 
 def start_all(specs: list[str], args) -> dict[str, R.Broker]:
@@ -143,7 +149,7 @@ def turn(broker: R.Broker, args) -> dict:
     """One set-up's share of a round: a saturation run and a fixed-rate latency run."""
     out: dict = {"background_cores": R.wait_quiet(args.quiet_wait) if args.quiet_wait > 0 else None}
     sat = R.saturation(broker, args.size, R.messages_for(args.messages, args.size), args, clients=args.clients,
-                       pairs=args.pairs if args.pairs > 1 else getattr(broker, "pairs", 1))
+                       pairs=args.pairs if args.pairs > 1 else broker.pairs)
     out["saturation"] = sat
     if "error" in sat:
         log(f"  {broker.label}: saturation FAILED: {sat['error']} [{broker.describe_failure()}]")

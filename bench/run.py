@@ -300,6 +300,7 @@ class Broker:
     pid = 0
     username = ""
     password = ""
+    pairs = 1  # queues a saturation run uses at once, each with a producer and a consumer (bench/interleave.py)
 
     def address(self, queue: str) -> str:
         return queue
