@@ -7,8 +7,10 @@
  *                          which it is in its first byte). Per message it wakes in epoll_wait for the
  *                          producer's record, sends it to each backup and to the consumer; once every
  *                          backup has acknowledged it, sends the producer its settlement; it wakes again
- *                          for the consumer's accept and sends each backup a dequeue. With no backups:
- *                          two wake-ups, two recvs and two sends per message, what a single broker does.
+ *                          for the consumer's accept, whose dequeue goes to each backup with the next
+ *                          message (as haqueue's primary sends a pass's dequeues and enqueues together).
+ *                          With no backups: two wake-ups, two recvs and two sends per message, what a
+ *                          single broker does.
  *   backup PORT            acknowledges every message record (not the dequeues)
  *   producer PORT RATE N   sends N records at RATE msg/s, reads the settlements
  *   consumer PORT N        reads N records, answers each with an accept
@@ -100,8 +102,8 @@ static int relay(int port, int backups)
     }
     static char in[2 + MAX_BACKUPS][65536];
     size_t have[2 + MAX_BACKUPS] = {0};
-    long received = 0, settled = 0, acked[MAX_BACKUPS] = {0};
-    char reply[REPLY] = {0}, dequeue[BODY] = {'D'};
+    long received = 0, settled = 0, acked[MAX_BACKUPS] = {0}, dequeues = 0;
+    char reply[REPLY] = {0}, dequeue_and_message[2 * BODY] = {'D'};
     for (;;) {
         struct epoll_event ready[2 + MAX_BACKUPS];
         int n = epoll_wait(ep, ready, 2 + nb, -1);
@@ -110,12 +112,15 @@ static int relay(int port, int backups)
             int whole = take(fds[i], in[i], &have[i], i == 0 ? BODY : REPLY);
             if (whole < 0) return 0; /* a client is done */
             for (int m = 0; m < whole; m++) {
-                if (i == 0) { /* a message: to the backups and the consumer */
-                    for (int b = 0; b < nb; b++) send_all(backup[b], in[0] + m * BODY, BODY);
+                if (i == 0) { /* a message: to the backups (after the dequeue waiting, if any) and the consumer */
+                    memcpy(dequeue_and_message + BODY, in[0] + m * BODY, BODY);
+                    for (int b = 0; b < nb; b++)
+                        send_all(backup[b], dequeue_and_message + (dequeues ? 0 : BODY), dequeues ? 2 * BODY : BODY);
+                    dequeues = 0;
                     send_all(consumer, in[0] + m * BODY, BODY);
                     received++;
-                } else if (i == 1) { /* the consumer's accept: a dequeue to each backup */
-                    for (int b = 0; b < nb; b++) send_all(backup[b], dequeue, BODY);
+                } else if (i == 1) { /* the consumer's accept: its dequeue waits for the next message */
+                    dequeues++;
                 } else {
                     acked[i - 2]++;
                 }
