@@ -29,7 +29,7 @@ class ShardRouting:
         self.ha = ha
         self.config = config
         self.relay = Relay(broker.engine, ShardDirectory(config.publics), ha.config.username, ha.config.password,
-                           ha.config.backup_timeout)
+                           config.relay_timeout)
         ha.client_listeners.add(config.client)
         broker.link_routes.append(self.route)
         broker.link_user = self.link_user

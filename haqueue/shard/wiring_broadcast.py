@@ -7,7 +7,7 @@ first refusal (naming the shard and its reason) if there was one. A queue's decl
 first to the shard owning the queue (its refusal, a bad argument or no such queue, stops them there), then to
 the others in parallel, where a queue is a forwarding queue; so does a queue's delete; the rest go to every shard
 at once. Nothing is undone after a refusal: every shard validates alike, and the same request again converges (a
-CREATE of what exists answers 200). A shard without a primary for ha.backup_timeout refuses (the relay gives up on
+CREATE of what exists answers 200). A shard without a primary for shard.relay_timeout refuses (the relay gives up on
 it); each request carries its time, so that such a shard takes the newer state, created or deleted, on its next
 promotion (wiring_versions.py, wiring_sync.py).
 """

@@ -100,7 +100,7 @@ def test_a_refusal_names_the_shard_and_a_delete_reaches_every_shard(two_shards) 
 
 
 def test_a_shard_without_a_primary_refuses_and_takes_the_wiring_once_it_has_one(shard_cluster) -> None:
-    c = shard_cluster(size=2, shards=2, replicas=2)  # ha.backup_timeout 2 s
+    c = shard_cluster(size=2, shards=2, replicas=2)  # shard.relay_timeout 2 s
     first = [c.brokers.index(b) for b in c.shard_processes(0)]
     c.start(*first)  # shard 1 has no process yet
     c.promote(c.brokers[first[0]])
@@ -109,7 +109,7 @@ def test_a_shard_without_a_primary_refuses_and_takes_the_wiring_once_it_has_one(
     entry = c.publics[0]
     with pytest.raises(Refused) as refused:
         c.request(entry, "CREATE", "exchange", "early", {"type": "fanout"})
-    assert "shard 1 refused: no primary of shard 1 for 2 s (ha.backup_timeout)" in str(refused.value)
+    assert "shard 1 refused: no primary of shard 1 for 2 s (shard.relay_timeout)" in str(refused.value)
     with pytest.raises(Refused):
         c.request(entry, "CREATE", "queue", queue)  # made in shard 0, its owner, and refused by shard 1
     with pytest.raises(Refused):
