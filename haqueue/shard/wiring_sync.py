@@ -27,7 +27,7 @@ from ..ha.ha_broker import HaBroker
 from .forwarding_queues import forwarded_to, forwarding_args
 from .peer_endpoints import serve_peers
 from .relay import Relay
-from .wiring_versions import DELETED, Key, forget, guard, prune, record, stamp_of, tombstones
+from .wiring_versions import TOMBSTONES, Key, forget, guard, prune, record, stamp_of, tombstones
 
 log = logging.getLogger("haqueue.shard")
 
@@ -37,7 +37,7 @@ ADDRESS = "$shard.snapshot"
 def snapshot(broker: Broker, shard: int) -> dict[str, Any]:
     """This shard's wiring, its clients' (no temporary queues, nor their bindings), and its tombstones."""
     registry = broker.registry
-    queues = [q for q in registry.queues() if not q.temporary and DELETED not in q.args]
+    queues = [q for q in registry.queues() if not q.temporary and not q.name.startswith(TOMBSTONES + "/")]
     owners = {q.name: forwarded_to(q) for q in queues}
     return {"shard": shard, "exchanges": [x.info() for x in registry.exchanges()],
             "queues": [{"name": q.name, "args": dict(q.args), "owner": shard if owners[q.name] is None

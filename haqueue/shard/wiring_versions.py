@@ -40,8 +40,10 @@ def key_of(type_: str, name: Any, body: dict[str, Any]) -> Key | None:
 
 
 def stamp_of(args: dict[str, Any]) -> float:
-    """When an object was created by a broadcast; 0 for any other (the cluster file's, auto-created)."""
-    return float(args.get(STAMP, 0))
+    """When an object was created by a broadcast; 0 for any other (the cluster file's, auto-created, or one whose
+    declare gave the argument itself, not a number)."""
+    stamp = args.get(STAMP, 0)
+    return float(stamp) if isinstance(stamp, (int, float)) and not isinstance(stamp, bool) else 0.0
 
 
 def exists(registry: Registry, key: Key) -> bool:
@@ -58,8 +60,16 @@ def _name(key: Key) -> str:
 
 def tombstones(registry: Registry) -> dict[Key, float]:
     """This shard's tombstones: each deleted object's key and the stamp of its delete."""
-    return {tuple(json.loads(q.args[DELETED])): stamp_of(q.args)
-            for q in registry.queues() if DELETED in q.args}
+    found: dict[Key, float] = {}
+    for queue in registry.queues():
+        if queue.name.startswith(TOMBSTONES + "/") and DELETED in queue.args:
+            try:
+                key = json.loads(queue.args[DELETED])
+            except (TypeError, ValueError):
+                continue  # not one of ours: declared by hand with the argument
+            if isinstance(key, list):
+                found[tuple(str(part) for part in key)] = stamp_of(queue.args)
+    return found
 
 
 def record(registry: Registry, key: Key, stamp: float) -> None:

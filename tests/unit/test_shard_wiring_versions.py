@@ -6,7 +6,7 @@ from haqueue.broker.flow import MemoryAlarm
 from haqueue.broker.registry import Registry
 from haqueue.shard.forwarding_queues import forwarding_args
 from haqueue.shard.wiring_sync import converge, snapshot
-from haqueue.shard.wiring_versions import STAMP, record, tombstones
+from haqueue.shard.wiring_versions import STAMP, record, stamp_of, tombstones
 
 
 class Shard:
@@ -91,3 +91,8 @@ def test_a_deleted_queue_goes_as_a_forwarding_queue_but_never_from_its_owner() -
     late = wired(0)  # the owner is the first to delete its queue: a tombstone elsewhere never takes it
     record(forwarding.registry, ("queue", "q"), 9)
     assert late.take(forwarding)[1] == 0 and late.registry.lookup("q") is not None
+
+
+def test_a_stamp_that_is_no_number_counts_as_the_oldest() -> None:
+    assert stamp_of({STAMP: "yesterday"}) == stamp_of({STAMP: True}) == stamp_of({}) == 0.0
+    assert stamp_of({STAMP: 5}) == 5.0
