@@ -20,7 +20,7 @@ from ..broker.proton_adapter import ACCEPTED, REJECTED, Link, LinkHandler
 from ..broker.server import Broker
 from .forwarding_queues import forwarded_to, forwarding_args
 from .relayed_links import RELAYED_FOR
-from .wiring_versions import STAMP, exists, forget, key_of, record
+from .wiring_versions import STAMP, exists, key_of, record
 
 ADDRESS = "$shard.wiring"
 OWNER = "x-shard-owner"  # a request's property: the shard owning the queue it concerns
@@ -50,11 +50,8 @@ def apply(broker: Broker, shard: int, request: Message, user: str | None) -> Mes
         body = {**body, STAMP: float(props.get(STAMP) or 0)}  # not on a repeat: 200, its arguments unchanged
         request = Message(properties=props, body=body)
     reply = _apply(broker, shard, request, body, user)
-    if key is not None and status_of(reply)[0] < 300:
-        if operation == "DELETE":
-            record(registry, key, float(props.get(STAMP) or 0))
-        else:
-            forget(registry, key)
+    if key is not None and operation == "DELETE" and status_of(reply)[0] < 300:
+        record(registry, key, float(props.get(STAMP) or 0))
     return reply
 
 

@@ -26,8 +26,8 @@ from ..config import ShardConfig
 from ..ha.ha_broker import HaBroker
 from .forwarding_queues import forwarded_to, forwarding_args
 from .peer_endpoints import serve_peers
-from .relay import Relay
-from .wiring_versions import TOMBSTONES, Key, forget, guard, prune, record, stamp_of, tombstones
+from .relay import RETRY_INTERVAL, Relay
+from .wiring_versions import TOMBSTONES, Key, guard, prune, record, stamp_of, tombstones
 
 log = logging.getLogger("haqueue.shard")
 
@@ -76,7 +76,11 @@ class SnapshotPull(LinkHandler):
         self.link = None  # asked again once the next primary answers
 
     def give_up(self, condition: str, description: str) -> None:
-        log.warning("shard %d's wiring not known here: %s", self.owner.shard, description)
+        """No primary there for shard.relay_timeout: asked again, since a shard left without its wiring would
+        keep what the others deleted until its next promotion."""
+        shard = self.owner.shard
+        log.warning("shard %d's wiring not known here yet: %s; asking again", shard, description)
+        self.sync.broker.engine.call_later(RETRY_INTERVAL, lambda: SnapshotPull(self.sync, shard))
 
     def on_message(self, delivery: int, data: bytes, settled: bool) -> None:
         message = Message()
@@ -117,40 +121,31 @@ def converge(registry: Registry, index: int, wiring: dict[str, Any]) -> tuple[in
     it, then declare what it has and this shard lacks, unless deleted here later (wiring_versions.py). What was
     made and what removed, counted."""
     removed = _remove_deleted(registry, wiring)
-    deleted = tombstones(registry)
+    deleted = tombstones(registry)  # kept when made again: an object newer than its tombstone stays
     newer = lambda key, args: stamp_of(args) > deleted.get(key, -1.0)  # noqa: E731
     made = 0
     for x in wiring["exchanges"]:
         if newer(("exchange", x["name"]), x["args"]):
-            made += _declare(registry, ("exchange", x["name"]), lambda: registry.declare_exchange(
+            made += _declare(lambda: registry.declare_exchange(
                 x["name"], x["type"], dict(x["args"]))[1])
     for q in wiring["queues"]:
         owner = int(q["owner"])
         if owner != index and newer(("queue", q["name"]), q["args"]):
-            made += _declare(registry, ("queue", q["name"]), lambda: registry.declare_queue(
+            made += _declare(lambda: registry.declare_queue(
                 q["name"], forwarding_args(owner, q["args"]))[1])
     for b in wiring["bindings"]:
         key = ("binding", b["exchange"], b["queue"], b["key"])
         exchange, queue = registry.lookup(b["exchange"]), registry.lookup(b["queue"])
         if isinstance(exchange, Exchange) and isinstance(queue, Queue) and newer(key, b["args"]):
-            made += _declare(registry, key, lambda: registry.bind(b["exchange"], b["queue"], b["key"],
-                                                                  dict(b["args"]))[1])
+            made += _declare(lambda: registry.bind(b["exchange"], b["queue"], b["key"], dict(b["args"]))[1])
     return made, removed
 
 
 def _remove_deleted(registry: Registry, wiring: dict[str, Any]) -> int:
-    """Remove what the other shard deleted after this one made it: what its tombstones name, and bindings it lacks
-    whose exchange or queue it has made again since (deleting them took the binding); keep its tombstones."""
-    theirs = {(x["name"]): stamp_of(x["args"]) for x in wiring["exchanges"]}
-    theirs.update({q["name"]: stamp_of(q["args"]) for q in wiring["queues"]})
-    bound = {(b["exchange"], b["queue"], b["key"]) for b in wiring["bindings"]}
-    gone: dict[Key, float] = {tuple(key): float(stamp) for key, stamp in wiring.get("deleted", [])}
-    for b in registry.bindings():
-        later = max(theirs.get(b.exchange.name, 0.0), theirs.get(b.queue.name, 0.0))
-        if (b.exchange.name, b.queue.name, b.key) not in bound and later > stamp_of(b.args) and not b.queue.temporary:
-            gone[("binding", b.exchange.name, b.queue.name, b.key)] = later
+    """Remove what the other shard deleted after this one made it (an exchange or queue with its bindings, as a
+    delete does), and keep its tombstones."""
     removed = 0
-    for key, stamp in gone.items():
+    for key, stamp in ((tuple(key), float(stamp)) for key, stamp in wiring.get("deleted", [])):
         here = _local(registry, key)
         if here is not None and (stamp_of(here.args) >= stamp or forwarded_to(here) is None and key[0] == "queue"):
             continue  # made again here since; or this shard's own queue, which its owner deletes first
@@ -168,11 +163,9 @@ def _local(registry: Registry, key: Key) -> Queue | Exchange | Binding | None:
     return node if node is not None and node.kind == key[0] else None
 
 
-def _declare(registry: Registry, key: Key, declare: Any) -> int:
+def _declare(declare: Any) -> int:
     try:
-        made = declare()
+        return 1 if declare() else 0
     except BrokerError as e:  # a conflict (a queue here where the other has an exchange): left as it is
         log.warning("wiring not converged: %s", e.description)
         return 0
-    forget(registry, key)
-    return 1 if made else 0

@@ -4,9 +4,11 @@ Each CREATE or DELETE of an exchange, binding or queue broadcast to the shards c
 wall-clock time. A shard's primary applying a CREATE of something new gives the object that stamp as its argument
 `x-shard-stamp`; applying a DELETE, it keeps a **tombstone**: a queue `$shard.deleted/<digest>` (empty, wiring only,
 so HA replicates it to the shard's backups and the store keeps it like any queue) whose arguments name the deleted
-object and the stamp. When a shard converges on another's wiring (wiring_sync.py) the newer stamp wins: a tombstone
-newer than an object removes it, an object newer than a tombstone is made again. Tombstones older than RETENTION
-are dropped when the shard's primary is promoted.
+object and the stamp, kept when the object is made again (a shard that missed both must still drop what it holds
+of the old one). When a shard converges on another's wiring (wiring_sync.py) the newer stamp wins: a tombstone newer
+than an object removes it, with what a delete takes with it (an exchange's or queue's bindings), and an object
+newer than a tombstone is made again. Tombstones older than RETENTION are dropped when the shard's primary is
+promoted.
 """
 from __future__ import annotations
 
@@ -83,16 +85,10 @@ def record(registry: Registry, key: Key, stamp: float) -> None:
     registry.declare_queue(name, {DELETED: json.dumps(key), STAMP: stamp, REPLICATE: CONFIGURATION})
 
 
-def forget(registry: Registry, key: Key) -> None:
-    """`key` exists again: its tombstone goes."""
-    if registry.lookup(_name(key)) is not None:
-        registry.delete(_name(key))
-
-
 def prune(registry: Registry, now: float) -> None:
     for key, stamp in tombstones(registry).items():
         if stamp < now - RETENTION:
-            forget(registry, key)
+            registry.delete(_name(key))
 
 
 def guard(broker: Broker) -> None:

@@ -164,6 +164,44 @@ def test_a_delete_missed_by_a_shard_without_a_primary_is_taken_on_its_promotion(
         assert c.queues(process)[gone]["enqueued"] == 0
 
 
+def test_a_shard_that_missed_a_delete_does_not_give_it_back(two_shards) -> None:
+    """Both primaries lost: shard 1's before a binding is deleted through shard 0 (shard 1 refuses), shard 0's
+    after. Shard 1's backup, promoted first, finds no primary of shard 0 to ask and asks again; shard 0's backup,
+    which holds the delete's tombstone, is promoted next and asks shard 1, which still has the binding. Neither
+    keeps it: what is published through the exchange at either shard reaches the other queue, none this one."""
+    c = two_shards
+    gone, kept = owned_by(0, "gone"), owned_by(0, "kept")
+    entry = c.publics[0]
+    for queue in (gone, kept):
+        c.request(entry, "CREATE", "queue", queue)
+    c.request(entry, "CREATE", "exchange", "fan", {"type": "fanout"})
+    for queue in (gone, kept):
+        c.request(entry, "CREATE", "binding", body={"exchange": "fan", "queue": queue})
+    old0, new0 = c.shard_processes(0)
+    old1, new1 = c.shard_processes(1)
+    wait_for(lambda: len(c.bindings(new1)) == 2, 10, message="shard 1's backup bound")
+    c.kill(old1)
+    with pytest.raises(Refused):
+        c.request(entry, "DELETE", "binding", body={"exchange": "fan", "queue": gone})
+    wait_for(lambda: any(name.startswith(TOMBSTONES) for name in c.queues(new0)), 10,
+             message="the tombstone replicated to shard 0's backup")
+    c.kill(old0)
+    c.promote(new1)
+    wait_for(lambda: "shard 0's wiring not known here yet" in new1.log(), 15, message="shard 1's pull given up")
+    assert {b["queue"] for b in c.bindings(new1)} == {gone, kept}  # still stale
+    c.promote(new0)
+    for shard, primary in ((0, new0), (1, new1)):
+        wait_for(lambda: {b["queue"] for b in c.bindings(primary)} == {kept}, 10, message=f"shard {shard} converged")
+
+    for shard in range(2):
+        send_all(c.publics[shard], "fan", [f"via shard {shard} #{i}" for i in range(10)])
+    expected = sorted(f"via shard {shard} #{i}" for shard in range(2) for i in range(10))
+    assert sorted(m.body for m in receive(c.client_address("n2"), kept, 20)) == expected
+    c.wait_depth(new1, kept, 0)  # shard 1's forwarding queue drained into shard 0
+    for process in (new0, new1):
+        assert c.queues(process)[gone]["enqueued"] == 0
+
+
 def test_the_files_queues_exchanges_and_bindings_route_across_shards(shard_cluster) -> None:
     c = shard_cluster(size=2, shards=2, replicas=2)
     queue = owned_by(1, "configured")
