@@ -4,7 +4,8 @@ to 1.7× from minute to minute, so set-ups are compared round by round, never on
 
 All the set-ups named run side by side (an idle one costs little; it shows in *other load*). Each round
 runs every set-up once, in an order rotated every round (A B, B A, ... or A B C, B C A, C A B): one
-saturation run (bench/run.py's `saturation`: rhea producer and consumer, at-least-once) and, unless
+saturation run (bench/run.py's `saturation`: rhea producer and consumer, or with --clients c the C ones,
+at-least-once) and, unless
 --no-latency, one fixed-rate latency run (run.py's `latency`). Each set-up's figures in a round are
 divided by the baseline's of the same round (the last set-up named, or --baseline): the report gives
 the median and the min–max range of these ratios, and appends a markdown section with the exact command
@@ -38,6 +39,7 @@ times: time from the process start to the port accepting connections and to the 
     python bench/interleave.py --setups single,rabbit-classic --pairs 10 --no-latency   # 10 queues at once
     python bench/interleave.py --setups shards:4,shards:2,shards:1 --no-latency   # K shards, K queues
     python bench/interleave.py --setups shards:2:relay,shards:2 --no-latency      # the relay's cost
+    python bench/interleave.py --setups shards:2,shards:1 --no-latency --clients c  # clients that leave the cores
     python bench/interleave.py --recovery 1000000
 """
 from __future__ import annotations
@@ -140,7 +142,8 @@ def stop_all(brokers: dict[str, R.Broker]) -> None:
 def turn(broker: R.Broker, args) -> dict:
     """One set-up's share of a round: a saturation run and a fixed-rate latency run."""
     out: dict = {"background_cores": R.wait_quiet(args.quiet_wait) if args.quiet_wait > 0 else None}
-    sat = R.saturation(broker, args.size, args.messages, args, pairs=args.pairs if args.pairs > 1 else getattr(broker, "pairs", 1))
+    sat = R.saturation(broker, args.size, R.messages_for(args.messages, args.size), args, clients=args.clients,
+                       pairs=args.pairs if args.pairs > 1 else getattr(broker, "pairs", 1))
     out["saturation"] = sat
     if "error" in sat:
         log(f"  {broker.label}: saturation FAILED: {sat['error']} [{broker.describe_failure()}]")
@@ -243,7 +246,8 @@ def tree_commit() -> str:
 def machine_line(args, commit: str) -> str:
     node_v = subprocess.run(["node", "--version"], capture_output=True, text=True).stdout.strip()
     return (f"haqueue of this tree at {commit}. Machine: {os.cpu_count()} cores, Linux {platform.release()}, node "
-            f"{node_v}, rhea 3.0.5 (a producer process and a consumer process per queue), Python {platform.python_version()}; "
+            f"{node_v}, " + ("the C clients of bench/c_clients" if getattr(args, "clients", "rhea") == "c" else "rhea 3.0.5")
+            + f" (a producer process and a consumer process per queue), Python {platform.python_version()}; "
             f"{args.size}-byte bodies, messages {'durable (header.durable=true)' if args.durable else 'not durable'}, "
             f"at-least-once (≤ {args.inflight} unsettled, consumer credit {args.credit})"
             + (f"; saturation through {args.pairs} queues at once, a producer and a consumer process each, figures "
@@ -486,6 +490,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--pairs", type=int, default=1, help="saturation through this many queues at once, each with "
                                                          "its own producer and consumer process (default 1)")
     ap.add_argument("--no-latency", dest="latency", action="store_false", help="saturation runs only")
+    ap.add_argument("--clients", choices=["rhea", "c"], default="rhea",
+                    help="the saturation runs' clients: rhea (bench/js), or the C clients (bench/c_clients), "
+                         "whose CPU per message is a few percent of rhea's, for set-ups bounded by the clients")
     ap.add_argument("--rate", type=float, default=1000, help="msg/s of the latency run (default 1000)")
     ap.add_argument("--duration", type=float, default=10, help="seconds of the latency run (default 10)")
     ap.add_argument("--inflight", type=int, default=1000)

@@ -269,10 +269,22 @@ def renice_tree(pid: int, nice: int) -> None:
                 pass
 
 
+def c_client() -> Path:
+    """bench/c_clients/client.c compiled (again when the source is newer) into bench/out."""
+    source, binary = BENCH / "c_clients" / "client.c", OUT / "c-client"
+    if not binary.exists() or binary.stat().st_mtime < source.stat().st_mtime:
+        OUT.mkdir(exist_ok=True)
+        subprocess.run(["cc", "-O2", "-Wall", "-o", str(binary), str(source), "-lm"], check=True)
+    return binary
+
+
 def start_client(kind: str, role: str, args: list[str], stderr_path: Path) -> subprocess.Popen:
-    """kind 'rhea': bench/js/{role}.js under node; 'proton': bench/py_clients.py {role} in the venv."""
+    """kind 'rhea': bench/js/{role}.js under node; 'c': bench/c_clients/client.c (saturation runs only);
+    'proton': bench/py_clients.py {role} in the venv."""
     if kind == "rhea":
         cmd = ["node", str(JS / f"{role}.js"), *args]
+    elif kind == "c":
+        cmd = [str(c_client()), role, *args]
     else:
         cmd = [str(VENV_PY), str(BENCH / "py_clients.py"), role, *args]
     with open(stderr_path, "ab") as err:
@@ -762,6 +774,7 @@ def latency(broker: Broker, size: int, args, clients: str = "rhea") -> dict:
         "p999_ms": lat["p999_us"] / 1000, "max_ms": lat["max_us"] / 1000, "n": lat["n"],
         "p99_all_ms": c["latency_all"]["p99_us"] / 1000,
         "broker_cpu_us_per_msg": r["cpu"]["cpu_us_tree"] / n,
+        "broker_sys_us_per_msg": r["cpu"]["sys_us_tree"] / n,
         "missing": c["missing"], "duplicates": c["duplicates"], "stray": c["stray"],
         "other_load_cores": other_load(r),
         **syncs(r, n),
@@ -846,7 +859,8 @@ def bench_broker(broker: Broker, args) -> dict:
             log(f"  FAILED: {r['error']}")
         else:
             log(f"  p50 {r['p50_ms']:.2f} ms, p99 {r['p99_ms']:.2f} ms, max {r['max_ms']:.2f} ms, "
-                f"broker {r['broker_cpu_us_per_msg']:.1f} µs/msg, other load {r['other_load_cores']:.2f} cores")
+                f"broker {r['broker_cpu_us_per_msg']:.1f} µs/msg ({r['broker_sys_us_per_msg']:.1f} in the kernel), "
+                f"other load {r['other_load_cores']:.2f} cores")
         out["latency"][size] = r
     if not broker.alive():
         out["error"] = "broker process gone during the run; " + broker.describe_failure()
@@ -874,7 +888,8 @@ def bench_python_clients(broker: Broker, args) -> dict:
         if "error" in r:
             log(f"  FAILED: {r['error']}")
         else:
-            log(f"  p50 {r['p50_ms']:.2f} ms, p99 {r['p99_ms']:.2f} ms, broker {r['broker_cpu_us_per_msg']:.1f} µs/msg")
+            log(f"  p50 {r['p50_ms']:.2f} ms, p99 {r['p99_ms']:.2f} ms, broker {r['broker_cpu_us_per_msg']:.1f} µs/msg "
+                f"({r['broker_sys_us_per_msg']:.1f} in the kernel)")
         out["latency"][size] = r
     return out
 

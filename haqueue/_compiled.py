@@ -61,4 +61,4 @@ def use_fresh_code() -> None:
 
 def hot_path_compiled() -> bool:
     """Whether the hot path runs compiled (for the broker's start-up line and the benchmarks)."""
-    return sys.modules[__name__.rpartition(".")[0] + ".broker.queue"].__file__.endswith(_SUFFIXES)
+    return (sys.modules[__name__.rpartition(".")[0] + ".broker.queue"].__file__ or "").endswith(_SUFFIXES)

@@ -91,10 +91,11 @@ class AdminClient:
         conn, self._conn = self._conn, None
         if conn is not None:
             try:
-                if self._unresponsive and conn.conn.transport is not None:
+                transport = conn.conn.transport if conn.conn is not None else None
+                if self._unresponsive and transport is not None:
                     # A hung broker never answers our close, and proton would wait for it forever.
-                    conn.conn.transport.close_tail()
-                    conn.conn.transport.close_head()
+                    transport.close_tail()
+                    transport.close_head()
                 conn.close()
             except ProtonException:
                 pass  # the broker is gone already; nothing is left to tidy up

@@ -9,7 +9,7 @@ import math
 import os
 import socket
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import yaml
 
@@ -575,7 +575,7 @@ _TOP: dict[str, Check] = {
 }
 
 
-def _unique(items: list[QueueConfig] | list[ExchangeConfig], path: str) -> None:
+def _unique(items: Sequence[QueueConfig | ExchangeConfig], path: str) -> None:
     first: dict[str, int] = {}
     for i, item in enumerate(items):
         if item.name in first:

@@ -10,7 +10,7 @@ from typing import Any
 
 from proton import Described, Message, Terminus, symbol
 from proton.handlers import MessagingHandler, TransactionHandler
-from proton.reactor import Container
+from proton.reactor import ApplicationEvent, Container, EventInjector
 
 
 @dataclass
@@ -21,6 +21,8 @@ class TxnResult:
     condition: str | None = None
     description: str | None = None
     received: list[Any] = field(default_factory=list)
+    # each transactional publish's outcome: body, state, condition, description
+    transfers: list[tuple[Any, str, str | None, str | None]] = field(default_factory=list)
 
 
 class _Bounded(MessagingHandler):
@@ -56,11 +58,19 @@ class _Bounded(MessagingHandler):
         event.container.stop()
 
 
+_STATES = {0x34: "transactional", 0x24: "accepted", 0x25: "rejected", 0x26: "released", 0x27: "modified"}
+
+
 class _TxnClient(_Bounded, TransactionHandler):
     def __init__(self, url: str, address: str, send: list[Message], receive: int, commit: bool,
                  hold: threading.Event | None, declared: threading.Event | None, result: TxnResult,
-                 timeout: float, receive_from: str | None = None) -> None:
+                 timeout: float, receive_from: str | None = None, link_per_address: bool = False) -> None:
+        """`link_per_address`: each message goes on a sender to its own `address` (not the anonymous relay)."""
         super().__init__(result, timeout, prefetch=0, auto_accept=False)
+        self.link_per_address = link_per_address
+        self.senders: dict[str, Any] = {}
+        self.bodies: dict[Any, Any] = {}  # delivery -> body of what was sent
+        self.injector: EventInjector | None = None  # OpenTransaction's way in from the test's thread
         self.receive_from = receive_from or address
         self.url, self.address, self.to_send, self.to_receive = url, address, send, receive
         self.commit, self.hold, self.declared_event = commit, hold, declared
@@ -74,7 +84,12 @@ class _TxnClient(_Bounded, TransactionHandler):
     def on_start(self, event: Any) -> None:
         self._start_timer(event)
         self.conn = event.container.connect(self.url, reconnect=False)
-        if self.to_send:
+        if self.to_send and self.link_per_address:
+            for m in self.to_send:
+                if m.address not in self.senders:
+                    self.senders[m.address] = event.container.create_sender(self.conn, m.address)
+            self.sender = next(iter(self.senders.values()))
+        elif self.to_send:
             self.sender = event.container.create_sender(self.conn, self.address)
         if self.to_receive:
             self.receiver = event.container.create_receiver(self.conn, self.receive_from)
@@ -92,8 +107,12 @@ class _TxnClient(_Bounded, TransactionHandler):
         self._maybe_discharge()
 
     def _send(self) -> None:
-        while self.sent < len(self.to_send) and self.sender.credit:
-            self.txn.send(self.sender, self.to_send[self.sent])
+        while self.sent < len(self.to_send):
+            message = self.to_send[self.sent]
+            sender = self.senders[message.address] if self.link_per_address else self.sender
+            if not sender.credit:
+                return
+            self.bodies[self.txn.send(sender, message)] = message.body
             self.sent += 1
 
     def on_sendable(self, event: Any) -> None:
@@ -102,8 +121,26 @@ class _TxnClient(_Bounded, TransactionHandler):
             self._maybe_discharge()
 
     def on_settled(self, event: Any) -> None:
-        if self.sender is not None and event.link.name == self.sender.name:
+        delivery = event.delivery
+        if delivery in self.bodies:
             self.settled += 1
+            condition = delivery.remote.condition
+            self.result.transfers.append((self.bodies.pop(delivery), _STATES.get(delivery.remote_state, "other"),
+                                          condition.name if condition else None,
+                                          condition.description if condition else None))
+
+    def _end(self, event: Any) -> None:
+        super()._end(event)
+        if self.injector is not None:
+            self.injector.close()  # else it keeps the container running
+
+    def on_send_more(self, event: Any) -> None:  # OpenTransaction.send_more, from the test's thread
+        self.to_send.extend(event.subject)
+        self._send()
+
+    def on_discharge_now(self, event: Any) -> None:  # OpenTransaction.finish, from the test's thread
+        self.hold = None
+        self._maybe_discharge()
 
     def on_message(self, event: Any) -> None:
         self.result.received.append(event.message.body)
@@ -135,11 +172,14 @@ class _TxnClient(_Bounded, TransactionHandler):
 
 
 def run_transaction(url: str, address: str | None, send: list[Message] = (), receive: int = 0, commit: bool = True,
-                    timeout: float = 20.0, receive_from: str | None = None) -> TxnResult:
-    """Send `send` (to `address`; None: each to its own `address`) and receive-and-accept `receive`
-    messages (from `receive_from`, else `address`) in one transaction, then commit or abort."""
+                    timeout: float = 20.0, receive_from: str | None = None,
+                    link_per_address: bool = False) -> TxnResult:
+    """Send `send` (to `address`; None: each to its own `address`, on the anonymous relay or, with
+    `link_per_address`, on a link to it) and receive-and-accept `receive` messages (from `receive_from`, else
+    `address`) in one transaction, then commit or abort."""
     result = TxnResult()
-    Container(_TxnClient(url, address, list(send), receive, commit, None, None, result, timeout, receive_from)).run()
+    Container(_TxnClient(url, address, list(send), receive, commit, None, None, result, timeout, receive_from,
+                         link_per_address)).run()
     return result
 
 
@@ -147,19 +187,32 @@ class OpenTransaction:
     """A transaction left open on its own thread (its messages sent, not discharged): the test kills
     the broker under it, or ends it with `finish()`."""
 
-    def __init__(self, url: str, address: str, send: list[Message], timeout: float = 20.0) -> None:
+    def __init__(self, url: str, address: str, send: list[Message], timeout: float = 20.0, receive: int = 0) -> None:
         self.result = TxnResult()
         self.declared = threading.Event()
-        self.client = _TxnClient(url, address, list(send), 0, True, threading.Event(), self.declared, self.result,
-                                 timeout)
-        self.thread = threading.Thread(target=Container(self.client).run, daemon=True)
+        self.client = _TxnClient(url, address, list(send), receive, True, threading.Event(), self.declared,
+                                 self.result, timeout)
+        container = Container(self.client)
+        self.injector = self.client.injector = EventInjector()
+        container.selectable(self.injector)
+        self.thread = threading.Thread(target=container.run, daemon=True)
         self.thread.start()
         if not self.declared.wait(timeout):
             raise AssertionError(f"transaction not declared within {timeout} s")
 
     def taken(self) -> bool:
-        """Has the broker taken every message into the transaction?"""
-        return self.client.settled == len(self.client.to_send)
+        """Has the broker taken every message into the transaction, and the client received what it wants?"""
+        return self.client.settled == len(self.client.to_send) and \
+            len(self.result.received) == self.client.to_receive
+
+    def send_more(self, messages: list[Message]) -> None:
+        """Send these too, in the transaction, on the client's own thread."""
+        self.injector.trigger(ApplicationEvent("send_more", subject=list(messages)))
+
+    def finish(self, commit: bool = True) -> None:
+        """Discharge it now (commit or abort) on the client's own thread."""
+        self.client.commit = commit
+        self.injector.trigger(ApplicationEvent("discharge_now"))
 
     def join(self, timeout: float) -> TxnResult:
         self.thread.join(timeout)

@@ -277,10 +277,13 @@ class Connection:
 
     def open_link(self, sender: bool, address: str, name: str, handler: LinkHandler,
                   properties: dict[Any, Any] | None = None, credit: int = 0,
-                  source_filters: dict[Any, Any] | None = None, browse: bool = False) -> Link:
+                  source_filters: dict[Any, Any] | None = None, browse: bool = False,
+                  coordinator: bool = False) -> Link:
         """Attach a link from this (outgoing) connection: the broker sends to, or receives from, address
-        (receiving: with the source's filters, and browsing: what the shard relay passes on for a client)."""
-        link = Link.attach(self, self.proton.session, sender, address, name, properties, source_filters, browse)
+        (receiving: with the source's filters, and browsing: what the shard relay passes on for a client;
+        sending to a `coordinator`: a transaction controller)."""
+        link = Link.attach(self, self.proton.session, sender, address, name, properties, source_filters, browse,
+                           coordinator)
         link.handler = handler
         self.engine.links[link.addr] = link
         self.links[link.addr] = link

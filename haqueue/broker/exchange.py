@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import Any, Iterable
 
 from .queue import Queue
 
@@ -68,6 +68,7 @@ class Exchange:
         """The queues a message with this key goes to, each once."""
         queues = self._route_cache.get(key)
         if queues is None:
+            matching: Iterable[Binding]
             if self.type == "fanout":
                 matching = self.bindings.values()
             elif self.type == "direct":

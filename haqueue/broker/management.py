@@ -212,11 +212,8 @@ def _args(request: Message) -> dict[str, Any]:
 
 
 def _reply(request: Message, status: int, description: str, answer: Any) -> Message:
-    reply = Message(correlation_id=request.id if request.id is not None else request.correlation_id,
-                    address=request.reply_to)
-    reply.properties = {"statusCode": status, "statusDescription": description}
-    reply.body = answer
-    return reply
+    return Message(answer, correlation_id=request.id if request.id is not None else request.correlation_id,
+                   address=request.reply_to, properties={"statusCode": status, "statusDescription": description})
 
 
 def decode_request(link: Link, delivery: Any, data: bytes) -> Message | None:

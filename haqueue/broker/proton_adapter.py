@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, Callable, Final
 import cproton_ffi
 from cproton_ffi import ffi, lib
 from mypy_extensions import mypyc_attr
-from proton import Data, symbol
+from proton import Data, Described, symbol, ulong
 
 from . import _pn
 from .errors import BrokerError, FRAMING_ERROR, MESSAGE_SIZE_EXCEEDED, NOT_IMPLEMENTED, RESOURCE_LIMIT
@@ -137,6 +137,11 @@ def _delivery(handle: int) -> Any:
     return ffi.cast("pn_delivery_t *", handle)
 
 
+def _remote_state_fields(handle: int) -> Any:
+    """The fields of the state the peer gave a delivery (a transaction's `declared` or `transactional-state`)."""
+    return _data_object(lib.pn_disposition_data(lib.pn_delivery_remote(_delivery(handle))))
+
+
 def _set_condition(cond: Any, name: str, description: str) -> None:
     lib.pn_condition_set_name(cond, name.encode())
     lib.pn_condition_set_description(cond, description.encode())
@@ -187,12 +192,17 @@ class Link:
     @staticmethod
     def attach(conn: "Connection", session: Any, sender: bool, address: str, name: str,
                properties: dict[Any, Any] | None, source_filters: dict[Any, Any] | None = None,
-               browse: bool = False) -> "Link":
+               browse: bool = False, coordinator: bool = False) -> "Link":
         """A link the broker attaches from the session of one of its outgoing connections; `open` sends it.
-        Receiving: with the source's filters, and browsing (what the shard relay passes on for a client)."""
+        Receiving: with the source's filters, and browsing (what the shard relay passes on for a client).
+        Sending to a `coordinator` (no address): a transaction controller (the shard relay's, at an owner)."""
         ptr = (lib.pn_sender if sender else lib.pn_receiver)(session, name.encode())
         terminus = lib.pn_link_target(ptr) if sender else lib.pn_link_source(ptr)
-        lib.pn_terminus_set_address(terminus, address.encode())
+        if coordinator:
+            lib.pn_terminus_set_type(terminus, lib.PN_COORDINATOR)
+            Data(lib.pn_terminus_capabilities(terminus)).put_object(symbol("amqp:local-transactions"))
+        else:
+            lib.pn_terminus_set_address(terminus, address.encode())
         if source_filters:
             Data(lib.pn_terminus_filter(terminus)).put_object(source_filters)
         if browse:
@@ -262,6 +272,12 @@ class Link:
             return None
         return _text(lib.pn_condition_get_name(cond)) or "", _text(lib.pn_condition_get_description(cond)) or ""
 
+    @staticmethod
+    def state_fields(delivery: int) -> list[Any]:
+        """The fields of the state the peer gave `delivery` (a `declared`: [txn-id]). A cold path."""
+        fields = _remote_state_fields(delivery)
+        return fields if isinstance(fields, list) else []
+
     def remote_error(self) -> str | None:
         cond = lib.pn_link_remote_condition(self.ptr)
         if not lib.pn_condition_is_set(cond):
@@ -304,6 +320,16 @@ class Link:
         data.clear()
         data.put_object(fields)
         _pn.settle(delivery, state)
+        self.conn.engine.dirty.add(self.conn)
+
+    def in_transaction(self, delivery: int, txn_id: bytes, outcome: int = 0) -> None:
+        """Put `delivery` under transaction `txn_id` without settling it: a transfer just sent (its frame,
+        written at the end of the pass, carries the state), or with `outcome` one given in it. A cold path:
+        the shard relay passing a client's transactional work to the owner."""
+        data = Data(lib.pn_disposition_data(lib.pn_delivery_local(_delivery(delivery))))
+        data.clear()
+        data.put_object([txn_id, Described(ulong(outcome), [])] if outcome else [txn_id])
+        lib.pn_delivery_update(_delivery(delivery), TRANSACTIONAL)
         self.conn.engine.dirty.add(self.conn)
 
     # -- receiving ---------------------------------------------------------------------------
@@ -578,7 +604,7 @@ class ProtonEvents:
 
     def _on_txn_message(self, link: Link, handle: int, data: bytes, settled: bool) -> None:
         """A transfer whose state names a transaction (AMQP 1.0 part 4): [txn-id]."""
-        fields = _data_object(lib.pn_disposition_data(lib.pn_delivery_remote(_delivery(handle))))
+        fields = _remote_state_fields(handle)
         txn_id = bytes(fields[0]) if isinstance(fields, list) and fields and fields[0] is not None else b""
         link.received(len(data))
         handler = link.handler
@@ -596,7 +622,7 @@ class ProtonEvents:
 
     def _on_txn_outcome(self, link: Link, delivery: int) -> None:
         """An outcome under a transaction: [txn-id, outcome] (left unsettled: the transaction settles it)."""
-        fields = _data_object(lib.pn_disposition_data(lib.pn_delivery_remote(_delivery(delivery))))
+        fields = _remote_state_fields(delivery)
         if not isinstance(fields, list) or len(fields) < 2 or fields[0] is None:
             return  # a transactional state with no outcome yet: nothing to do until it has one
         link.handler.on_txn_outcome(delivery, bytes(fields[0]), _outcome_code(fields[1]))  # type: ignore[union-attr]

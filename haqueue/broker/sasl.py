@@ -27,6 +27,21 @@ _FRAME = struct.Struct(">IBBH")
 Authenticator = Callable[[str, str, str, Callable[[bool], None]], None]
 
 
+def _fields(body: bytes, descriptor: int) -> list | None:
+    """The fields of a SASL frame's body if it is the performative `descriptor`, else None."""
+    data = Data()
+    data.decode(body)
+    data.rewind()
+    data.next()
+    frame = data.get_object()
+    if not isinstance(frame, Described) or frame.descriptor != descriptor:
+        return None
+    if not isinstance(frame.value, list):
+        return []
+    # binary fields are views of the Data's memory, freed with it on return: copy them out
+    return [bytes(v) if isinstance(v, memoryview) else v for v in frame.value]
+
+
 def _frame(descriptor: int, fields: list) -> bytes:
     data = Data()
     data.put_object(Described(ulong(descriptor), fields))
@@ -49,7 +64,8 @@ class SaslServer:
         self._buffer = b""
 
     def greeting(self) -> bytes:
-        mechs = Array(UNDESCRIBED, Data.SYMBOL, *[symbol(m) for m in self.mechanisms])
+        # proton annotates Array's descriptor without UNDESCRIBED, the value its own docs give for none
+        mechs = Array(UNDESCRIBED, Data.SYMBOL, *[symbol(m) for m in self.mechanisms])  # type: ignore[arg-type]
         return SASL_HEADER + _frame(_MECHANISMS, [mechs])
 
     def feed(self, data: bytes) -> tuple[bytes, bytes]:
@@ -76,15 +92,11 @@ class SaslServer:
     def _on_frame(self, body: bytes) -> bytes:
         if not body:
             return b""  # an empty frame is a heartbeat
-        data = Data()
-        data.decode(body)
-        data.rewind()
-        data.next()
-        frame = data.get_object()
-        if not isinstance(frame, Described) or frame.descriptor != _INIT:
+        init = _fields(body, _INIT)
+        if init is None:
             self.failed = "expected sasl-init"
             return _frame(_OUTCOME, [ubyte(SYS_ERROR)])
-        fields = list(frame.value) + [None, None]
+        fields = init + [None, None]
         mechanism, response = str(fields[0]), fields[1] or b""
         self._check(mechanism, bytes(response))
         return self._outcome()
@@ -170,22 +182,19 @@ class SaslClient:
         return out, (self._buffer if self.done else b"")
 
     def _on_frame(self, body: bytes) -> bytes:
-        data = Data()
-        data.decode(body)
-        data.rewind()
-        data.next()
-        frame = data.get_object()
-        if frame.descriptor == _MECHANISMS:
-            offered = frame.value[0]
-            offered = [str(m) for m in (offered.elements if isinstance(offered, Array) else [offered])]
+        mechanisms = _fields(body, _MECHANISMS)
+        if mechanisms:
+            listed = mechanisms[0]
+            offered = [str(m) for m in (listed.elements if isinstance(listed, Array) else [listed])]
             mechanism = "PLAIN" if self.user else "ANONYMOUS"
             if mechanism not in offered:
                 self.failed = f"peer does not offer {mechanism} (offers {', '.join(offered)})"
                 return b""
             response = f"\0{self.user}\0{self.password}".encode() if self.user else b""
             return _frame(_INIT, [symbol(mechanism), response])
-        if frame.descriptor == _OUTCOME:
-            code = int(frame.value[0])
+        outcome = _fields(body, _OUTCOME)
+        if outcome:
+            code = int(outcome[0])
             if code != OK:
                 self.failed = f"authentication failed (SASL outcome {code})"
             else:

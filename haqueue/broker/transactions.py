@@ -8,6 +8,10 @@ journal its records as one group that recovery keeps whole or not at all. The di
 once every guard of every message it enqueued has released it: on disk, and on the backups HA asks for.
 Rollback drops the publishes and releases the messages. A transaction lives as long as its controller
 link: a lost connection or a broker that stops (a failover) rolls it back.
+
+A plug-in may do a transaction's work elsewhere (the shard relay: at another shard's primary). It sets
+`Transaction.elsewhere`, a `Participant` that is handed the discharge; work under it here is then refused,
+as there is no two-phase commit (`mixed`).
 """
 from __future__ import annotations
 
@@ -45,6 +49,17 @@ class CommitObserver(Protocol):
     def committed(self, number: int, queues: list[Queue]) -> None: ...
 
 
+class Participant(Protocol):
+    """Where a transaction's work is done when not in this broker: its `name` ("shard 1") for refusals."""
+
+    name: str
+
+    def discharge(self, fail: bool, done: Callable[[str | None, str], None]) -> None:
+        """Commit there (roll back if `fail`); then `done(None, "")`, or `done(condition, description)`
+        when it was not committed."""
+        ...
+
+
 class Transaction:
     def __init__(self, txn_id: bytes, number: int, controller: Link) -> None:
         self.id = txn_id
@@ -53,6 +68,11 @@ class Transaction:
         self.publishes: list[tuple[list[Queue], bytes, float, bool]] = []  # queues, message, expiry, durable
         self.outcomes: list[tuple["Consumer", int, int]] = []  # consumer, delivery, outcome
         self.doomed: str | None = None  # why it can only roll back (a publish refused in it)
+        self.elsewhere: Participant | None = None  # where its work is done, if not here (a plug-in's)
+
+    @property
+    def has_work_here(self) -> bool:
+        return bool(self.publishes or self.outcomes)
 
 
 class Transactions:
@@ -65,6 +85,7 @@ class Transactions:
         self.active: dict[bytes, Transaction] = {}
         self.observers: list[CommitObserver] = []
         self.prefix = f"{broker.name}:{os.getpid()}:{int(time.time())}:".encode()
+        self.here = "this broker"  # this broker as a participant, in refusals (the shard plugin: "shard 0")
         self._numbers = itertools.count(1)
 
     def declare(self, controller: Link) -> Transaction:
@@ -84,12 +105,21 @@ class Transactions:
         raise BrokerError(TXN_ROLLBACK, f"transaction '{name}' was rolled back: the broker process that "
                                         f"held it stopped (a restart or a failover)")
 
+    @staticmethod
+    def mixed(txn: Transaction, first: str, second: str) -> str:
+        """Why work on `second` cannot join `txn`, whose work is on `first`."""
+        return (f"transaction '{txn.id.decode('utf-8', 'replace')}' has its work on {first}; work on {second} "
+                f"cannot join it: a transaction's work must all be on one broker (there is no two-phase commit)")
+
     # -- work under a transaction -----------------------------------------------------------------
     def publish(self, publisher: "Publisher", delivery: int, data: bytes, settled: bool, txn_id: bytes) -> None:
         link = publisher.link
         txn: Transaction | None = None
         try:
             txn = self.find(txn_id, link.conn)
+            if txn.elsewhere is not None:  # refused alone: the transaction stays good for its participant
+                link.settle(delivery, REJECTED, NOT_IMPLEMENTED, self.mixed(txn, txn.elsewhere.name, self.here))
+                return
             if not is_message(data):
                 raise BrokerError(DECODE, "the transfer is not an AMQP message (no section descriptor)")
             durable = is_durable(data)
@@ -113,7 +143,9 @@ class Transactions:
         except BrokerError as e:  # the message stays acquired; it goes back when the link does
             log.warning("outcome under transaction on link '%s' ignored: %s", consumer.link.name, e.description)
             return
-        txn.outcomes.append((consumer, delivery, outcome))
+        if txn.elsewhere is not None:  # an outcome has no answer of its own: the commit will say it
+            txn.doomed = txn.doomed or self.mixed(txn, txn.elsewhere.name, self.here)
+        txn.outcomes.append((consumer, delivery, outcome))  # released at rollback
 
     # -- discharge ---------------------------------------------------------------------------------
     def commit(self, txn: Transaction, done: Callable[[], None]) -> None:
@@ -153,10 +185,31 @@ class Transactions:
             if not consumer.link.closed:
                 consumer.link.settle(delivery, 0)
 
+    def discharge(self, txn: Transaction, fail: bool, answer: Callable[[str | None, str], None]) -> None:
+        """Commit (roll back if `fail`) here or where its work is; `answer(None, "")` once done as asked,
+        `answer(condition, description)` if a commit could not be."""
+        doomed = None if fail else txn.doomed
+        if not (fail or doomed) and txn.elsewhere is None:
+            self.commit(txn, lambda: answer(None, ""))
+            return
+        self.rollback(txn)  # what it holds here: nothing but refused outcomes when its work is elsewhere
+
+        def done(condition: str | None, description: str) -> None:
+            if doomed:
+                answer(TXN_ROLLBACK, f"transaction '{txn.id.decode('utf-8', 'replace')}' was rolled back: {doomed}")
+            else:
+                answer(condition, description)
+        if txn.elsewhere is None:
+            done(None, "")
+        else:
+            txn.elsewhere.discharge(bool(fail or doomed), done)
+
     def controller_gone(self, controller: Link) -> None:
         for txn in [t for t in self.active.values() if t.controller is controller]:
             log.info("transaction '%s' rolled back: its controller link went away", txn.id.decode("utf-8", "replace"))
             self.rollback(txn)
+            if txn.elsewhere is not None:
+                txn.elsewhere.discharge(True, lambda condition, description: None)
 
 
 def _control(data: bytes) -> tuple[str, list[Any]]:
@@ -204,15 +257,11 @@ class Coordinator(LinkHandler):
         except BrokerError as e:
             link.settle(delivery, REJECTED, e.condition, e.description)
             return
-        if fail:
-            self.transactions.rollback(txn)
-            link.settle(delivery, ACCEPTED)
-        elif txn.doomed:
-            self.transactions.rollback(txn)
-            link.settle(delivery, REJECTED, TXN_ROLLBACK, f"transaction '{txn_id.decode('utf-8', 'replace')}' "
-                                                          f"was rolled back: {txn.doomed}")
-        else:
-            self.transactions.commit(txn, lambda: None if link.closed else link.settle(delivery, ACCEPTED))
+
+        def answer(condition: str | None, description: str) -> None:
+            if not link.closed:
+                link.settle(delivery, REJECTED if condition else ACCEPTED, condition, description)
+        self.transactions.discharge(txn, fail, answer)
 
     def on_detach(self) -> None:
         self.transactions.controller_gone(self.link)

@@ -21,6 +21,7 @@ from .forwarding_queues import forwarded_to
 from .ownership import shard_of_name
 from .relay import Relay
 from .relayed_links import RELAYED_FOR, RelayedConsumer, RelayedPublisher
+from .relayed_transactions import RelayedTransactions
 
 
 class ShardRouting:
@@ -30,6 +31,8 @@ class ShardRouting:
         self.config = config
         self.relay = Relay(broker.engine, ShardDirectory(config.publics), ha.config.username, ha.config.password,
                            config.relay_timeout)
+        self.transactions = RelayedTransactions(broker.transactions)
+        broker.transactions.here = f"{broker.name} (shard {config.index})"
         ha.client_listeners.add(config.client)
         broker.link_routes.append(self.route)
         broker.link_user = self.link_user
@@ -64,7 +67,8 @@ class ShardRouting:
         if self.config.redirect:  # shard.redirect: the client goes to the owner itself
             raise self.redirect(link.address, shard)
         owner = self.relay.owner(shard)
-        return RelayedConsumer(owner, link) if link.is_sender else RelayedPublisher(owner, link)
+        relayed = RelayedConsumer if link.is_sender else RelayedPublisher
+        return relayed(owner, link, self.transactions)
 
     def redirect(self, address: str, shard: int) -> BrokerError:
         """The refusal that sends a client to `shard`'s direct address, bound only by its primary."""
