@@ -12,13 +12,16 @@ import json
 import logging
 import os
 import sys
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from haqueue.admin import AdminClient, AdminError
 # argparse only: PySpark loads when an audit runs
 from haqueue.audit.command import add_lag_arguments, add_watch_arguments, run_lag, run_watch
 from haqueue.config import (DEFAULT_LISTEN, EXCHANGE_TYPES, SYNC_MODES, ConfigError, MetricsConfig, TlsConfig,
                             config_from_args, load_config, parse_address)
+
+if TYPE_CHECKING:
+    from haqueue.shard.cluster_config import Cluster
 
 EXIT_OK, EXIT_REFUSED, EXIT_USAGE = 0, 1, 2
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
@@ -508,6 +511,12 @@ def _add_place(commands: Subparsers) -> None:
                        help=f"the node's {what.lower()} (repeatable: every node or none)")
     p.add_argument("--format", choices=("table", "json"), default="table", help="output format (default table)")
     p.add_argument("--from", dest="old", metavar="OLD.json", help="an earlier `place --format json` to rebalance")
+    p.add_argument("--store", action="store_true",
+                   help="with --config under ha.coordinator zookeeper: make the file's placement the cluster's "
+                        "stored assignment (ha.zookeeper.path/assignment), which every process checks at start")
+    p.add_argument("--replace", action="store_true",
+                   help="with --store: replace a different stored assignment (processes of the old placement then "
+                        "no longer start); without it, a different one is left and reported (exit 1)")
     p.set_defaults(func=_place)
 
 
@@ -526,6 +535,10 @@ def _place(args: argparse.Namespace) -> int:
     from haqueue.shard.topology import Topology
     if args.config is not None:
         return _place_cluster(args)
+    if args.store or args.replace:
+        _error("place: --store needs --config: the assignment stored is the one a cluster file's processes derive "
+               "and check at start")
+        return EXIT_USAGE
     try:
         if args.nodes is None:
             raise ShardError("--nodes is required (or --config a cluster file)")
@@ -568,6 +581,9 @@ def _place_cluster(args: argparse.Namespace) -> int:
     if args.nodes or args.shards or args.replicas or args.rack or args.region or args.old:
         _error("place: --config takes the nodes, shards and replicas from the cluster file: give no other option")
         return EXIT_USAGE
+    if args.replace and not args.store:
+        _error("place: --replace is for --store")
+        return EXIT_USAGE
     try:
         cluster = load_cluster(args.config)
     except ConfigError as e:
@@ -575,6 +591,10 @@ def _place_cluster(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     for warning in cluster.placement.warnings:
         _error(f"place: warning: {warning}")
+    if args.store:
+        status = _store_assignment(cluster, args.replace)
+        if status != EXIT_OK:
+            return status
     if args.format == "json":
         document = to_json(cluster.placement, with_moves=False)
         if cluster.pacemaker is not None:
@@ -582,6 +602,28 @@ def _place_cluster(args: argparse.Namespace) -> int:
         print(json.dumps(document))
     else:
         print(to_table(cluster.placement, with_moves=False))
+    return EXIT_OK
+
+
+def _store_assignment(cluster: "Cluster", replace: bool) -> int:
+    """`place --config CLUSTER --store [--replace]`: the file's placement made the cluster's stored assignment."""
+    from haqueue.coord.zookeeper import ZooKeeperUnusable
+    from haqueue.shard.cluster_config import process_config
+    from haqueue.shard.stored_assignment import AssignmentRefused, store
+    try:  # any process's config: every one has the cluster's ZooKeeper and assignment
+        config = process_config(cluster, cluster.placement.shards[0][0], 0)
+    except ConfigError as e:
+        _error(f"place: {e}")
+        return EXIT_USAGE
+    if config.ha is None or config.ha.zookeeper is None or config.shard is None:
+        _error(f"place: --store: {cluster.origin} has no ha.coordinator: zookeeper; only ZooKeeper stores the "
+               f"assignment")
+        return EXIT_USAGE
+    try:
+        _error(f"place: {store(config.shard, config.ha.zookeeper, replace)}")
+    except (AssignmentRefused, ZooKeeperUnusable) as e:
+        _error(f"place: {e}")
+        return EXIT_REFUSED
     return EXIT_OK
 
 

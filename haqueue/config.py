@@ -184,6 +184,8 @@ class ShardConfig:
     redirect: bool = False  # a link to another shard's queue is refused with amqp:link:redirect, not relayed
     assignment: dict[str, Any] = field(default_factory=dict)  # the placement as `haqueue place` prints it (JSON)
     zookeeper_path: str | None = None  # under ZooKeeper: the cluster's path, which holds the stored assignment
+    # seconds the relay looks for a shard's primary before detaching its relayed links (shard.relay_timeout)
+    relay_timeout: float = 60.0
 
 
 @dataclass

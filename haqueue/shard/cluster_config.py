@@ -8,8 +8,11 @@ The file is a broker config (users, limits, store, ha credentials...) plus the c
     client_port: 5672              # every node's client address: its address, this port (SO_REUSEPORT)
     peer_base: 5700                # shard i's peer listener: the node's address, port peer_base + i
     shard_public: 10.0.1.1:5800    # shard i's direct address, port + i, bound only by its primary
-    shard: {redirect: false}       # true: a link to another shard's queue is refused with amqp:link:redirect
+    shard:
+      redirect: false              # true: a link to another shard's queue is refused with amqp:link:redirect
                                    # naming the owner's direct address, instead of being relayed
+      relay_timeout: 60            # seconds the relay (and the wiring broadcast) looks for a shard's primary
+                                   # before giving up: longer than a failover, Pacemaker's included
     pacemaker:                     # instead of shard_public, when Pacemaker runs the processes (pcs-shard-setup.sh):
       node_vips: {n1: 10.0.0.101, ...}   # each node's client address, a VIP that moves while its node is down
       shard_vips: [10.0.1.10, ...]       # shard i's direct address: its VIP, on its primary's node, port shard_port + i
@@ -27,7 +30,8 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from ..config import CLUSTER_KEY, PREFERRED_SYNC_MODES, BrokerConfig, Check, ConfigError, QueueConfig, \
-    ShardConfig, ZooKeeperConfig, _address, _Bad, _bool, _fields, _int, _list_of, _map_of, _name, broker_config, read_yaml
+    ShardConfig, ZooKeeperConfig, _address, _Bad, _bool, _fields, _int, _list_of, _map_of, _name, _positive_seconds, \
+    broker_config, read_yaml
 from .assignment import to_json
 from .errors import ShardError
 from .forwarding_queues import forwarding_args
@@ -40,7 +44,7 @@ DEFAULT_PEER_BASE = 5700
 DEFAULT_SHARD_PORT = 5800
 ANY_ADDRESS = "0.0.0.0"  # under Pacemaker: whichever VIP is on the node reaches its processes
 _NODE: dict[str, Check] = {"address": _name, "rack": _name, "region": _name, "data_dir": _name}
-_OPTIONS: dict[str, Check] = {"redirect": _bool}  # the cluster file's `shard:` section
+_OPTIONS: dict[str, Check] = {"redirect": _bool, "relay_timeout": _positive_seconds}  # the file's `shard:` section
 _PACEMAKER: dict[str, Check] = {"node_vips": _map_of(_name), "shard_vips": _list_of(_name), "shard_port": _int(1)}
 _CLUSTER: dict[str, Check] = {CLUSTER_KEY: _int(1), "replicas": _int(1), "nodes": lambda value, path: value,
             "client_port": _int(1), "peer_base": _int(1), "shard_public": _address,
@@ -76,6 +80,7 @@ class Cluster:
     publics: list[tuple[str, int]]  # each shard's direct address (shard_public's port + i, or its VIP)
     placement: Placement
     redirect: bool  # shard.redirect: links to other shards are redirected, not relayed
+    relay_timeout: float  # shard.relay_timeout
     pacemaker: Pacemaker | None  # None: each shard's primary binds its direct address itself (ha.public)
     broker: dict[str, Any]  # the rest: every process's broker config, before what is derived
 
@@ -120,7 +125,7 @@ def process_config(cluster: Cluster, node: str, shard: int) -> BrokerConfig:
     config.shard = ShardConfig(shard, cluster.shards, cluster.publics, client,
                                [[(r, (cluster.nodes[r].address, cluster.peer_base + i)) for r in on]
                                 for i, on in enumerate(cluster.placement.shards)], cluster.redirect,
-                               to_json(cluster.placement, with_moves=False))
+                               to_json(cluster.placement, with_moves=False), relay_timeout=cluster.relay_timeout)
     _queues_of_shard(config, shard, cluster.shards, origin)
     if config.ha is not None and config.ha.zookeeper is not None:
         config.shard.zookeeper_path = config.ha.zookeeper.path
@@ -207,8 +212,9 @@ def _cluster(raw: Any, origin: str) -> Cluster:
         raise _Bad("shard_public", "missing (or a pacemaker: section): each shard's direct address")
     if port + shards - 1 > 65535:
         raise _Bad(key, f"leaves no room for {shards} shards' ports (its port + shard <= 65535)")
-    redirect = own.get("shard", {}).get("redirect", False)
-    return Cluster(origin, shards, replicas, nodes, client_port, peer_base, publics, placement, redirect, pacemaker,
+    options = own.get("shard", {})
+    return Cluster(origin, shards, replicas, nodes, client_port, peer_base, publics, placement,
+                   options.get("redirect", False), options.get("relay_timeout", ShardConfig.relay_timeout), pacemaker,
                    broker)
 
 

@@ -7,10 +7,12 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from ..broker.queue import Queue
+from .wiring_versions import STAMP
 
 FORWARD = "x-shard-forward"
-# Arguments of the declared queue its forwarding queues share: kept on disk and replicated as it is.
-SHARED = ("durable", "x-replicate")
+# Arguments of the declared queue its forwarding queues share: kept on disk and replicated as it is, and made by
+# the same broadcast (wiring_versions.py).
+SHARED = ("durable", "x-replicate", STAMP)
 
 
 def validator(shard: int, shards: int) -> Callable[[str, str, dict[str, Any]], str | None]:

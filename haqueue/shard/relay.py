@@ -3,7 +3,7 @@
 A connection is made when the first link needs it, as the HA peer user (the owning primary admits relayed
 links from it with the client's rights, which this process checked). When it drops (the primary failed),
 its links are told (`owner_lost`) and it is made again to the address the directory gives, every
-RETRY_INTERVAL, until it opens (each link then re-attaches: `attach`) or ha.backup_timeout has passed
+RETRY_INTERVAL, until it opens (each link then re-attaches: `attach`) or shard.relay_timeout has passed
 with none, when the links are detached with amqp:link:detach-forced.
 """
 from __future__ import annotations
@@ -81,8 +81,8 @@ class OwnerConnection:
         if self.down_since is None:
             self.down_since = now
             log.info("relay: lost shard %d's primary (%s); looking for it", self.shard, reason)
-        if now - self.down_since > self.relay.backup_timeout:
-            description = f"no primary of shard {self.shard} for {self.relay.backup_timeout:g} s (ha.backup_timeout)"
+        if now - self.down_since > self.relay.timeout:
+            description = f"no primary of shard {self.shard} for {self.relay.timeout:g} s (shard.relay_timeout)"
             log.warning("relay: %s; detaching its %d relayed links", description, len(self.links))
             links, self.links, self.down_since = self.links, [], None
             for link in links:
@@ -95,11 +95,11 @@ class Relay:
     """Every shard's owner connection of this process."""
 
     def __init__(self, engine: Engine, directory: ShardDirectory, user: str, password: str,
-                 backup_timeout: float) -> None:
+                 timeout: float) -> None:
         self.engine = engine
         self.directory = directory
         self.user, self.password = user, password
-        self.backup_timeout = backup_timeout
+        self.timeout = timeout  # seconds without a shard's primary before its relayed links are detached
         self._owners: dict[int, OwnerConnection] = {}
         self._names = itertools.count(1)
 

@@ -30,7 +30,7 @@ class ShardRouting:
         self.ha = ha
         self.config = config
         self.relay = Relay(broker.engine, ShardDirectory(config.publics), ha.config.username, ha.config.password,
-                           ha.config.backup_timeout)
+                           config.relay_timeout)
         self.transactions = RelayedTransactions(broker.transactions)
         broker.transactions.here = f"{broker.name} (shard {config.index})"
         ha.client_listeners.add(config.client)

@@ -5,13 +5,16 @@ every shard: here if this process is its shard's primary, else by that shard's p
 (wiring_requests.py) over the relay's owner connection; the client is answered once all have answered, with the
 first refusal (naming the shard and its reason) if there was one. A queue's declare and a binding's create go
 first to the shard owning the queue (its refusal, a bad argument or no such queue, stops them there), then to
-the others in parallel, where a queue is a forwarding queue; the rest go to every shard at once. Nothing is
-undone after a refusal: every shard validates alike, and the same request again converges (a CREATE of what
-exists answers 200). A shard without a primary for ha.backup_timeout refuses (the relay gives up on it).
+the others in parallel, where a queue is a forwarding queue; so does a queue's delete; the rest go to every shard
+at once. Nothing is undone after a refusal: every shard validates alike, and the same request again converges (a
+CREATE of what exists answers 200). A shard without a primary for shard.relay_timeout refuses (the relay gives up on
+it); each request carries its time, so that such a shard takes the newer state, created or deleted, on its next
+promotion (wiring_versions.py, wiring_sync.py).
 """
 from __future__ import annotations
 
 import logging
+import time
 from collections import deque
 from typing import Any, Callable
 
@@ -30,6 +33,7 @@ from .ownership import owning_shard, shard_of_name
 from .peer_endpoints import serve_peers
 from .relay import Relay
 from .relayed_links import RELAYED_FOR
+from .wiring_versions import STAMP
 from .wiring_requests import ADDRESS, CONDITIONS, OWNER, WiringRequests, apply, status_of
 
 log = logging.getLogger("haqueue.shard")
@@ -204,9 +208,12 @@ class WiringBroadcast:
                     return
                 owner = self.queue_owner(str(body.get("queue")))
             shards = list(range(self.config.shards))
-            phases = [[owner], [s for s in shards if s != owner]] if owner is not None and operation == "CREATE" \
-                else [shards]
+            # the queue's owner first: a queue, or a binding, is made nowhere unless there, and a queue deleted
+            # nowhere unless there (its forwarding queues are removed on convergence after it, never before)
+            phases = [shards]
+            if owner is not None and (operation == "CREATE" or type_ == "queue"):
+                phases = [[owner], [s for s in shards if s != owner]]
             request = Message(properties={"operation": operation, "type": type_, "name": name,
-                                          RELAYED_FOR: user or "", OWNER: owner}, body=body)
+                                          RELAYED_FOR: user or "", OWNER: owner, STAMP: time.time()}, body=body)
             _Run(self, request, user, owner, phases, answer).next_phase()
         return broadcast

@@ -20,6 +20,7 @@ from ..broker.proton_adapter import ACCEPTED, REJECTED, Link, LinkHandler
 from ..broker.server import Broker
 from .forwarding_queues import forwarded_to, forwarding_args
 from .relayed_links import RELAYED_FOR
+from .wiring_versions import STAMP, exists, key_of, record
 
 ADDRESS = "$shard.wiring"
 OWNER = "x-shard-owner"  # a request's property: the shard owning the queue it concerns
@@ -38,22 +39,37 @@ def _request(operation: str, type_: str, name: str | None, body: dict[str, Any])
 
 
 def apply(broker: Broker, shard: int, request: Message, user: str | None) -> Message:
-    """Apply a broadcast request in this shard (`shard`); the management answer."""
+    """Apply a broadcast request in this shard (`shard`); the management answer. What it creates gets the
+    request's stamp, what it deletes leaves a tombstone of that stamp (wiring_versions.py)."""
+    props: dict[Any, Any] = request.properties or {}
+    operation, type_, name = props.get("operation"), props.get("type"), props.get("name")
+    body = request.body if isinstance(request.body, dict) else {}
+    key = key_of(str(type_), name, body)
+    registry = broker.registry
+    if key is not None and operation == "CREATE" and not exists(registry, key):
+        body = {**body, STAMP: float(props.get(STAMP) or 0)}  # not on a repeat: 200, its arguments unchanged
+        request = Message(properties=props, body=body)
+    reply = _apply(broker, shard, request, body, user)
+    if key is not None and operation == "DELETE" and status_of(reply)[0] < 300:
+        record(registry, key, float(props.get(STAMP) or 0))
+    return reply
+
+
+def _apply(broker: Broker, shard: int, request: Message, body: dict[str, Any], user: str | None) -> Message:
     props: dict[Any, Any] = request.properties or {}
     operation, type_, name, owner = props.get("operation"), props.get("type"), props.get("name"), props.get(OWNER)
     management = broker.management
     if owner is None or int(owner) == shard:
         return management.handle(request, user)
     owner = int(owner)
-    body = request.body if isinstance(request.body, dict) else {}
     if type_ == "queue" and operation == "CREATE":
         return management.handle(_request("CREATE", "queue", name, forwarding_args(owner, body)), user)
     if type_ == "queue" and operation == "DELETE" and forwarded_to(broker.registry.lookup(str(name))) is None:
         reply = Message(properties={"statusCode": 204, "statusDescription": "OK: no forwarding queue here"})
         return reply
     if type_ == "binding" and operation == "CREATE" and broker.registry.lookup(str(body.get("queue"))) is None:
-        made = management.handle(_request("CREATE", "queue", str(body.get("queue")), forwarding_args(owner, {})),
-                                 user)
+        made = management.handle(_request("CREATE", "queue", str(body.get("queue")),
+                                          forwarding_args(owner, {STAMP: body.get(STAMP, 0)})), user)
         if status_of(made)[0] >= 300:
             return made
     return management.handle(request, user)

@@ -21,8 +21,8 @@ SHARDS, REPLICAS = 2, 2
 CLIENT_PORT, SHARD_PORT, SHARD_PEER_PORT = 5672, 5680, 5690  # the last two + the shard's index
 CLUSTER_FILE = "/etc/haqueue/cluster.yaml"  # on every node
 # longer than a failover under Pacemaker (about 6 s): a relay waits for the shard's new primary that long before
-# detaching its clients' links (design/sharding.md)
-SHARD_BACKUP_TIMEOUT = 15.0
+# detaching its clients' links (shard.relay_timeout, design/sharding.md); ha.backup_timeout stays the harness's
+RELAY_TIMEOUT = 15.0
 
 
 def node_vip(node: Node) -> str:
@@ -44,7 +44,8 @@ class ShardedPacemakerCluster(PacemakerCluster):
             "pacemaker": {"node_vips": {n.name: node_vip(n) for n in self.nodes},
                           "shard_vips": [shard_vip(i) for i in range(SHARDS)], "shard_port": SHARD_PORT},
             "data_dir": "/var/lib/haqueue",
-            "ha": {**self.ha_credentials(), "backup_timeout": SHARD_BACKUP_TIMEOUT},
+            "shard": {"relay_timeout": RELAY_TIMEOUT},
+            "ha": self.ha_credentials(),
         }, sort_keys=False))
         self.cluster_file.chmod(0o600)
         placement = run([str(BINARY), "place", "--config", str(self.cluster_file), "--format", "json"]).stdout

@@ -66,9 +66,10 @@ def _free_run(hosts: list[str], count: int) -> int:
 
 class ShardCluster(HaCluster):
     def __init__(self, directory: Path, size: int = 2, shards: int = 2, replicas: int = 2,
-                 backup_timeout: float = 2.0, extra: dict[str, Any] | None = None) -> None:
-        """`extra`: more keys of the cluster file (every process's), e.g. an audit section; its `ha` keys are
-        added to the harness's."""
+                 backup_timeout: float = 2.0, relay_timeout: float = 2.0,
+                 extra: dict[str, Any] | None = None) -> None:
+        """`extra`: more keys of the cluster file (every process's), e.g. an audit section; its `ha` and `shard`
+        keys are added to the harness's."""
         self.directory = Path(directory)
         self.password = secrets.token_hex(8)
         self.tls = None
@@ -90,7 +91,8 @@ class ShardCluster(HaCluster):
             "users": {OPS_USER: ops},
             **(extra or {}),
             "ha": {"username": HA_USER, "password": self.password, "backup_timeout": backup_timeout,
-                   **(extra or {}).get("ha", {})}}
+                   **(extra or {}).get("ha", {})},
+            "shard": {"relay_timeout": relay_timeout, **(extra or {}).get("shard", {})}}
         self.brokers: list[ShardProcess] = []
         for shard, nodes in enumerate(self.placement):
             for node in nodes:

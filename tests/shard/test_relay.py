@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import base64
 import sys
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -128,8 +130,41 @@ def test_a_failover_of_the_owner_loses_no_confirmed_relayed_message(two_shards) 
     assert c.status(new)["role"] == "primary"
 
 
-def test_without_a_primary_a_relayed_link_is_detached_after_the_backup_timeout(two_shards) -> None:
-    c = two_shards  # ha.backup_timeout 2 s
+def test_a_relayed_link_outlasts_a_failover_longer_than_the_backup_timeout(shard_cluster) -> None:
+    """ha.backup_timeout 1 s, shard.relay_timeout 30 s: shard 1's primary killed, its backup promoted 3 s later.
+    The relayed publisher's send during the outage is confirmed by the new primary, and the relayed consumer
+    gets it, on the same links: the relay waited for the shard's primary as long as shard.relay_timeout."""
+    c = shard_cluster(size=2, shards=2, replicas=2, backup_timeout=1.0, relay_timeout=30.0)
+    c.start_shards()
+    queue = owned_by(1, "relay.patient")
+    old, new = c.shard_processes(1)
+    conn = connect(c.publics[0])  # shard 0's primary alone: every link to shard 1's queue is relayed
+    try:
+        sender = conn.create_sender(queue)
+        sender.send(Message(body="before"), timeout=10)
+        assert [m.body for m in receive(c.publics[0], queue, 1)] == ["before"]
+        c.wait_depth(new, queue, 0)  # accepted at the owner and its backup: not delivered again after
+        receiver = conn.create_receiver(queue, credit=10)
+        outage = 3.0  # the failover's length, the point of the test: three times ha.backup_timeout
+        promotion = threading.Timer(outage, c.promote, [new])
+        c.kill(old)
+        killed = time.monotonic()
+        promotion.start()
+        try:
+            sender.send(Message(body="during"), timeout=30)  # held by the relay until the new primary confirms
+        finally:
+            promotion.join()
+        assert time.monotonic() - killed >= outage
+        assert receiver.receive(timeout=10).body == "during"
+        receiver.accept()
+    finally:
+        conn.close()
+    assert c.status(new)["role"] == "primary"
+    c.wait_depth(new, queue, 0)
+
+
+def test_without_a_primary_a_relayed_link_is_detached_after_the_relay_timeout(two_shards) -> None:
+    c = two_shards  # shard.relay_timeout 2 s
     queue = owned_by(1, "relay.orphan")
     for b in c.shard_processes(1):
         c.kill(b)  # shard 1 has no process left: n1's client address is n1.s0's alone
@@ -141,7 +176,7 @@ def test_without_a_primary_a_relayed_link_is_detached_after_the_backup_timeout(t
     finally:
         conn.close()
     assert "amqp:link:detach-forced" in str(refused.value)
-    assert "no primary of shard 1 for 2 s (ha.backup_timeout)" in str(refused.value)
+    assert "no primary of shard 1 for 2 s (shard.relay_timeout)" in str(refused.value)
 
 
 class _RelayedFor(LinkOption):

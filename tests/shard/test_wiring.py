@@ -12,6 +12,7 @@ from proton import Message
 
 from ha_harness import Load, Refused, connect, receive, send_all, wait_for
 from haqueue.shard.forwarding_queues import FORWARD
+from haqueue.shard.wiring_versions import STAMP, TOMBSTONES
 from shard_harness import owned_by
 
 pytestmark = pytest.mark.timeout(180)
@@ -83,7 +84,7 @@ def test_a_refusal_names_the_shard_and_a_delete_reaches_every_shard(two_shards) 
         c.request(entry, "CREATE", "queue", "bogus", {FORWARD: 9})
     assert refused.value.code == 400 and "x-shard-forward must name another shard" in str(refused.value)
     info = c.request(c.publics[1], "CREATE", "queue", "placed", {"x-shard": 1})  # at its owner's primary
-    assert info["name"] == "placed" and info["args"] == {"x-shard": 1}  # the owner's answer, not a forwarding queue's
+    assert info["name"] == "placed" and info["args"].keys() == {"x-shard", STAMP}  # the owner's, not a forwarding queue's
     assert c.request(c.publics[0], "CREATE", "queue", "placed", {"x-shard": 1}) is None  # the owner answered remotely
     c.request(entry, "CREATE", "exchange", "gone", {"type": "fanout"})
     for shard in range(2):
@@ -99,7 +100,7 @@ def test_a_refusal_names_the_shard_and_a_delete_reaches_every_shard(two_shards) 
 
 
 def test_a_shard_without_a_primary_refuses_and_takes_the_wiring_once_it_has_one(shard_cluster) -> None:
-    c = shard_cluster(size=2, shards=2, replicas=2)  # ha.backup_timeout 2 s
+    c = shard_cluster(size=2, shards=2, replicas=2)  # shard.relay_timeout 2 s
     first = [c.brokers.index(b) for b in c.shard_processes(0)]
     c.start(*first)  # shard 1 has no process yet
     c.promote(c.brokers[first[0]])
@@ -108,7 +109,7 @@ def test_a_shard_without_a_primary_refuses_and_takes_the_wiring_once_it_has_one(
     entry = c.publics[0]
     with pytest.raises(Refused) as refused:
         c.request(entry, "CREATE", "exchange", "early", {"type": "fanout"})
-    assert "shard 1 refused: no primary of shard 1 for 2 s (ha.backup_timeout)" in str(refused.value)
+    assert "shard 1 refused: no primary of shard 1 for 2 s (shard.relay_timeout)" in str(refused.value)
     with pytest.raises(Refused):
         c.request(entry, "CREATE", "queue", queue)  # made in shard 0, its owner, and refused by shard 1
     with pytest.raises(Refused):
@@ -117,12 +118,88 @@ def test_a_shard_without_a_primary_refuses_and_takes_the_wiring_once_it_has_one(
     later, backup = c.shard_processes(1)
     c.promote(later)  # a brand-new shard: it asks shard 0 for its wiring
     c.wait_backups_ready(later, [backup.name])
-    binding = {"exchange": "early", "queue": queue, "key": "", "args": {}}
+    [binding] = c.bindings(c.brokers[first[0]])  # its stamp too (wiring_versions.py)
+    assert binding["exchange"] == "early" and binding["queue"] == queue
     wait_for(lambda: c.bindings(later) == [binding], 10, message="shard 0's binding in shard 1")
     assert "early" in c.exchanges(later) and c.queues(later)[queue]["args"][FORWARD] == 0
     wait_for(lambda: c.bindings(backup) == [binding], 10, message="and on its backup")
     send_all(c.publics[1], "early", ["from shard 1"])  # routed into shard 1's forwarding queue, forwarded
     assert [m.body for m in receive(c.client_address("n1"), queue, 1)] == ["from shard 1"]
+
+
+def test_a_delete_missed_by_a_shard_without_a_primary_is_taken_on_its_promotion(two_shards) -> None:
+    """kill -9 of shard 1's primary; through shard 0, a binding is deleted and another made (shard 1 refuses both);
+    once shard 1's backup is promoted, it has the new binding and not the deleted one: what is published through
+    the exchange at either shard reaches the queue still bound and the new one, and none reaches the unbound one."""
+    c = two_shards
+    gone, kept, made = (owned_by(0, prefix) for prefix in ("gone", "kept", "made"))
+    entry = c.publics[0]
+    for queue in (gone, kept, made):
+        c.request(entry, "CREATE", "queue", queue)
+    c.request(entry, "CREATE", "exchange", "fan", {"type": "fanout"})
+    for queue in (gone, kept):
+        c.request(entry, "CREATE", "binding", body={"exchange": "fan", "queue": queue})
+    old, new = c.shard_processes(1)
+    wait_for(lambda: {b["queue"] for b in c.bindings(new)} == {gone, kept}, 10, message="shard 1's backup bound")
+    c.kill(old)
+    for operation, queue in (("DELETE", gone), ("CREATE", made)):
+        with pytest.raises(Refused) as refused:
+            c.request(entry, operation, "binding", body={"exchange": "fan", "queue": queue})
+        assert "shard 1 refused: no primary of shard 1" in str(refused.value)
+    assert {b["queue"] for b in c.bindings(c.shard_processes(0)[0])} == {kept, made}  # applied in shard 0
+    assert {b["queue"] for b in c.bindings(new)} == {gone, kept}  # not in shard 1
+    c.promote(new)
+    wait_for(lambda: {b["queue"] for b in c.bindings(new)} == {kept, made}, 10, message="shard 1 converged")
+    for primary in (c.shard_processes(0)[0], new):  # the delete's tombstone, in each shard
+        assert any(name.startswith(TOMBSTONES) for name in c.queues(primary))
+
+    for shard in range(2):
+        send_all(c.publics[shard], "fan", [f"via shard {shard} #{i}" for i in range(10)])
+    expected = sorted(f"via shard {shard} #{i}" for shard in range(2) for i in range(10))
+    for queue in (kept, made):
+        assert sorted(m.body for m in receive(c.client_address("n2"), queue, 20)) == expected
+    for queue in (made, kept):  # shard 1's forwarding queues drained into shard 0
+        c.wait_depth(new, queue, 0)
+    for process in (c.shard_processes(0)[0], new):  # the queue, and shard 1's forwarding queue: nothing ever came
+        assert c.queues(process)[gone]["enqueued"] == 0
+
+
+def test_a_shard_that_missed_a_delete_does_not_give_it_back(two_shards) -> None:
+    """Both primaries lost: shard 1's before a binding is deleted through shard 0 (shard 1 refuses), shard 0's
+    after. Shard 1's backup, promoted first, finds no primary of shard 0 to ask and asks again; shard 0's backup,
+    which holds the delete's tombstone, is promoted next and asks shard 1, which still has the binding. Neither
+    keeps it: what is published through the exchange at either shard reaches the other queue, none this one."""
+    c = two_shards
+    gone, kept = owned_by(0, "gone"), owned_by(0, "kept")
+    entry = c.publics[0]
+    for queue in (gone, kept):
+        c.request(entry, "CREATE", "queue", queue)
+    c.request(entry, "CREATE", "exchange", "fan", {"type": "fanout"})
+    for queue in (gone, kept):
+        c.request(entry, "CREATE", "binding", body={"exchange": "fan", "queue": queue})
+    old0, new0 = c.shard_processes(0)
+    old1, new1 = c.shard_processes(1)
+    wait_for(lambda: len(c.bindings(new1)) == 2, 10, message="shard 1's backup bound")
+    c.kill(old1)
+    with pytest.raises(Refused):
+        c.request(entry, "DELETE", "binding", body={"exchange": "fan", "queue": gone})
+    wait_for(lambda: any(name.startswith(TOMBSTONES) for name in c.queues(new0)), 10,
+             message="the tombstone replicated to shard 0's backup")
+    c.kill(old0)
+    c.promote(new1)
+    wait_for(lambda: "shard 0's wiring not known here yet" in new1.log(), 15, message="shard 1's pull given up")
+    assert {b["queue"] for b in c.bindings(new1)} == {gone, kept}  # still stale
+    c.promote(new0)
+    for shard, primary in ((0, new0), (1, new1)):
+        wait_for(lambda: {b["queue"] for b in c.bindings(primary)} == {kept}, 10, message=f"shard {shard} converged")
+
+    for shard in range(2):
+        send_all(c.publics[shard], "fan", [f"via shard {shard} #{i}" for i in range(10)])
+    expected = sorted(f"via shard {shard} #{i}" for shard in range(2) for i in range(10))
+    assert sorted(m.body for m in receive(c.client_address("n2"), kept, 20)) == expected
+    c.wait_depth(new1, kept, 0)  # shard 1's forwarding queue drained into shard 0
+    for process in (new0, new1):
+        assert c.queues(process)[gone]["enqueued"] == 0
 
 
 def test_the_files_queues_exchanges_and_bindings_route_across_shards(shard_cluster) -> None:

@@ -40,6 +40,10 @@ def test_the_placement_of_a_cluster_file_with_its_pacemaker_vips(tmp_path: Path)
     cluster.write_text("shards: 2\n")
     code, _, err = place("--config", str(cluster))
     assert code == 2 and f"{cluster}: replicas: missing" in err
+    cluster.write_text("shards: 2\nreplicas: 1\nnodes: {a: {address: 10.0.0.1}}\nshard_public: 10.0.1.1:5800\n"
+                       "ha: {username: ha, password: p}\n")
+    code, out, err = place("--config", str(cluster), "--store")  # stored only by ZooKeeper (tests/zookeeper)
+    assert (code, out) == (2, "") and "--store: " + f"{cluster} has no ha.coordinator: zookeeper" in err
 
 
 def test_the_table_shows_shards_and_what_each_node_holds() -> None:
@@ -129,6 +133,7 @@ def test_the_output_does_not_depend_on_the_process() -> None:
     (["--nodes", "n1,n2", "--shards", "0", "--replicas", "1"], "place: shards must be at least 1, got 0"),
     (["--nodes", "n1,n2", "--replicas", "1"], "place: --shards and --replicas are required"),
     (["--nodes", "n1,n2", "--shards", "2", "--replicas", "1", "--format", "yaml"], "invalid choice: 'yaml'"),
+    (["--nodes", "n1,n2", "--shards", "2", "--replicas", "1", "--store"], "place: --store needs --config"),
 ])
 def test_bad_input_exits_2_naming_the_problem(args: list[str], message: str) -> None:
     code, out, err = place(*args)

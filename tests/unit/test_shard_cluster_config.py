@@ -56,7 +56,10 @@ def test_each_process_gets_its_shards_broker_config(tmp_path: Path) -> None:
                                                               for i, on in enumerate(replicas)],
                                                    "nodes": ["n1", "n2", "n3"]})
     assert not config.shard.redirect
-    assert shard_process_config(write(tmp_path, CLUSTER + "    shard: {redirect: true}\n"), "n1", 0).shard.redirect
+    assert config.shard.relay_timeout == 60.0  # a failover under Pacemaker, not ha.backup_timeout (2 s here)
+    options = shard_process_config(write(tmp_path, CLUSTER + "    shard: {redirect: true, relay_timeout: 7.5}\n"),
+                                   "n1", 0).shard
+    assert options.redirect and options.relay_timeout == 7.5
     other = shard_process_config(path, "n1", 0)
     assert other.data_dir == "/var/lib/haqueue/shard-0"
     assert other.ha is not None and other.ha.brokers[0] == ("10.0.0.1", 5700)  # the preferred primary first
@@ -132,7 +135,11 @@ def test_a_process_the_placement_does_not_have_is_refused(tmp_path: Path, node: 
     (("backup_timeout: 2}", "backup_timeout: 2, coordinator: zookeeper, zookeeper: {hosts: ['h:1'], preferred: true}}"),
      "ha.zookeeper.preferred: not in a cluster's config: each shard's preferred primary is the first of its "
      "replicas in the placement"),
-    (("client_port: 5672", "shard: {relay: false}"), "shard.relay: unknown key (known: redirect)"),
+    (("client_port: 5672", "shard: {relay: false}"), "shard.relay: unknown key (known: redirect, relay_timeout)"),
+    (("client_port: 5672", "shard: {relay_timeout: 0}"), "shard.relay_timeout: must be a positive number of "
+                                                         "seconds, got 0"),
+    (("client_port: 5672", "shard: {relay_timeout: 1 minute}"), "shard.relay_timeout: must be a non-negative "
+                                                                "number of seconds, got \"1 minute\""),
     (("shard_public: 10.0.1.1:5800", "client_port: 5672"), "shard_public: missing (or a pacemaker: section): each "
                                                            "shard's direct address"),
     (("client_port: 5672", PACEMAKER), "shard_public: not with pacemaker: each shard's direct address is its VIP "

@@ -67,3 +67,55 @@ def test_shards_elect_on_their_own_paths_and_agree_on_the_stored_assignment(zk_s
     assert out.returncode == 1, out.stderr[-2000:]
     assert f"the cluster file's placement is not the cluster's, stored at {path}/assignment: shard 0's replicas " \
            f"are ['n1', 'n2'] there, ['n1'] here" in out.stderr
+
+
+def test_the_admin_replaces_the_stored_assignment_only_when_told_to(zk_shards, ensemble, tmp_path) -> None:
+    """`place --config FILE --store` stores the file's placement, leaves a different stored one (exit 1, naming
+    the difference) unless given --replace; after the replacement, the new file's processes start and elect, and
+    a process of the old file exits 1."""
+    from kazoo.client import KazooClient
+
+    path = f"/haqueue/{secrets.token_hex(4)}"
+    zookeeper = {"coordinator": "zookeeper", "zookeeper": {"hosts": ensemble.hosts, "path": path,
+                                                           "session_timeout": 3.0}}
+    c = zk_shards(size=2, shards=2, replicas=1, extra={"ha": zookeeper})  # the new placement: one replica a shard
+    old = copy.deepcopy(c.config)
+    old["replicas"] = 2
+    files = {}
+    for name, config in (("old", old), ("new", c.config)):
+        files[name] = tmp_path / f"{name}.yaml"
+        files[name].write_text(yaml.safe_dump(config))
+    store = lambda name, *more: run_haqueue(["place", "--config", str(files[name]), "--store", *more])  # noqa: E731
+    placement = lambda name: json.loads(run_haqueue(["place", "--config", str(files[name]), "--format", "json"])  # noqa: E731
+                                        .stdout)
+    zk = KazooClient(hosts=ensemble.hosts)
+    zk.start(timeout=10)
+    try:
+        stored = lambda: json.loads(zk.get(f"{path}/assignment")[0])  # noqa: E731
+        out = store("old")
+        assert out.returncode == 0 and f"stored the assignment at {path}/assignment" in out.stderr, out.stderr
+        assert stored() == placement("old") == {"shards": [{"shard": 0, "replicas": ["n1", "n2"]},
+                                                           {"shard": 1, "replicas": ["n2", "n1"]}],
+                                                "nodes": ["n1", "n2"]}
+        out = store("old")
+        assert out.returncode == 0 and "holds this assignment already" in out.stderr, out.stderr
+        out = store("new")  # not without --replace
+        assert out.returncode == 1, out.stderr
+        assert f"{path}/assignment holds another assignment: shard 0's replicas are ['n1', 'n2'] there, ['n1'] " \
+               f"here; give --replace to replace it" in out.stderr
+        assert stored() == placement("old")
+        out = store("new", "--replace")
+        assert out.returncode == 0 and f"replaced the assignment at {path}/assignment" in out.stderr, out.stderr
+        assert stored() == placement("new")
+        out = run_haqueue(["place", "--config", str(files["new"]), "--replace"])
+        assert out.returncode == 2 and "--replace is for --store" in out.stderr
+    finally:
+        zk.stop()
+        zk.close()
+
+    c.start()  # the new placement's processes (n1.s0, n2.s1): accepted, and each shard elects its one replica
+    for b in c.brokers:
+        c.wait_state(b, "primary", "active", timeout=30)
+    out = run_haqueue(["broker", "--config", str(files["old"]), "--node", "n1", "--shard", "0"], timeout=60)
+    assert out.returncode == 1, out.stderr[-2000:]
+    assert f"stored at {path}/assignment: shard 0's replicas are ['n1'] there, ['n1', 'n2'] here" in out.stderr
