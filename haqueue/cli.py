@@ -90,7 +90,8 @@ def _broker(args: argparse.Namespace) -> int:
             from haqueue.ha import HaBroker
             ha = HaBroker(broker, config.ha)
             if config.ha.coordinator == "zookeeper":
-                if config.shard is not None:  # first: a process of another placement must not join
+                if config.shard is not None and config.ha.zookeeper is not None:
+                    # first: a process of another placement must not join
                     from haqueue.shard.stored_assignment import check_stored_assignment
                     check_stored_assignment(config.shard, config.ha.zookeeper)
                 from haqueue.coord.zookeeper import ZooKeeperCoordinator

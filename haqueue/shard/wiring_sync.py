@@ -80,7 +80,7 @@ class SnapshotPull(LinkHandler):
         keep what the others deleted until its next promotion."""
         shard = self.owner.shard
         log.warning("shard %d's wiring not known here yet: %s; asking again", shard, description)
-        self.sync.broker.engine.call_later(RETRY_INTERVAL, lambda: SnapshotPull(self.sync, shard))
+        self.sync.broker.engine.call_later(RETRY_INTERVAL, lambda: self.sync.pull(shard))
 
     def on_message(self, delivery: int, data: bytes, settled: bool) -> None:
         message = Message()
@@ -107,7 +107,11 @@ class WiringSync:
         prune(self.broker.registry, time.time())
         for shard in range(self.config.shards):
             if shard != self.config.index:
-                SnapshotPull(self, shard)
+                self.pull(shard)
+
+    def pull(self, shard: int) -> None:
+        """Ask `shard`'s primary for its wiring (over the relay's connection to it)."""
+        SnapshotPull(self, shard)
 
     def converge(self, wiring: dict[str, Any]) -> None:
         made, removed = converge(self.broker.registry, self.config.index, wiring)
