@@ -9,7 +9,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from ha_harness import receive, run_haqueue, send_all
+from ha_harness import cluster_factory, receive, run_haqueue, send_all
 from shard_harness import ShardCluster, owned_by
 
 pytestmark = pytest.mark.timeout(300)
@@ -33,9 +33,20 @@ def audited_run(shard_cluster, events: Path) -> tuple[ShardCluster, list[str]]:
     return c, queues
 
 
-def test_every_audit_line_of_a_shard_process_names_its_shard(shard_cluster, tmp_path) -> None:
-    events = tmp_path / "events"
-    _, queues = audited_run(shard_cluster, events)
+@pytest.fixture(scope="module")
+def audited(tmp_path_factory) -> tuple[Path, list[str]]:
+    """One audited run for both tests (the run is what costs): its events directory and its queues."""
+    directory = tmp_path_factory.mktemp("sharded")
+    clusters = cluster_factory(ShardCluster, directory)
+    try:
+        _, queues = audited_run(next(clusters), directory / "events")
+    finally:
+        next(clusters, None)  # the factory's end: every process stopped, a crash fails the tests
+    return directory / "events", queues
+
+
+def test_every_audit_line_of_a_shard_process_names_its_shard(audited) -> None:
+    events, queues = audited
     lines = {f.name: [json.loads(line) for line in f.read_text().splitlines()] for f in events.glob("*.jsonl")}
     assert {name.split("-")[0] for name in lines} == {"n1.s0", "n1.s1", "n2.s0", "n2.s1"}
     for name, events_of_file in lines.items():
@@ -47,10 +58,9 @@ def test_every_audit_line_of_a_shard_process_names_its_shard(shard_cluster, tmp_
 
 
 @pytest.mark.slow
-def test_audit_lag_of_a_sharded_run_groups_by_shard(shard_cluster, tmp_path) -> None:
+def test_audit_lag_of_a_sharded_run_groups_by_shard(audited, tmp_path) -> None:
     pytest.importorskip("pyspark")
-    events, out = tmp_path / "events", tmp_path / "audit"
-    _, queues = audited_run(shard_cluster, events)
+    (events, queues), out = audited, tmp_path / "audit"
     result = run_haqueue(["audit", "lag", "--events", str(events), "--out", str(out), "--master", "local[2]",
                           "--fail-on-loss"], timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
