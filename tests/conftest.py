@@ -11,6 +11,10 @@ any failing test.
 
 Every Spark JVM the tests start (the audit's, in the tests' process or in the commands they run) runs
 with SPARK_JVM_OPTIONS unless PYSPARK_SUBMIT_ARGS is already set.
+
+Every test of a directory in CLUSTER_SUITES is marked `slow`: they run several broker processes, a
+ZooKeeper ensemble, Pacemaker or Spark, seconds each, so `pytest -m "not slow"` (`make quick`) keeps
+the unit tests and the single-broker ones, the subset to run while working.
 """
 from __future__ import annotations
 
@@ -30,6 +34,13 @@ LOG_TAIL_LINES = 150
 # (a cold analysis of the failover scenario: 34 -> 17 CPU s, the session's start 9.5 -> 4.9); C2 and the
 # parallel collector only repay on long jobs.
 SPARK_JVM_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
+CLUSTER_SUITES = ("audit", "ha", "pacemaker", "shard", "zookeeper")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if Path(item.fspath).relative_to(TESTS).parts[0] in CLUSTER_SUITES:
+            item.add_marker(pytest.mark.slow)
 
 
 def _log_tail(broker: BrokerProcess) -> str:
