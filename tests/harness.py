@@ -16,6 +16,7 @@ from __future__ import annotations
 import atexit
 import copy
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -47,16 +48,33 @@ class BrokerStartError(RuntimeError):
 _given: set[int] = set()  # ports handed out by this process: brokers not started yet have not bound theirs
 
 
+def _ephemeral_low() -> int:
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
+# Ports are picked below the kernel's ephemeral range: one from inside it may be handed to an outgoing
+# connection (a peer's, a relay's) before the broker meant to listen on it binds it, and a shard's direct
+# address binds only when the shard's process is promoted, seconds after the ports were picked.
+PORT_RANGE = (10000, _ephemeral_low())
+
+
 def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port that was free a moment ago on `host` (bind port 0, read it, close), and not one handed out
-    before: a cluster picks every broker's port before any binds, and the kernel may offer one twice."""
+    """A TCP port below the ephemeral range that was free a moment ago on `host`, and not one handed out before:
+    a cluster picks every broker's port before any binds."""
     while True:
+        port = random.randrange(*PORT_RANGE)
+        if port in _given:
+            continue
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-            s.bind((host, 0))
-            port = s.getsockname()[1]
-        if port not in _given:
-            _given.add(port)
-            return port
+            try:
+                s.bind((host, port))
+            except OSError:
+                continue
+        _given.add(port)
+        return port
 
 
 def wait_for(condition: Callable[[], Any], timeout: float, interval: float = POLL_INTERVAL,

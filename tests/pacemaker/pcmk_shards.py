@@ -45,7 +45,8 @@ class ShardedPacemakerCluster(PacemakerCluster):
                           "shard_vips": [shard_vip(i) for i in range(SHARDS)], "shard_port": SHARD_PORT},
             "data_dir": "/var/lib/haqueue",
             "shard": {"relay_timeout": RELAY_TIMEOUT},
-            "ha": self.ha_credentials(),
+            # as long as the relay's wait: with the harness's 3 s, one run's relayed send waited 20 s at the failback
+            "ha": {**self.ha_credentials(), "backup_timeout": RELAY_TIMEOUT},
         }, sort_keys=False))
         self.cluster_file.chmod(0o600)
         placement = run([str(BINARY), "place", "--config", str(self.cluster_file), "--format", "json"]).stdout
