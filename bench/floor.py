@@ -2,7 +2,7 @@
 """The floor under "broker CPU per message at 1,000 msg/s": what the system calls and wake-ups of a lone
 message cost on this machine with no broker around them, measured in alternation with haqueue.
 
-bench/floor/relay.c (compiled here with cc) does per message exactly the kernel work a broker cannot
+bench/floor/relay.c (compiled into bench/out by run.py's `compiled`) does per message exactly the kernel work a broker cannot
 avoid, over loopback TCP, with nothing else. Alone (`--setup single`): two wake-ups in epoll_wait (the
 producer's transfer, then the consumer's accept), two recvs and two sends (the transfer to the consumer,
 the settlement to the producer). With two backups (`--setup cluster`): the message also goes to each
@@ -17,11 +17,9 @@ round after round, so that both see the same minutes of this machine.
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 BENCH = Path(__file__).resolve().parent
@@ -30,12 +28,6 @@ import run as R  # noqa: E402  bench/run.py, used as a library
 import setups as S  # noqa: E402
 
 log = R.log
-
-
-def build(out_dir: Path) -> Path:
-    binary = out_dir / "relay"
-    subprocess.run(["cc", "-O2", "-Wall", "-o", str(binary), str(BENCH / "floor" / "relay.c")], check=True)
-    return binary
 
 
 def floor_run(binary: Path, backups: int, rate: float, duration: float) -> dict:
@@ -76,27 +68,26 @@ def main() -> None:
     args = ap.parse_args()
     broker_args = argparse.Namespace(rate=args.rate, duration=args.duration, inflight=1000, credit=1000, durable=False)
     rows = []
-    with tempfile.TemporaryDirectory(prefix="haqueue-floor-") as tmp:
-        binary = build(Path(tmp))
-        backups = 2 if args.setup == "cluster" else 0
-        broker: R.Broker = (S.HaCluster("haqueue cluster", size=3) if backups
-                            else R.CommandBroker(R.DEFAULT_HAQUEUE_CMD, "haqueue", None, 30))
-        broker.start()
-        try:
-            for i in range(args.rounds):
-                floor = floor_run(binary, backups, args.rate, args.duration)
-                hq = R.latency(broker, 100, broker_args)
-                if "error" in hq:
-                    raise RuntimeError(f"haqueue's run failed: {hq['error']}")
-                row = {"floor": floor["cpu_us_per_msg"], "floor_sys": floor["sys_us_per_msg"],
-                       "haqueue": hq["broker_cpu_us_per_msg"], "haqueue_sys": hq["broker_sys_us_per_msg"],
-                       "other_load": hq["other_load_cores"]}
-                rows.append(row)
-                log(f"round {i + 1}: floor {row['floor']:.1f} µs/msg ({row['floor_sys']:.1f} in the kernel), "
-                    f"haqueue {row['haqueue']:.1f} ({row['haqueue_sys']:.1f} in the kernel), "
-                    f"other load {row['other_load']:.2f} cores")
-        finally:
-            broker.stop()
+    binary = R.compiled(BENCH / "floor" / "relay.c", "floor-relay")
+    backups = 2 if args.setup == "cluster" else 0
+    broker: R.Broker = (S.HaCluster("haqueue cluster", size=3) if backups
+                        else R.CommandBroker(R.DEFAULT_HAQUEUE_CMD, "haqueue", None, 30))
+    broker.start()
+    try:
+        for i in range(args.rounds):
+            floor = floor_run(binary, backups, args.rate, args.duration)
+            hq = R.latency(broker, 100, broker_args)
+            if "error" in hq:
+                raise RuntimeError(f"haqueue's run failed: {hq['error']}")
+            row = {"floor": floor["cpu_us_per_msg"], "floor_sys": floor["sys_us_per_msg"],
+                   "haqueue": hq["broker_cpu_us_per_msg"], "haqueue_sys": hq["broker_sys_us_per_msg"],
+                   "other_load": hq["other_load_cores"]}
+            rows.append(row)
+            log(f"round {i + 1}: floor {row['floor']:.1f} µs/msg ({row['floor_sys']:.1f} in the kernel), "
+                f"haqueue {row['haqueue']:.1f} ({row['haqueue_sys']:.1f} in the kernel), "
+                f"other load {row['other_load']:.2f} cores")
+    finally:
+        broker.stop()
     print(f"{args.setup}: CPU per message at {args.rate:g} msg/s, 100 B, {len(rows)} rounds in alternation "
           f"(µs, every broker process; kernel in brackets):")
     print("| round | floor (relay.c) | haqueue | haqueue − floor | other load (cores) |")

@@ -269,9 +269,9 @@ def renice_tree(pid: int, nice: int) -> None:
                 pass
 
 
-def c_client() -> Path:
-    """bench/c_clients/client.c compiled (again when the source is newer) into bench/out."""
-    source, binary = BENCH / "c_clients" / "client.c", OUT / "c-client"
+def compiled(source: Path, name: str) -> Path:
+    """A C program of bench/ compiled (again when its source is newer) into bench/out/name."""
+    binary = OUT / name
     if not binary.exists() or binary.stat().st_mtime < source.stat().st_mtime:
         OUT.mkdir(exist_ok=True)
         subprocess.run(["cc", "-O2", "-Wall", "-o", str(binary), str(source), "-lm"], check=True)
@@ -284,7 +284,7 @@ def start_client(kind: str, role: str, args: list[str], stderr_path: Path) -> su
     if kind == "rhea":
         cmd = ["node", str(JS / f"{role}.js"), *args]
     elif kind == "c":
-        cmd = [str(c_client()), role, *args]
+        cmd = [str(compiled(BENCH / "c_clients" / "client.c", "c-client")), role, *args]
     else:
         cmd = [str(VENV_PY), str(BENCH / "py_clients.py"), role, *args]
     with open(stderr_path, "ab") as err:
