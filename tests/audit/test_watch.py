@@ -119,11 +119,13 @@ def test_a_planted_loss_is_named_within_two_windows(ha_cluster, watch_process, t
     c: HaCluster = ha_cluster(extra={"audit": {"dir": str(events)}})
     c[2].env = {"HAQUEUE_TEST_DROP_REPLICA": f"{QUEUE}:{DROPPED}"}
     c.start_cluster()
+    # The warm-up is on disk before the watch starts, so its first micro-batch holds every broker's
+    # warm-up events and none can be late. Sent while the watch started (CI, 2 busy cores), a backup's
+    # lines could reach the stream after the other brokers' marks had moved the watermark past them:
+    # dropped as late, and the window naming that backup never came.
+    send_all(c.public, "warmup", range(WARMUP))
     watch = watch_process("--events", str(events), "--window", f"{WINDOW:g}s", "--bound", "5s",
                           "--master", "local[2]")
-    # The watch in its stride: its first window out. A burst, not a flood: the marks every broker logs
-    # each second move the watermark on, and a flood would only slow the watch's start on 2 cores.
-    send_all(c.public, "warmup", range(WARMUP))
     watch.line(lambda text: " warmup b2: " in text, 240, "the watch's first window")
     load = Producer(c.public, QUEUE, ledger=tmp_path / "ledger.jsonl").start()  # message-ids: watched-<n>
     try:
