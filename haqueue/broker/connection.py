@@ -10,7 +10,7 @@ from logging import WARNING
 import select
 import socket
 import ssl
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Final, Protocol, TYPE_CHECKING
 
 from .preamble import Preamble
 from .proton_adapter import WRITE_CLOSED, WRITE_FAILED, WRITE_FULL, WRITTEN, Link, LinkHandler, ProtonConnection
@@ -23,9 +23,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("haqueue.engine")
 
-READ_SIZE = 256 * 1024  # bytes read from a socket at a time
-EPOLL_IN = select.EPOLLIN | select.EPOLLRDHUP
-EPOLL_OUT = select.EPOLLOUT
+READ_SIZE: Final = 256 * 1024  # bytes read from a socket at a time
+EPOLL_IN: Final = select.EPOLLIN | select.EPOLLRDHUP
+EPOLL_OUT: Final = select.EPOLLOUT
 
 
 class ConnectionHandler(Protocol):

@@ -11,7 +11,7 @@ import select
 import socket
 import ssl
 import time
-from typing import Protocol
+from typing import Final, Protocol
 
 from ..config import LimitsConfig
 from . import heap
@@ -27,7 +27,7 @@ from .sasl import SaslClient
 
 log = logging.getLogger("haqueue.engine")
 
-_READABLE = select.EPOLLIN | select.EPOLLHUP | select.EPOLLERR | select.EPOLLRDHUP
+_READABLE: Final = select.EPOLLIN | select.EPOLLHUP | select.EPOLLERR | select.EPOLLRDHUP
 
 
 class EngineHandler(Protocol):

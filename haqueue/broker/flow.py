@@ -10,15 +10,17 @@ from __future__ import annotations
 
 import logging
 import sys
-from typing import Protocol
+from typing import Final, Protocol
 
 from ..config import OVERFLOW_POLICIES
 
 log = logging.getLogger("haqueue.broker")
 
-BLOCK, REJECT_PUBLISH, DROP_HEAD = OVERFLOW_POLICIES
+BLOCK: Final = OVERFLOW_POLICIES[0]
+REJECT_PUBLISH: Final = OVERFLOW_POLICIES[1]
+DROP_HEAD: Final = OVERFLOW_POLICIES[2]
 # Held publishers resume once below this share of the limit, so they do not flap at its edge.
-LOW_WATER = 0.9
+LOW_WATER: Final = 0.9
 
 
 def ceiling(limit: int) -> int:

@@ -8,24 +8,24 @@ header, when a redelivery raises the delivery-count.
 from __future__ import annotations
 
 import struct
-from typing import Any
+from typing import Any, Final
 
 # Section descriptors (smallulong codes 0x70..0x78 after 0x00 0x53).
-HEADER = 0x70
-DELIVERY_ANNOTATIONS = 0x71
-MESSAGE_ANNOTATIONS = 0x72
-PROPERTIES = 0x73
-APPLICATION_PROPERTIES = 0x74
+HEADER: Final = 0x70
+DELIVERY_ANNOTATIONS: Final = 0x71
+MESSAGE_ANNOTATIONS: Final = 0x72
+PROPERTIES: Final = 0x73
+APPLICATION_PROPERTIES: Final = 0x74
 
-_HEADER_PREFIX = b"\x00\x53\x70"
-_U32 = struct.Struct(">I")
-_U16 = struct.Struct(">H")
-_U64 = struct.Struct(">Q")
-_I16 = struct.Struct(">h")
-_I32 = struct.Struct(">i")
-_I64 = struct.Struct(">q")
-_DOUBLE = struct.Struct(">d")
-_FLOAT = struct.Struct(">f")
+_HEADER_PREFIX: Final = b"\x00\x53\x70"
+_U32: Final = struct.Struct(">I")
+_U16: Final = struct.Struct(">H")
+_U64: Final = struct.Struct(">Q")
+_I16: Final = struct.Struct(">h")
+_I32: Final = struct.Struct(">i")
+_I64: Final = struct.Struct(">q")
+_DOUBLE: Final = struct.Struct(">d")
+_FLOAT: Final = struct.Struct(">f")
 
 
 class MalformedMessage(ValueError):
@@ -215,7 +215,7 @@ def _encode_field(value: Any, kind: str) -> bytes:
     return b"\x70" + _U32.pack(value)  # uint
 
 
-_HEADER_KINDS = ("bool", "ubyte", "uint", "bool", "uint")
+_HEADER_KINDS: Final = ("bool", "ubyte", "uint", "bool", "uint")
 
 
 def with_delivery_count(data: bytes, count: int) -> bytes:

@@ -33,13 +33,20 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("haqueue.engine")
 
-NULL = ffi.NULL
-ACCEPTED, REJECTED, RELEASED, MODIFIED = lib.PN_ACCEPTED, lib.PN_REJECTED, lib.PN_RELEASED, lib.PN_MODIFIED
-DECLARED, TRANSACTIONAL = 0x33, 0x34  # delivery states of transactions (AMQP 1.0 part 4), not named by proton
+NULL: Final = ffi.NULL
+# The outcomes, by their descriptor codes (AMQP 1.0 3.4), which proton's PN_ACCEPTED... are: literals, so
+# that mypyc compares them as plain integers.
+ACCEPTED: Final = 0x24
+REJECTED: Final = 0x25
+RELEASED: Final = 0x26
+MODIFIED: Final = 0x27
+assert (ACCEPTED, REJECTED, RELEASED, MODIFIED) == (lib.PN_ACCEPTED, lib.PN_REJECTED, lib.PN_RELEASED, lib.PN_MODIFIED)
+DECLARED: Final = 0x33  # delivery states of transactions (AMQP 1.0 part 4), not named by proton
+TRANSACTIONAL: Final = 0x34
 # The events ProtonEvents handles itself with proton's objects (by its method of that name): _pn.drain
 # stops at each, reports deliveries and flows, and pops every other event (the broker does nothing on
 # them: the transport has output, local opens and closes, objects made and freed).
-_KEPT_EVENTS = {
+_KEPT_EVENTS: Final = {
     lib.PN_CONNECTION_REMOTE_OPEN: "_on_connection_remote_open",
     lib.PN_CONNECTION_REMOTE_CLOSE: "_on_connection_remote_close",
     lib.PN_SESSION_REMOTE_OPEN: "_on_session_remote_open",
@@ -57,19 +64,34 @@ WRITTEN: Final = _pn.WRITTEN
 WRITE_CLOSED: Final = _pn.CLOSED
 WRITE_FULL: Final = _pn.FULL
 WRITE_FAILED: Final = _pn.FAILED
-_OUTPUT_CHUNK = 256 * 1024  # bytes of proton's output taken at a time where it is not written by _pn.write
-_OUTPUT_BUFFER = ffi.new("char[]", _OUTPUT_CHUNK)
-_OUTPUT_VIEW = ffi.buffer(_OUTPUT_BUFFER)
+# The hot path's calls into _pn and the kinds of item its drain gives, bound once: mypyc compiles
+# `_pn.credit(...)` as a lookup of the module's attribute at every call, and those lookups were 6 % of a
+# relaying broker's samples (design/performance.md).
+_credit: Final = _pn.credit
+_send: Final = _pn.send
+_settle: Final = _pn.settle
+_drain: Final = _pn.drain
+_drained: Final = _pn.drained
+_read: Final = _pn.read
+_write: Final = _pn.write
+_pending: Final = _pn.pending
+_TRANSFER: Final = _pn.TRANSFER
+_OUTCOME: Final = _pn.OUTCOME
+_FLOW: Final = _pn.FLOW
+_EVENT: Final = _pn.EVENT
+_OUTPUT_CHUNK: Final = 256 * 1024  # bytes of proton's output taken at a time where it is not written by _pn.write
+_OUTPUT_BUFFER: Final = ffi.new("char[]", _OUTPUT_CHUNK)
+_OUTPUT_VIEW: Final = ffi.buffer(_OUTPUT_BUFFER)
 
 # Credit a link the broker receives on holds (a publisher's, or a backup's from its primary): topped up
 # when half is used, to as many messages of the sizes it sends as make _RECEIVE_BYTES, between
 # _RECEIVE_MIN and _RECEIVE_WINDOW. A publisher of large messages thus holds them back in its own
 # memory, not the socket's or the broker's: a window of 2,000 messages of 1 MB had the rhea producer
 # spend 50 % more CPU per message than one of 20 (design/performance.md, "Large messages").
-_RECEIVE_WINDOW = 2000
-_RECEIVE_FIRST = 10  # a new publisher link's, until its messages' sizes are known
-_RECEIVE_MIN = 2
-_RECEIVE_BYTES = 16 * 1024 * 1024
+_RECEIVE_WINDOW: Final = 2000
+_RECEIVE_FIRST: Final = 10  # a new publisher link's, until its messages' sizes are known
+_RECEIVE_MIN: Final = 2
+_RECEIVE_BYTES: Final = 16 * 1024 * 1024
 
 
 @mypyc_attr(allow_interpreted_subclasses=True)  # HA's and management's handlers are not compiled
@@ -115,7 +137,7 @@ def _data_object(ptr: Any) -> Any:
     return data.get_object() if data.next() else None
 
 
-_OUTCOMES = {"amqp:accepted:list": ACCEPTED, "amqp:rejected:list": REJECTED, "amqp:released:list": RELEASED,
+_OUTCOMES: Final = {"amqp:accepted:list": ACCEPTED, "amqp:rejected:list": REJECTED, "amqp:released:list": RELEASED,
              "amqp:modified:list": MODIFIED}
 
 
@@ -237,7 +259,7 @@ class Link:
 
     # -- sending (the broker is the sender) --------------------------------------------------
     def credit(self) -> int:
-        return _pn.credit(self.addr)
+        return _credit(self.addr)
 
     def send(self, data: bytes | list[bytes], settled: bool = False, tag: bytes | None = None) -> int | None:
         """Send one message (or the pieces of one, one after the other); returns the delivery handle
@@ -245,7 +267,7 @@ class Link:
         if tag is None:
             self._tag += 1
             tag = self._tag.to_bytes(8, "little")
-        delivery = _pn.send(self.addr, tag, data, settled)
+        delivery = _send(self.addr, tag, data, settled)
         self._sent += 1
         self.conn.engine.dirty.add(self.conn)
         return delivery or None
@@ -254,7 +276,7 @@ class Link:
         """A flow on this link the broker sends on: did the peer grant more credit (or ask for a drain)?
         proton reports a flow after each message sent as well, for the credit it used: messages sent plus
         the credit left grow only by the peer's grants."""
-        granted = self._sent + _pn.credit(self.addr)
+        granted = self._sent + _credit(self.addr)
         more = granted > self._granted
         self._granted = granted
         return more or drain
@@ -286,7 +308,7 @@ class Link:
 
     def drained(self) -> None:
         """Answer a drain request: no more to send, the rest of the credit is spent."""
-        if _pn.drained(self.addr):
+        if _drained(self.addr):
             self._granted = self._sent  # the credit left is gone
             self.conn.engine.dirty.add(self.conn)
 
@@ -310,7 +332,7 @@ class Link:
                 _set_condition(lib.pn_disposition_condition(local), condition, description)
             if failed:
                 lib.pn_disposition_set_failed(local, True)
-        _pn.settle(delivery, outcome)
+        _settle(delivery, outcome)
         self.conn.engine.dirty.add(self.conn)
 
     def settle_with_state(self, delivery: int, state: int, fields: list[Any]) -> None:
@@ -319,7 +341,7 @@ class Link:
         data = Data(lib.pn_disposition_data(lib.pn_delivery_local(_delivery(delivery))))
         data.clear()
         data.put_object(fields)
-        _pn.settle(delivery, state)
+        _settle(delivery, state)
         self.conn.engine.dirty.add(self.conn)
 
     def in_transaction(self, delivery: int, txn_id: bytes, outcome: int = 0) -> None:
@@ -438,7 +460,7 @@ class ProtonConnection:
 
     def read(self, fd: int, budget: int) -> int:
         """Read the socket straight into proton's input buffer (a plain connection past SASL); < 0: closed."""
-        return _pn.read(self.transport_addr, fd, budget)
+        return _read(self.transport_addr, fd, budget)
 
     def close_tail(self) -> None:
         lib.pn_transport_close_tail(self.transport)
@@ -447,12 +469,12 @@ class ProtonConnection:
     def pending(self) -> int:
         """The bytes of output proton has (it encodes what is due first); < 0 once its output is closed. Asked
         in each dispatch (Link.output_full): through _pn, not cffi."""
-        return _pn.pending(self.transport_addr)
+        return _pending(self.transport_addr)
 
     def write(self, fd: int) -> int:
         """Write proton's output to the socket with no copy on the way; what it holds is popped once all
         written. WRITTEN, WRITE_CLOSED, WRITE_FULL or WRITE_FAILED."""
-        status, self.written = _pn.write(self.transport_addr, fd, self.written)
+        status, self.written = _write(self.transport_addr, fd, self.written)
         return status
 
     def peek_output(self) -> bytes:
@@ -519,7 +541,7 @@ class ProtonEvents:
         links = self.engine.links
         while True:
             try:
-                items = _pn.drain(self._collector, self.engine.limits.max_message_size)
+                items = _drain(self._collector, self.engine.limits.max_message_size)
             except Exception:
                 log.exception("error reading proton's events")
                 continue
@@ -527,18 +549,18 @@ class ProtonEvents:
                 return
             for item in items:
                 kind = item[0]
-                if kind == _pn.EVENT:  # the last of the run
+                if kind == _EVENT:  # the last of the run
                     self._on_kept_event(item[1])
                     continue
                 link = links.get(item[1])
                 if link is None:
                     continue
                 try:
-                    if kind == _pn.TRANSFER:
+                    if kind == _TRANSFER:
                         self._on_message(link, item[2], item[3], item[4])
-                    elif kind == _pn.OUTCOME:
+                    elif kind == _OUTCOME:
                         self._on_outcome(link, item[2], item[3], item[4], item[5])
-                    elif kind == _pn.FLOW:
+                    elif kind == _FLOW:
                         self._on_flow(link, item[2])
                     else:
                         self._on_raw_transfer(link, item[2])
@@ -617,7 +639,7 @@ class ProtonEvents:
             self._on_txn_outcome(link, delivery)
             return
         link.handler.on_outcome(delivery, state, failed, undeliverable)  # type: ignore[union-attr]
-        _pn.settle(delivery, 0)
+        _settle(delivery, 0)
         self.engine.dirty.add(link.conn)
 
     def _on_txn_outcome(self, link: Link, delivery: int) -> None:

@@ -16,7 +16,7 @@ import bisect
 import heapq
 import logging
 import time
-from typing import Any, Callable, Iterable, Protocol
+from typing import Any, Callable, Final, Iterable, Protocol
 
 from .completion import Completion
 from .flow import BLOCK, LOW_WATER, Blocker, MemoryAlarm, ceiling
@@ -25,7 +25,9 @@ from .selector import MessageFields, Selector
 
 log = logging.getLogger("haqueue.broker")
 
-AVAILABLE, ACQUIRED, DEQUEUED = 0, 1, 2
+AVAILABLE: Final = 0
+ACQUIRED: Final = 1
+DEQUEUED: Final = 2
 
 
 class Entry:
@@ -61,7 +63,7 @@ Returned = tuple[int, int, Entry]
 
 # Messages a queue's selector consumers and browsers may look at in one dispatch pass (each costs a
 # decode of its properties, once per pass, and an evaluation per selector); past it, the next pass goes on.
-SCAN_BUDGET = 2048
+SCAN_BUDGET: Final = 2048
 
 
 class Subscriber(Protocol):
@@ -110,8 +112,8 @@ class Pager(Protocol):
     def clear(self) -> int: ...  # the queue is gone; the bytes it held in memory
 
 
-DEPAGE_BELOW = 1000  # entries in memory under which a paging queue reads the next paged ones back
-DEPAGE_BATCH = 1000
+DEPAGE_BELOW: Final = 1000  # entries in memory under which a paging queue reads the next paged ones back
+DEPAGE_BATCH: Final = 1000
 
 
 class Guard(Protocol):

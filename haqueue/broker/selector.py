@@ -17,16 +17,16 @@ import math
 import re
 import struct
 import uuid
-from typing import Any, Callable
+from typing import Any, Callable, Final
 
 from .message import APPLICATION_PROPERTIES, HEADER, PROPERTIES, MalformedMessage, read, sections, skip
 from .message import _compound as compound
 
 # The filter's descriptor, as proton's Selector (symbolic) or rhea's filter.selector (numeric) gives it.
-SELECTOR_DESCRIPTORS = ("apache.org:selector-filter:string", 0x0000468C00000004)
+SELECTOR_DESCRIPTORS: Final = ("apache.org:selector-filter:string", 0x0000468C00000004)
 
-MAX_LENGTH = 16384  # characters of selector text
-MAX_DEPTH = 64  # nesting of the expression (parentheses, NOT, arithmetic): evaluation recurses that deep
+MAX_LENGTH: Final = 16384  # characters of selector text
+MAX_DEPTH: Final = 64  # nesting of the expression (parentheses, NOT, arithmetic): evaluation recurses that deep
 
 Value = Any  # None (NULL, or UNKNOWN as a truth value), bool, int, float or str
 Fn = Callable[["MessageFields"], Value]
@@ -42,11 +42,11 @@ class SelectorError(ValueError):
 
 
 # -- a message's fields -----------------------------------------------------------------------
-_U32 = struct.Struct(">I")
+_U32: Final = struct.Struct(">I")
 
-_HEADER_FIELDS = ("durable", "priority", "ttl", "first_acquirer", "delivery_count")
+_HEADER_FIELDS: Final = ("durable", "priority", "ttl", "first_acquirer", "delivery_count")
 _HEADER_DEFAULTS: tuple[Value, ...] = (False, 4, None, False, 0)  # AMQP's defaults for an absent field
-_PROPERTY_FIELDS = ("message_id", "user_id", "to", "subject", "reply_to", "correlation_id", "content_type",
+_PROPERTY_FIELDS: Final = ("message_id", "user_id", "to", "subject", "reply_to", "correlation_id", "content_type",
                     "content_encoding", "absolute_expiry_time", "creation_time", "group_id", "group_sequence",
                     "reply_to_group_id")
 _NO_FIELDS: tuple[Value, ...] = ()
@@ -186,8 +186,8 @@ def _application(name: str) -> Fn:
     return lambda m: m.application(name)
 
 
-_H = {name: i for i, name in enumerate(_HEADER_FIELDS)}
-_P = {name: i for i, name in enumerate(_PROPERTY_FIELDS)}
+_H: Final = {name: i for i, name in enumerate(_HEADER_FIELDS)}
+_P: Final = {name: i for i, name in enumerate(_PROPERTY_FIELDS)}
 
 
 def _delivery_mode(m: MessageFields) -> Value:
@@ -246,7 +246,12 @@ def _number(value: Value) -> bool:
     return (type(value) is int or type(value) is float)
 
 
-_EQ, _NE, _LT, _LE, _GT, _GE = "=", "<>", "<", "<=", ">", ">="
+_EQ: Final = "="
+_NE: Final = "<>"
+_LT: Final = "<"
+_LE: Final = "<="
+_GT: Final = ">"
+_GE: Final = ">="
 
 
 def _compare(op: str, a: Value, b: Value) -> Value:
@@ -415,8 +420,8 @@ def like_pattern(pattern: str, escape: str | None) -> "re.Pattern[str]":
 
 
 # -- the parser ---------------------------------------------------------------------------------
-_KEYWORDS = {"AND", "OR", "NOT", "BETWEEN", "LIKE", "IN", "IS", "NULL", "ESCAPE", "TRUE", "FALSE"}
-_TOKEN = re.compile(r"""
+_KEYWORDS: Final = {"AND", "OR", "NOT", "BETWEEN", "LIKE", "IN", "IS", "NULL", "ESCAPE", "TRUE", "FALSE"}
+_TOKEN: Final = re.compile(r"""
     (?P<space>\s+)
   | (?P<string>'(?:[^']|'')*')
   | (?P<quoted>"(?:[^"]|"")*")
@@ -428,9 +433,15 @@ _TOKEN = re.compile(r"""
 """, re.VERBOSE)
 
 # Token kinds beside the operators themselves (kept as their text) and keywords (upper case).
-_STRING, _IDENT, _NUMBER, _END = "string", "identifier", "number", "end"
+_STRING: Final = "string"
+_IDENT: Final = "identifier"
+_NUMBER: Final = "number"
+_END: Final = "end"
 # Static kinds of expressions, to refuse at attach what can never be a condition or a number.
-_BOOL, _NUM, _STR, _ANY = "a boolean", "a number", "a string", "any"
+_BOOL: Final = "a boolean"
+_NUM: Final = "a number"
+_STR: Final = "a string"
+_ANY: Final = "any"
 
 
 class _Token:

@@ -5,11 +5,11 @@ plaintext goes in and the bytes for the socket come out through `emit`.
 from __future__ import annotations
 
 import ssl
-from typing import Callable
+from typing import Callable, Final
 
 from .tls import certificate_user
 
-READ_SIZE = 256 * 1024  # plaintext read at a time
+READ_SIZE: Final = 256 * 1024  # plaintext read at a time
 
 
 class TlsPump:

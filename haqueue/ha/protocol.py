@@ -8,40 +8,40 @@ stores exactly the bytes the primary holds.
 from __future__ import annotations
 
 import struct
-from typing import Any, cast
+from typing import Any, Final, cast
 
 from proton import Message
 
-WIRING = "$ha.wiring"
-QUEUE = "$ha.queue"  # a queue's replication link: "$ha.queue/<name>"
-REPORT = "$ha.report"  # a backup's reports to its primary: what it holds in memory and on disk
-REPORT_INTERVAL = 1.0  # seconds between a backup's reports
+WIRING: Final = "$ha.wiring"
+QUEUE: Final = "$ha.queue"  # a queue's replication link: "$ha.queue/<name>"
+REPORT: Final = "$ha.report"  # a backup's reports to its primary: what it holds in memory and on disk
+REPORT_INTERVAL: Final = 1.0  # seconds between a backup's reports
 
 # Link properties a backup sends when it attaches.
-BROKER = "x-ha-broker"  # the backup's name
-EPOCH = "x-ha-epoch"  # the highest epoch the backup has seen
-UID = "x-ha-uid"  # the id of the queue the backup holds under this name
-HAVE = "x-ha-have"  # seq ranges the backup holds, flattened: [first, last, first, last, ...]
+BROKER: Final = "x-ha-broker"  # the backup's name
+EPOCH: Final = "x-ha-epoch"  # the highest epoch the backup has seen
+UID: Final = "x-ha-uid"  # the id of the queue the backup holds under this name
+HAVE: Final = "x-ha-have"  # seq ranges the backup holds, flattened: [first, last, first, last, ...]
 # Connection properties a broker gives a peer in its open frame.
-HAD_PRIMARY = "x-ha-had-primary"  # has it ever followed or been a primary
-ROLE = "x-ha-role"
-STATE = "x-ha-state"
-FRESHNESS = "x-ha-freshness"  # how complete its store is: [epoch, standing, stream] (design/store.md)
+HAD_PRIMARY: Final = "x-ha-had-primary"  # has it ever followed or been a primary
+ROLE: Final = "x-ha-role"
+STATE: Final = "x-ha-state"
+FRESHNESS: Final = "x-ha-freshness"  # how complete its store is: [epoch, standing, stream] (design/store.md)
 
 # Transfer kinds on a queue link (the tag's first byte).
-ENQUEUE = b"E"  # a live enqueue: the backup's settlement is its confirmation
-BATCH = b"B"  # live enqueues of one pass, many messages to a transfer (pack_batch); settled as one
-TXN_PART = b"T"  # a live enqueue that is part of a transaction's commit (tag: seq, transaction number)
-COMMIT = b"K"  # a transaction's commit marker on each queue it touches (tag: transaction number; body: a
+ENQUEUE: Final = b"E"  # a live enqueue: the backup's settlement is its confirmation
+BATCH: Final = b"B"  # live enqueues of one pass, many messages to a transfer (pack_batch); settled as one
+TXN_PART: Final = b"T"  # a live enqueue that is part of a transaction's commit (tag: seq, transaction number)
+COMMIT: Final = b"K"  # a transaction's commit marker on each queue it touches (tag: transaction number; body: a
 # map {queues, dequeues}); settled once the backup has every queue's marker and applied it all
-CATCHUP = b"C"  # a message that was on the queue before the backup subscribed (sent newest first)
-DEQUEUE = b"D"  # body: seq ranges dequeued on the primary
-ACQUIRE = b"A"  # body: seq ranges delivered to a consumer and not yet settled there
-CAUGHT_UP = b"M"  # the backup now has everything; settling it tells the primary
+CATCHUP: Final = b"C"  # a message that was on the queue before the backup subscribed (sent newest first)
+DEQUEUE: Final = b"D"  # body: seq ranges dequeued on the primary
+ACQUIRE: Final = b"A"  # body: seq ranges delivered to a consumer and not yet settled there
+CAUGHT_UP: Final = b"M"  # the backup now has everything; settling it tells the primary
 
-_TAG = struct.Struct(">cQQ")  # kind, seq, primary enqueue time (microseconds since the epoch)
-_RANGE = struct.Struct(">QQ")
-_COUNT = struct.Struct(">I")
+_TAG: Final = struct.Struct(">cQQ")  # kind, seq, primary enqueue time (microseconds since the epoch)
+_RANGE: Final = struct.Struct(">QQ")
+_COUNT: Final = struct.Struct(">I")
 
 
 def message_tag(kind: bytes, seq: int, enqueued_us: int) -> bytes:

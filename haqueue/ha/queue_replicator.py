@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from typing import TYPE_CHECKING, Any
+from typing import Any, Final, TYPE_CHECKING
 
 from ..broker.completion import Completion
 from ..broker.connection import Connection
@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 
 # The link's first credit; the engine then sizes its window to the transfers' bytes (16 MiB of them, at
 # most 2,000): credit for 2,000 messages of 1 MB let a primary copy 2 GB into proton for one backup.
-_FIRST_CREDIT = 10
+_FIRST_CREDIT: Final = 10
 
 
 class QueueReplicator(LinkHandler):

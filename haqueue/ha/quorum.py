@@ -12,11 +12,16 @@ store's guard), and a message consumed before it was confirmed is confirmed (not
 """
 from __future__ import annotations
 
+from typing import Final
+
 from ..broker.completion import Completion
 from ..broker.queue import Entry, Queue
 from ..config import SYNC_MODES
 
-ALL, ALL_DISK, QUORUM_MEM, QUORUM_DISK = SYNC_MODES
+ALL: Final = SYNC_MODES[0]
+ALL_DISK: Final = SYNC_MODES[1]
+QUORUM_MEM: Final = SYNC_MODES[2]
+QUORUM_DISK: Final = SYNC_MODES[3]
 
 
 def from_disk(mode: str) -> bool:

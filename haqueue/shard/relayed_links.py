@@ -12,6 +12,7 @@ Transfers and outcomes under a client's transaction pass under its transaction a
 from __future__ import annotations
 
 from collections import deque
+from typing import Final
 
 from proton import Described, ulong
 
@@ -22,7 +23,7 @@ from .relay import OwnerConnection
 from .relayed_transactions import RelayedTransactions, RemoteTransaction
 
 # A mirror link's property: the client user it acts for, whose rights the owner checks its attach against.
-RELAYED_FOR = "x-haqueue-relayed-for"
+RELAYED_FOR: Final = "x-haqueue-relayed-for"
 
 
 class _OwnerSide(LinkHandler):

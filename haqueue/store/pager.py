@@ -12,7 +12,7 @@ import logging
 import os
 import time
 from array import array
-from typing import TYPE_CHECKING
+from typing import Final, TYPE_CHECKING
 
 from ..broker.queue import Entry
 from . import records
@@ -23,9 +23,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("haqueue.store")
 
-SHIFT = 40  # a record's location: segment << SHIFT | offset in the segment
-IN_MEMORY = -1  # the location of a paged message that has no record
-DROPPED = -2  # the location of a paged message dequeued by seq (a replica's), skipped when read back
+SHIFT: Final = 40  # a record's location: segment << SHIFT | offset in the segment
+IN_MEMORY: Final = -1  # the location of a paged message that has no record
+DROPPED: Final = -2  # the location of a paged message dequeued by seq (a replica's), skipped when read back
 
 
 class QueuePager:

@@ -10,30 +10,34 @@ import json
 import struct
 import zlib
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final
 
-MAGIC = b"HQ"
-_HEAD = struct.Struct(">2sII")  # magic, length, crc
-HEAD_SIZE = _HEAD.size
-_ENQUEUE = struct.Struct(">BIQd")  # type, qid, seq, expiry (wall clock, 0: never)
-_DEQUEUE = struct.Struct(">BIQ")  # a version-1 journal's dequeue: one per message
-_DEQUEUES = struct.Struct(">BI")  # type, qid; then (first, last) u64 pairs
-_RANGE = struct.Struct(">QQ")
-_QID = struct.Struct(">I")
-_GROUP = struct.Struct(">BI")
-MAX_RECORD = 1 << 31  # a length above this is garbage, not a record
+MAGIC: Final = b"HQ"
+_HEAD: Final = struct.Struct(">2sII")  # magic, length, crc
+HEAD_SIZE: Final = _HEAD.size
+_ENQUEUE: Final = struct.Struct(">BIQd")  # type, qid, seq, expiry (wall clock, 0: never)
+_DEQUEUE: Final = struct.Struct(">BIQ")  # a version-1 journal's dequeue: one per message
+_DEQUEUES: Final = struct.Struct(">BI")  # type, qid; then (first, last) u64 pairs
+_RANGE: Final = struct.Struct(">QQ")
+_QID: Final = struct.Struct(">I")
+_GROUP: Final = struct.Struct(">BI")
+MAX_RECORD: Final = 1 << 31  # a length above this is garbage, not a record
 
 # Record types.
-SEGMENT = ord("S")  # payload: JSON {"version", "segment"}; first in every segment
-QUEUE, QUEUE_DELETED = ord("Q"), ord("q")  # payload: qid u32, then JSON {name, uid, args} for Q
-EXCHANGE, EXCHANGE_DELETED = ord("X"), ord("x")  # JSON {name, type, uid, args} / {name, uid}
-BINDING, UNBOUND = ord("B"), ord("b")  # JSON {exchange, queue, key, uid, args} / {exchange, queue, key}
-ENQUEUE, DEQUEUE = ord("E"), ord("D")
-DEQUEUES = ord("R")  # one queue's dequeues of a loop pass, as seq ranges (version 2)
-GROUP = ord("G")  # payload: count u32: the next `count` records are kept whole or not at all (a transaction)
+SEGMENT: Final = ord("S")  # payload: JSON {"version", "segment"}; first in every segment
+QUEUE: Final = ord("Q")  # payload: qid u32, then JSON {name, uid, args} for Q
+QUEUE_DELETED: Final = ord("q")
+EXCHANGE: Final = ord("X")  # JSON {name, type, uid, args} / {name, uid}
+EXCHANGE_DELETED: Final = ord("x")
+BINDING: Final = ord("B")  # JSON {exchange, queue, key, uid, args} / {exchange, queue, key}
+UNBOUND: Final = ord("b")
+ENQUEUE: Final = ord("E")
+DEQUEUE: Final = ord("D")
+DEQUEUES: Final = ord("R")  # one queue's dequeues of a loop pass, as seq ranges (version 2)
+GROUP: Final = ord("G")  # payload: count u32: the next `count` records are kept whole or not at all (a transaction)
 
-VERSION = 2  # the journal this broker writes
-READABLE = (1, 2)  # version 1 wrote a D record per dequeue
+VERSION: Final = 2  # the journal this broker writes
+READABLE: Final = (1, 2)  # version 1 wrote a D record per dequeue
 
 
 def _frame(body: bytes) -> bytes:
@@ -52,7 +56,7 @@ def enqueue(qid: int, seq: int, expiry: float, data: bytes) -> bytes:
     return enqueue_head(qid, seq, expiry, data) + data
 
 
-ENQUEUE_OVERHEAD = HEAD_SIZE + _ENQUEUE.size
+ENQUEUE_OVERHEAD: Final = HEAD_SIZE + _ENQUEUE.size
 
 
 def enqueue_size(data_length: int) -> int:

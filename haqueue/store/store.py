@@ -12,7 +12,7 @@ import logging
 import os
 import time
 from datetime import datetime, timezone
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Callable, Final, TYPE_CHECKING
 
 from ..broker.completion import Completion
 from ..broker.errors import RecoveryError
@@ -30,8 +30,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("haqueue.store")
 
-COMPACT_INTERVAL = 1.0  # seconds between looks at the oldest segment
-PAGE_INTERVAL = 0.1  # seconds between looks at the memory held by durable bodies
+COMPACT_INTERVAL: Final = 1.0  # seconds between looks at the oldest segment
+PAGE_INTERVAL: Final = 0.1  # seconds between looks at the memory held by durable bodies
 
 
 def durable_queue(queue: Queue) -> bool:
