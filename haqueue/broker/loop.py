@@ -12,9 +12,15 @@ import select
 import signal
 import socket
 import time
-from typing import Callable
+from typing import Callable, Final
 
 log = logging.getLogger("haqueue.engine")
+
+# Sockets a wait reports at most; the rest, still ready, come with the next pass. epoll.poll allocates room
+# for this many events at every call: its default (1,023) is a request large enough that glibc's malloc
+# first consolidates every small freed chunk, which with ten busy connections was 1.9 % of the broker's
+# samples; 32 fit in Python's own small-object allocator.
+_MAX_EVENTS: Final = 32
 
 
 class Loop:
@@ -74,7 +80,7 @@ class Loop:
         if busy:
             timeout = 0.0
         try:
-            events = self.epoll.poll(timeout)
+            events = self.epoll.poll(timeout, _MAX_EVENTS)
         except InterruptedError:
             return []
         wakeup = self._wakeup_r.fileno()
