@@ -23,7 +23,11 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("haqueue.engine")
 
-READ_SIZE: Final = 256 * 1024  # bytes read from a socket at a time
+# What one pass reads, shared among the sockets ready in it: a pass's messages (its working set of
+# deliveries, entries and frames) stay as many with twenty busy connections as with two, where a
+# budget per socket made each pass ten times larger and every message dearer (design/performance.md).
+PASS_READ: Final = 256 * 1024
+MIN_READ: Final = 16 * 1024  # a socket's share never falls below this
 EPOLL_IN: Final = select.EPOLLIN | select.EPOLLRDHUP
 EPOLL_OUT: Final = select.EPOLLOUT
 
@@ -83,15 +87,16 @@ class Connection:
             engine.epoll.register(self.fd, EPOLL_IN | EPOLL_OUT)
 
     # -- input -------------------------------------------------------------------------------
-    def read(self) -> None:
-        """Read what the socket has (the loop saw it readable) up through the layers."""
+    def read(self, budget: int) -> None:
+        """Read what the socket has (the loop saw it readable), up to `budget` bytes, up through the layers;
+        what is left is read in the next pass."""
         if self.phase == "amqp" and self.tls is None:  # the socket straight into proton's buffer
-            if self.proton.read(self.fd, READ_SIZE) < 0:
+            if self.proton.read(self.fd, budget) < 0:
                 self.input_closed()
             self.engine.dirty.add(self)
             return
         try:
-            data = self.sock.recv(READ_SIZE)
+            data = self.sock.recv(budget)
         except (BlockingIOError, InterruptedError):
             return
         except OSError:

@@ -15,7 +15,7 @@ from typing import Final, Protocol
 
 from ..config import LimitsConfig
 from . import heap
-from .connection import EPOLL_IN, EPOLL_OUT, Connection, ConnectionHandler
+from .connection import EPOLL_IN, EPOLL_OUT, MIN_READ, PASS_READ, Connection, ConnectionHandler
 from .connection_limits import ConnectionLimits
 from .errors import RESOURCE_LIMIT
 from .listener import Listener
@@ -90,11 +90,13 @@ class Engine(Loop):
         self.serve(self._one_pass)
 
     def _one_pass(self) -> None:
-        for fd, mask in self.wait(bool(self.dirty) or self.handler.pending()):
+        ready = self.wait(bool(self.dirty) or self.handler.pending())
+        budget = max(MIN_READ, PASS_READ // len(ready)) if ready else 0
+        for fd, mask in ready:
             conn = self.connections.get(fd)
             if conn is not None:
                 if mask & _READABLE:
-                    conn.read()
+                    conn.read(budget)
                 if mask & EPOLL_OUT:
                     self.dirty.add(conn)
             elif fd in self.listeners:
