@@ -1,7 +1,11 @@
 """Fixtures for the audit tests.
 
-`spark`       one local Spark session for the whole test run (starting one costs 7-12 s); None of the
-              Spark tests run without PySpark installed (the `spark` extra): they are skipped.
+`spark`       the local Spark session: one JVM for the whole test run (starting one costs 7-12 s, and a cold
+              JVM's first audit twice a warm one's). An audit command run in this process
+              (audit_command.run_audit_command) stops its session at its end; the next test gets a new one
+              in the same JVM. None of the Spark tests run without PySpark installed (the `spark` extra):
+              they are skipped.
+`local_spark` the same for module- and session-scoped fixtures: a function returning the session.
 `event_dir`   a fresh directory for an event set.
 `ha_cluster`  HA clusters of real brokers (tests/ha/ha_harness.py), stopped at the end of the test.
 """
@@ -18,13 +22,21 @@ sys.path.insert(0, str(HERE.parent / "ha"))
 
 
 @pytest.fixture(scope="session")
-def spark():
+def local_spark():
     pytest.importorskip("pyspark")
+    from pyspark.sql import SparkSession
+
     from haqueue.audit import sources
 
-    session = sources.session("local[2]")
-    yield session
-    session.stop()
+    yield lambda: sources.session("local[2]")  # the running session, else a new one (in the same JVM)
+    running = SparkSession.getActiveSession()
+    if running is not None:
+        running.stop()
+
+
+@pytest.fixture
+def spark(local_spark):
+    return local_spark()
 
 
 @pytest.fixture

@@ -5,17 +5,31 @@ from __future__ import annotations
 
 import json
 import time
+from pathlib import Path
 
 import pandas as pd
 import pytest
 
-from ha_harness import Load, run_haqueue, wait_for
+from audit_command import run_audit_command
+from ha_harness import Load, wait_for
 
 pytestmark = pytest.mark.slow
 
 
+def last_marks(events: Path) -> dict[str, int]:
+    """Each broker's newest mark in its log (µs since the epoch)."""
+    newest: dict[str, int] = {}
+    for f in events.glob("*.jsonl"):
+        for line in f.read_text().splitlines():
+            if line.endswith("}") and (e := json.loads(line))["event"] == "mark":
+                newest[e["broker"]] = max(newest.get(e["broker"], 0), e["t"])
+    return newest
+
+
 def test_kill9_failover_audits_with_zero_loss(ha_cluster, tmp_path):
     pytest.importorskip("pyspark")
+    from haqueue.audit.lag import MIRROR_GRACE_US
+
     events, out = tmp_path / "events", tmp_path / "audit"
     c = ha_cluster(extra={"audit": {"dir": str(events)}})
     old = c.start_cluster()
@@ -38,11 +52,19 @@ def test_kill9_failover_audits_with_zero_loss(ha_cluster, tmp_path):
         load.stop()
     assert load.report()["lost"] == []
     c.wait_ready(old, timeout=20, queues=["audited"])
-    time.sleep(1.5)  # every broker writes a mark: its log covers the last dequeues' mirroring
+    # Every broker's log goes on past the last dequeues' mirroring (the audit judges a dequeue not
+    # mirrored on a backup whose log went on MIRROR_GRACE_US after it): a mark that much later from each.
+    covered = int(time.time() * 1e6) + MIRROR_GRACE_US
+    names = {b.name for b in c.brokers}
+
+    def marked() -> bool:
+        marks = last_marks(events)
+        return marks.keys() >= names and min(marks[name] for name in names) >= covered
+    wait_for(marked, 10, interval=0.2, message="every broker's mark a grace period after the last dequeue")
     c.shutdown()
 
-    result = run_haqueue(["audit", "lag", "--events", str(events), "--out", str(out), "--master", "local[2]",
-                          "--fail-on-loss", "--ledger", str(ledger)], timeout=600)
+    result = run_audit_command(["audit", "lag", "--events", str(events), "--out", str(out), "--master", "local[2]",
+                                "--fail-on-loss", "--ledger", str(ledger)])
     print(result.stdout, result.stderr[-3000:])
     assert result.returncode == 0, result.stderr[-3000:]
     assert "no loss: every confirmed message reached every backup that was ready" in result.stdout

@@ -14,7 +14,8 @@ import pandas as pd
 import pytest
 from proton import Message
 
-from ha_harness import HaCluster, connect, run_haqueue, split_address, wait_for
+from audit_command import run_audit_command
+from ha_harness import HaCluster, connect, split_address, wait_for
 from haqueue.audit.ledger import Ledger
 
 pytestmark = pytest.mark.slow
@@ -69,8 +70,8 @@ def kill_primary_mid_stream(c: HaCluster, tmp_path: Path, successor) -> tuple[Pa
 
 def audit(tmp_path: Path, events: Path, *ledgers: Path) -> tuple[subprocess.CompletedProcess, Path]:
     out = tmp_path / "audit"
-    result = run_haqueue(["audit", "lag", "--events", str(events), "--out", str(out), "--master", "local[2]",
-                          "--fail-on-loss", "--ledger", *map(str, ledgers)], timeout=600)
+    result = run_audit_command(["audit", "lag", "--events", str(events), "--out", str(out), "--master", "local[2]",
+                                "--fail-on-loss", "--ledger", *map(str, ledgers)])
     print(result.stdout, result.stderr[-3000:])
     return result, out
 

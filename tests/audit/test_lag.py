@@ -11,6 +11,7 @@ from datetime import datetime, timezone
 import pandas as pd
 import pytest
 
+from audit_command import run_audit_command
 from eventsets import EPOCH2, SECOND, T0, EventLog, failover_scenario
 from harness import run_haqueue
 from haqueue.audit import schema
@@ -24,10 +25,10 @@ def scenario_dir(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def audit(spark, scenario_dir):
+def audit(local_spark, scenario_dir):
     from haqueue.audit import lag
 
-    return lag.analyse(spark, str(scenario_dir))
+    return lag.analyse(local_spark(), str(scenario_dir))
 
 
 def rows(table: pd.DataFrame, columns: list[str]) -> list[tuple]:
@@ -143,8 +144,8 @@ def test_a_backup_whose_log_ends_first_is_unverified_not_missing(spark, tmp_path
 def test_command_line_writes_tables_chart_summary_and_fails_on_loss(scenario_dir, tmp_path):
     out = tmp_path / "out"
     since = datetime.fromtimestamp(T0 / 1e6, tz=timezone.utc).strftime("%Y-%m-%dT%H:%M:%S")
-    result = run_haqueue(["audit", "lag", "--events", str(scenario_dir), "--out", str(out), "--master", "local[2]",
-                          "--since", since, "--fail-on-loss"], timeout=600)
+    result = run_audit_command(["audit", "lag", "--events", str(scenario_dir), "--out", str(out), "--master",
+                                "local[2]", "--since", since, "--fail-on-loss"])
     assert result.returncode == 1, result.stderr[-3000:]
     assert result.stdout.splitlines()[-1] == "LOSS: 1 confirmed message missing on a ready backup (see problems.csv)"
     assert (out / "summary.txt").read_text() == result.stdout
@@ -180,8 +181,8 @@ def test_a_truncated_primary_log_leaves_unattested_messages_and_cannot_tell(tmp_
     cut = text.index('"seq": 7,')  # the enqueue of seq 7 and everything after it is gone
     primary_file.write_text(text[:cut])
     out = tmp_path / "out"
-    result = run_haqueue(["audit", "lag", "--events", str(events), "--out", str(out), "--master", "local[2]",
-                          "--fail-on-loss"], timeout=600)
+    result = run_audit_command(["audit", "lag", "--events", str(events), "--out", str(out), "--master", "local[2]",
+                                "--fail-on-loss"])
     assert result.returncode == 3, result.stdout + result.stderr[-3000:]
     assert result.stdout.splitlines()[-1] == (
         "CANNOT TELL: 4 messages held by backups with no record from the primary that sent them (its log lost "
@@ -237,7 +238,8 @@ def long_run() -> EventLog:
 
 
 def test_a_long_audit_shows_its_progress_on_stderr(tmp_path):
-    """What it reads, then Spark's tasks as they finish, on stderr; stdout keeps the summary alone. Its
+    """What it reads, then Spark's tasks as they finish, on stderr; stdout keeps the summary alone (a
+    process of its own, as a user runs it: its JVM's output too). Its
     --since, in seconds since the epoch, leaves seq 0's loss out: no loss, even under --fail-on-loss."""
     events = long_run().write(tmp_path / "events")
     size = sum(f.stat().st_size for f in events.iterdir()) / 1e6

@@ -20,8 +20,9 @@ from typing import Callable
 import pandas as pd
 import pytest
 
+from audit_command import run_audit_command
 from ha_harness import HaCluster, Load, send_all, wait_for
-from harness import REPO_ROOT, run_haqueue
+from harness import REPO_ROOT
 
 pytestmark = pytest.mark.slow
 
@@ -177,8 +178,8 @@ def test_once_over_a_recorded_run_agrees_with_audit_lag(ha_cluster, spark, tmp_p
     c.shutdown()  # every broker's last mark: its log covers every confirmation
 
     batch = lag.analyse(spark, str(events))
-    result = run_haqueue(["audit", "watch", "--events", str(events), "--once", "--window", "100000d",
-                          "--parquet", str(out), "--master", "local[2]"], timeout=600)
+    result = run_audit_command(["audit", "watch", "--events", str(events), "--once", "--window", "100000d",
+                                "--parquet", str(out), "--master", "local[2]"])
     assert result.returncode == 0, result.stderr[-3000:]
     rows = pd.read_parquet(out)
     columns = ["queue", "backup", "live", "lag_p50_ms", "lag_p95_ms", "lag_p99_ms", "lag_max_ms"]

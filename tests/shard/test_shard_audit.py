@@ -9,7 +9,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from ha_harness import cluster_factory, receive, run_haqueue, send_all
+from audit_command import run_audit_command
+from ha_harness import cluster_factory, receive, send_all
 from shard_harness import ShardCluster, owned_by
 
 pytestmark = pytest.mark.timeout(300)
@@ -61,8 +62,8 @@ def test_every_audit_line_of_a_shard_process_names_its_shard(audited) -> None:
 def test_audit_lag_of_a_sharded_run_groups_by_shard(audited, tmp_path) -> None:
     pytest.importorskip("pyspark")
     (events, queues), out = audited, tmp_path / "audit"
-    result = run_haqueue(["audit", "lag", "--events", str(events), "--out", str(out), "--master", "local[2]",
-                          "--fail-on-loss"], timeout=600)
+    result = run_audit_command(["audit", "lag", "--events", str(events), "--out", str(out), "--master", "local[2]",
+                                "--fail-on-loss"])
     assert result.returncode == 0, result.stderr[-3000:]
     shards = pd.read_csv(out / "shards.csv")
     assert shards[["shard", "queues", "enqueued", "completed", "dequeued", "backups", "received", "missing",
