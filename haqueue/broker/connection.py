@@ -26,7 +26,7 @@ log = logging.getLogger("haqueue.engine")
 # What one pass reads, shared among the sockets ready in it: a pass's messages (its working set of
 # deliveries, entries and frames) stay as many with twenty busy connections as with two, where a
 # budget per socket made each pass ten times larger and every message dearer (design/performance.md).
-PASS_READ: Final = 256 * 1024
+PASS_READ: Final = 128 * 1024
 MIN_READ: Final = 16 * 1024  # a socket's share never falls below this
 EPOLL_IN: Final = select.EPOLLIN | select.EPOLLRDHUP
 EPOLL_OUT: Final = select.EPOLLOUT
