@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import io
 import subprocess
+import sys
 
 
 def run_audit_command(args: list[str]) -> subprocess.CompletedProcess:
@@ -27,6 +28,11 @@ def run_audit_command(args: list[str]) -> subprocess.CompletedProcess:
     from haqueue.cli import main
 
     out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        code = main(list(args))
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            code = main(list(args))
+    except BaseException:  # what it printed goes with the failure's report
+        print(out.getvalue())
+        print(err.getvalue()[-3000:], file=sys.stderr)
+        raise
     return subprocess.CompletedProcess(["haqueue", *args], code, out.getvalue(), err.getvalue())
