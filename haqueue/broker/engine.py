@@ -15,7 +15,7 @@ from typing import Final, Protocol
 
 from ..config import LimitsConfig
 from . import heap
-from .connection import EPOLL_IN, EPOLL_OUT, MIN_READ, PASS_READ, Connection, ConnectionHandler
+from .connection import EPOLL_IN, EPOLL_OUT, MIN_READ, PASS_READ, READ_SIZE, Connection, ConnectionHandler
 from .connection_limits import ConnectionLimits
 from .errors import RESOURCE_LIMIT
 from .listener import Listener
@@ -90,13 +90,12 @@ class Engine(Loop):
         self.serve(self._one_pass)
 
     def _one_pass(self) -> None:
-        ready = self.wait(bool(self.dirty) or self.handler.pending())
-        budget = max(MIN_READ, PASS_READ // len(ready)) if ready else 0
-        for fd, mask in ready:
+        left = PASS_READ
+        for fd, mask in self.wait(bool(self.dirty) or self.handler.pending()):
             conn = self.connections.get(fd)
             if conn is not None:
                 if mask & _READABLE:
-                    conn.read(budget)
+                    left -= conn.read(min(READ_SIZE, max(left, MIN_READ)))
                 if mask & EPOLL_OUT:
                     self.dirty.add(conn)
             elif fd in self.listeners:
