@@ -106,3 +106,37 @@ def test_many_messages_sent_without_waiting(broker):
     with Client(broker, timeout=60) as c:
         c.send("q.burst", make_messages(5000, prefix="burst"), timeout=60)
         assert c.queue_depth("q.burst") == 5000
+
+
+def test_many_connections_each_sending_more_than_a_pass_reads(broker):
+    """Twenty connections publish at once, each a burst larger than its share of what the broker reads in
+    one pass (at least 16 KiB of 512 KiB between them): what a pass leaves in a socket is read in the
+    next ones, and every message arrives once, each producer's in the order it sent them."""
+    producers, per_producer = 20, 40
+    padding = "x" * 16_000
+    errors: list[BaseException] = []
+    together = threading.Barrier(producers)
+
+    def produce(p: int) -> None:
+        try:
+            with Client(broker, timeout=60) as c:
+                messages = [Message(body=f"p{p}-{i}-{padding}") for i in range(per_producer)]
+                together.wait(30)  # every burst at once: many sockets ready in the same passes
+                c.send("q.wide", messages, timeout=60)
+        except BaseException as e:  # noqa: BLE001 - reported by the main thread
+            errors.append(e)
+
+    threads = [threading.Thread(target=produce, args=(p,), daemon=True) for p in range(producers)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(90)
+    assert not errors, errors
+    with Client(broker, timeout=60) as c:
+        got = c.receiver("q.wide").receive_n(producers * per_producer, timeout=60)
+        assert c.queue_depth("q.wide") == 0
+    sent_by: dict[str, list[int]] = {}
+    for g in got:
+        producer, seq, _ = g.body.split("-", 2)
+        sent_by.setdefault(producer, []).append(int(seq))
+    assert sent_by == {f"p{p}": list(range(per_producer)) for p in range(producers)}
