@@ -23,15 +23,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("haqueue.engine")
 
-# What one pass reads: a socket at most READ_SIZE, all the sockets ready in it PASS_READ between them
-# (each at least MIN_READ, in the order the loop reports them, which epoll rotates). A pass's messages
-# (its working set of deliveries, entries and frames) stay about as many with twenty busy connections as
-# with two: a budget per socket alone made each pass ten times larger there and every message dearer.
-# A cluster's primary reads as before (the backups' acknowledgements are small), its replication
-# batched per pass (design/performance.md).
-READ_SIZE: Final = 256 * 1024
-PASS_READ: Final = 512 * 1024
-MIN_READ: Final = 16 * 1024
 EPOLL_IN: Final = select.EPOLLIN | select.EPOLLRDHUP
 EPOLL_OUT: Final = select.EPOLLOUT
 

@@ -15,7 +15,7 @@ from typing import Final, Protocol
 
 from ..config import LimitsConfig
 from . import heap
-from .connection import EPOLL_IN, EPOLL_OUT, MIN_READ, PASS_READ, READ_SIZE, Connection, ConnectionHandler
+from .connection import EPOLL_IN, EPOLL_OUT, Connection, ConnectionHandler
 from .connection_limits import ConnectionLimits
 from .errors import RESOURCE_LIMIT
 from .listener import Listener
@@ -28,6 +28,16 @@ from .sasl import SaslClient
 log = logging.getLogger("haqueue.engine")
 
 _READABLE: Final = select.EPOLLIN | select.EPOLLHUP | select.EPOLLERR | select.EPOLLRDHUP
+
+# What one pass reads: a socket at most READ_SIZE, all the sockets ready in it PASS_READ between them
+# (each at least MIN_READ, in the order the loop reports them, which epoll rotates). A pass's messages
+# (its working set of deliveries, entries and frames) stay about as many with twenty busy connections as
+# with two: a budget per socket alone made each pass ten times larger there and every message dearer.
+# A cluster's primary reads as before (the backups' acknowledgements are small), its replication
+# batched per pass (design/performance.md).
+READ_SIZE: Final = 256 * 1024
+PASS_READ: Final = 512 * 1024
+MIN_READ: Final = 16 * 1024
 
 
 class EngineHandler(Protocol):
