@@ -12,7 +12,7 @@ from setuptools import Extension, setup
 
 HOT_PATH = [
     "haqueue/broker/engine.py", "haqueue/broker/loop.py", "haqueue/broker/connection.py",
-    "haqueue/broker/tls_pump.py", "haqueue/broker/proton_adapter.py",
+    "haqueue/broker/tls_pump.py", "haqueue/broker/proton_adapter.py", "haqueue/broker/receive_credit.py",
     "haqueue/broker/links.py", "haqueue/broker/queue.py", "haqueue/broker/message.py",
     "haqueue/broker/completion.py", "haqueue/broker/flow.py", "haqueue/broker/selector.py",
     "haqueue/store/store.py", "haqueue/store/records.py", "haqueue/store/pager.py",

@@ -22,6 +22,7 @@ from .listener import Listener
 from .loop import Loop
 from .password_checks import Logins, PasswordChecks
 from .proton_adapter import Link, LinkHandler, ProtonEvents
+from .receive_credit import ReceiveShare
 from .refusal_log import RefusalLog
 from .sasl import SaslClient
 
@@ -70,6 +71,7 @@ class Engine(Loop):
         self.connections: dict[int, Connection] = {}  # by fd
         self.links: dict[int, Link] = {}  # by address
         self.dirty: set[Connection] = set()
+        self.receive_share = ReceiveShare()  # the credit of the links receiving at once
 
     # -- set-up ------------------------------------------------------------------------------
     def listen(self, listener: Listener) -> None:

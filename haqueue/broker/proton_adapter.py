@@ -26,6 +26,7 @@ from proton import Data, Described, symbol, ulong
 
 from . import _pn
 from .errors import BrokerError, FRAMING_ERROR, MESSAGE_SIZE_EXCEEDED, NOT_IMPLEMENTED, RESOURCE_LIMIT
+from .receive_credit import RECEIVE_BYTES, RECEIVE_FIRST, RECEIVE_MIN
 
 if TYPE_CHECKING:
     from .connection import Connection
@@ -83,15 +84,6 @@ _OUTPUT_CHUNK: Final = 256 * 1024  # bytes of proton's output taken at a time wh
 _OUTPUT_BUFFER: Final = ffi.new("char[]", _OUTPUT_CHUNK)
 _OUTPUT_VIEW: Final = ffi.buffer(_OUTPUT_BUFFER)
 
-# Credit a link the broker receives on holds (a publisher's, or a backup's from its primary): topped up
-# when half is used, to as many messages of the sizes it sends as make _RECEIVE_BYTES, between
-# _RECEIVE_MIN and _RECEIVE_WINDOW. A publisher of large messages thus holds them back in its own
-# memory, not the socket's or the broker's: a window of 2,000 messages of 1 MB had the rhea producer
-# spend 50 % more CPU per message than one of 20 (design/performance.md, "Large messages").
-_RECEIVE_WINDOW: Final = 2000
-_RECEIVE_FIRST: Final = 10  # a new publisher link's, until its messages' sizes are known
-_RECEIVE_MIN: Final = 2
-_RECEIVE_BYTES: Final = 16 * 1024 * 1024
 
 
 @mypyc_attr(allow_interpreted_subclasses=True)  # HA's and management's handlers are not compiled
@@ -359,7 +351,7 @@ class Link:
         """A message of `size` bytes came: its credit is owed, and granted again once half the window is."""
         self._received += 1
         self._received_bytes += size
-        if (self._received >= self.window >> 1 or self._received_bytes >= _RECEIVE_BYTES >> 1) and not self.held:
+        if (self._received >= self.window >> 1 or self._received_bytes >= RECEIVE_BYTES >> 1) and not self.held:
             self._top_up()
 
     def _top_up(self) -> None:
@@ -369,7 +361,8 @@ class Link:
         peer_holds = self.window - self._received
         if self._received_bytes:
             size = self._received_bytes // self._received
-            self.window = max(_RECEIVE_MIN, min(_RECEIVE_WINDOW, _RECEIVE_BYTES // max(size, 1)))
+            share = self.conn.engine.receive_share.window(self.addr)
+            self.window = max(RECEIVE_MIN, min(share, RECEIVE_BYTES // max(size, 1)))
         grant = self.window - peer_holds
         if grant > 0:
             lib.pn_link_flow(self.ptr, grant)
@@ -763,7 +756,7 @@ class ProtonEvents:
         conn.links[link.addr] = link
         lib.pn_link_open(ptr)
         if not link.is_sender:
-            link.window = link._received = _RECEIVE_FIRST  # the whole window is owed: granted unless held
+            link.window = link._received = RECEIVE_FIRST  # the whole window is owed: granted unless held
             if not link.held:
                 link.resume_credit()
         elif lib.pn_link_credit(ptr):

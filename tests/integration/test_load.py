@@ -140,3 +140,22 @@ def test_many_connections_each_sending_more_than_a_pass_reads(broker):
         producer, seq, _ = g.body.split("-", 2)
         sent_by.setdefault(producer, []).append(int(seq))
     assert sent_by == {f"p{p}": list(range(per_producer)) for p in range(producers)}
+
+
+def test_publishers_sending_at_once_share_one_credit_window(broker):
+    """A publisher alone is given credit for 2,000 messages; ten sending at once are given about that
+    between them, a tenth each, not 2,000 each (receive_credit.py), and every message still arrives."""
+    links, per_link = 10, 3000
+    with Client(broker, timeout=60) as c:
+        alone = c.sender("q.share.alone")
+        sent = [alone.link.send(Message(body=f"m{n}")) for n in range(1000)]
+        c.wait(lambda: all(d.settled for d in sent), 60, "settlement")
+        c.roundtrip()
+        assert alone.link.credit >= 1000, alone.link.credit
+        senders = [c.sender(f"q.share.{i}") for i in range(links)]
+        sent = [s.link.send(Message(body=f"m{n}")) for n in range(per_link) for s in senders]
+        c.wait(lambda: all(d.settled for d in sent), 60, "settlement")
+        c.roundtrip()
+        held = [s.link.credit for s in senders]
+        assert sum(held) <= 2 * 2000, held
+        assert [c.queue_depth(f"q.share.{i}") for i in range(links)] == [per_link] * links
