@@ -10,7 +10,7 @@
  *   bind(path, PN_DELIVERY, PN_LINK_FLOW, kept)  find the functions in the library at path; `kept`: the
  *                                                other event types proton_adapter.py handles itself
  *   read(transport, fd, budget) -> int           socket -> proton's input buffer, no copy on the way
- *   write(transport, fd, offset) -> (int, int)   proton's output buffer -> socket, likewise
+ *   write(transport, fd, left, at) -> (int, bytes, int)  proton's output -> socket, many frames a call
  *   drain(collector, limit) -> list              the collector's events up to one proton_adapter.py keeps
  *   send(link, tag, data, settled) -> int        a new delivery with these bytes, or the pieces of a
  *                                                list of bytes one after the other (0 if settled)
@@ -26,6 +26,7 @@
 #include <errno.h>
 #include <stdbool.h>
 #include <stdint.h>
+#include <string.h>
 #include <sys/socket.h>
 
 typedef struct { size_t size; const char *start; } pn_bytes;
@@ -295,41 +296,89 @@ static PyObject *read_socket(PyObject *self, PyObject *const *args, Py_ssize_t n
     return PyLong_FromSsize_t(total);
 }
 
-/* Write proton's pending output to the socket from proton's own buffer. `offset` is how much of the
- * buffer's head went out already: proton moves what is left to the buffer's start on every pop, so a
- * pop waits until all it holds is written (a large message to a slow reader would otherwise be moved
- * once per write). Returns (WRITTEN, 0) when all is written, (CLOSED, 0) when all is written and the
- * transport is closed both ways (the connection is over), (FULL, offset) when the socket is full,
- * (FAILED, 0) when it failed. */
+/* Write proton's pending output to the socket, gathered: proton hands out at most one frame of the
+ * peer's max-frame-size at a time (64 KiB from most clients), and on loopback each send also runs the
+ * receiver's TCP input and wakes it. 1 MB messages sent 64 KiB a call cost the broker ~1.7 times the
+ * system time of a few calls each (design/performance.md, "Large messages"). So proton's output is copied into a
+ * stage of STAGE bytes, popped, and the stage sent in one call. What a full socket did not take comes
+ * back as `left` (bytes) with `at`, how much of it went already; it is sent first next time. Returns
+ * (WRITTEN, b"", 0) when all is written, (CLOSED, b"", 0) when all is written and the transport is closed
+ * both ways (the connection is over), (FULL, left, at) when the socket is full, (FAILED, b"", 0) when it
+ * failed. */
+enum { STAGE = 1024 * 1024 };
+/* Static: the same 1 MiB from PyMem_RawMalloc halved a 100-byte pair's msg/s (design/performance.md).
+ * `staging` is set, under the GIL, while a write uses it across its sends (which release the GIL): a
+ * write from another thread meanwhile takes a stage of its own. */
+static char stage_buffer[STAGE];
+static bool staging;
+
+/* Send what `data` holds: the bytes sent (0 if the socket is full), or -1 with errno. */
+static ssize_t send_some(int fd, const char *data, size_t size)
+{
+    ssize_t n;
+    do {
+        Py_BEGIN_ALLOW_THREADS
+        n = send(fd, data, size, MSG_DONTWAIT | MSG_NOSIGNAL);
+        Py_END_ALLOW_THREADS
+    } while (n < 0 && errno == EINTR);
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
+        return 0;
+    return n;
+}
+
+/* Proton's output through `stage` to the socket: write's second half. */
+static PyObject *stage_out(void *transport, int fd, char *stage)
+{
+    for (;;) {
+        size_t filled = 0;
+        ssize_t pending;
+        while (filled < STAGE && (pending = transport_pending(transport)) > 0) {
+            size_t take = (size_t)pending < STAGE - filled ? (size_t)pending : STAGE - filled;
+            memcpy(stage + filled, transport_head(transport), take);
+            transport_pop(transport, take);
+            filled += take;
+        }
+        if (filled == 0)
+            break;
+        ssize_t n = send_some(fd, stage, filled);
+        if (n < 0)
+            return Py_BuildValue("(iyi)", FAILED, "", 0);
+        if ((size_t)n < filled)
+            return Py_BuildValue("(iy#i)", FULL, stage + n, (Py_ssize_t)(filled - (size_t)n), 0);
+    }
+    return Py_BuildValue("(iyi)", transport_closed(transport) ? CLOSED : WRITTEN, "", 0);
+}
+
 static PyObject *write_socket(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 3)
-        return PyErr_Format(PyExc_TypeError, "write(transport, fd, offset)");
+    if (nargs != 4 || !PyBytes_Check(args[2]))
+        return PyErr_Format(PyExc_TypeError, "write(transport, fd, left: bytes, at)");
     void *transport = address(args[0]);
     int fd = (int)PyLong_AsLong(args[1]);
-    ssize_t offset = PyLong_AsSsize_t(args[2]);
+    PyObject *left = args[2];
+    Py_ssize_t at = PyLong_AsSsize_t(args[3]);
     if (PyErr_Occurred())
         return NULL;
-    ssize_t pending;
-    while ((pending = transport_pending(transport)) > offset) {
-        const char *head = transport_head(transport);
-        ssize_t n;
-        Py_BEGIN_ALLOW_THREADS
-        n = send(fd, head + offset, (size_t)(pending - offset), MSG_DONTWAIT | MSG_NOSIGNAL);
-        Py_END_ALLOW_THREADS
-        if (n < 0 && errno == EINTR)
-            continue;
-        if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
-            return Py_BuildValue("(in)", FULL, offset);
+    Py_ssize_t size = PyBytes_GET_SIZE(left);
+    if (at < size) {
+        ssize_t n = send_some(fd, PyBytes_AS_STRING(left) + at, (size_t)(size - at));
         if (n < 0)
-            return Py_BuildValue("(in)", FAILED, (Py_ssize_t)0);
-        offset += n;
-        if (offset < pending)
-            return Py_BuildValue("(in)", FULL, offset);
-        transport_pop(transport, (size_t)pending); /* all of it: nothing to move, and proton adds more */
-        offset = 0;
+            return Py_BuildValue("(iyi)", FAILED, "", 0);
+        if (at + n < size)
+            return Py_BuildValue("(iOn)", FULL, left, at + n);
     }
-    return Py_BuildValue("(in)", transport_closed(transport) ? CLOSED : WRITTEN, (Py_ssize_t)0);
+    char *stage = staging ? PyMem_RawMalloc(STAGE) : stage_buffer;
+    if (stage == NULL)
+        return PyErr_NoMemory();
+    bool own = stage != stage_buffer;
+    if (!own)
+        staging = true;
+    PyObject *result = stage_out(transport, fd, stage);
+    if (own)
+        PyMem_RawFree(stage);
+    else
+        staging = false;
+    return result;
 }
 
 /* Hand one buffer's bytes to proton (which copies them into its own). */
@@ -437,8 +486,8 @@ static PyMethodDef methods[] = {
     {"read", (PyCFunction)(void (*)(void))read_socket, METH_FASTCALL,
      "read(transport, fd, budget) -> bytes read from the socket into the transport, -1 once it is closed"},
     {"write", (PyCFunction)(void (*)(void))write_socket, METH_FASTCALL,
-     "write(transport, fd, offset) -> (WRITTEN, 0), (CLOSED, 0) all written and the transport closed, "
-     "(FULL, offset) the socket is full, (FAILED, 0)"},
+     "write(transport, fd, left, at) -> (WRITTEN, b\"\", 0), (CLOSED, b\"\", 0) all written and the transport "
+     "closed, (FULL, left, at) the socket is full, (FAILED, b\"\", 0)"},
     {"drain", (PyCFunction)(void (*)(void))drain, METH_FASTCALL,
      "drain(collector, limit) -> the events at the head of the collector, popped: "
      "(TRANSFER, link, delivery, data, settled), (OUTCOME, link, delivery, state, failed, undeliverable), "

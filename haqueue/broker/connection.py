@@ -173,7 +173,7 @@ class Connection:
         self.engine.dirty.add(self)
 
     def backlog(self) -> int:
-        return max(self.proton.pending() - self.proton.written, 0) + len(self.raw_out)
+        return max(self.proton.pending(), 0) + len(self.proton.left) - self.proton.left_at + len(self.raw_out)
 
     def flush(self) -> None:
         """Write what the layers have; register for EPOLLOUT when the socket is full."""
@@ -184,7 +184,7 @@ class Connection:
         plain = self.phase == "amqp" and self.tls is None and not self.raw_out
         over = False  # plain: the transport is closed and all of it written
         if plain:
-            status = self.proton.write(self.fd)  # from proton's buffer, no copy on the way
+            status = self.proton.write(self.fd)  # proton's frames, many to a send
             if status == WRITE_FAILED:
                 self.abort()
                 return

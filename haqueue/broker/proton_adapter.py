@@ -415,7 +415,8 @@ class ProtonConnection:
         """`max_frame_size` for a connection the broker accepted (it is the server), None for its own."""
         self.transport = lib.pn_transport()
         self.transport_addr = address(self.transport)
-        self.written = 0  # bytes at the head of proton's output buffer already written (_pn.write)
+        self.left = b""  # output taken from proton that the socket has not all taken yet (_pn.write) ...
+        self.left_at = 0  # ... and how much of it it has
         if max_frame_size is not None:
             lib.pn_transport_set_server(self.transport)
             lib.pn_transport_set_max_frame(self.transport, max_frame_size)
@@ -465,9 +466,9 @@ class ProtonConnection:
         return _pending(self.transport_addr)
 
     def write(self, fd: int) -> int:
-        """Write proton's output to the socket with no copy on the way; what it holds is popped once all
-        written. WRITTEN, WRITE_CLOSED, WRITE_FULL or WRITE_FAILED."""
-        status, self.written = _write(self.transport_addr, fd, self.written)
+        """Write proton's output to the socket, many frames a call. WRITTEN, WRITE_CLOSED, WRITE_FULL or
+        WRITE_FAILED."""
+        status, self.left, self.left_at = _write(self.transport_addr, fd, self.left, self.left_at)
         return status
 
     def peek_output(self) -> bytes:
