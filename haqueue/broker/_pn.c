@@ -307,9 +307,9 @@ static PyObject *read_socket(PyObject *self, PyObject *const *args, Py_ssize_t n
  * failed. */
 enum { STAGE = 1024 * 1024 };
 /* Static: the same 1 MiB from PyMem_RawMalloc halved a 100-byte pair's msg/s (design/performance.md).
- * `staging` is set, under the GIL, while a write uses it across its sends (which release the GIL): a
- * write from another thread meanwhile takes a stage of its own. */
-static char stage_buffer[STAGE];
+ * One engine thread writes; `staging` (set under the GIL, held across the sends, which release it) makes
+ * a second one an error rather than a stage written twice at once. */
+static char stage[STAGE];
 static bool staging;
 
 /* Send what `data` holds: the bytes sent (0 if the socket is full), or -1 with errno. */
@@ -326,8 +326,8 @@ static ssize_t send_some(int fd, const char *data, size_t size)
     return n;
 }
 
-/* Proton's output through `stage` to the socket: write's second half. */
-static PyObject *stage_out(void *transport, int fd, char *stage)
+/* Proton's output through the stage to the socket: write's second half. */
+static PyObject *stage_out(void *transport, int fd)
 {
     for (;;) {
         size_t filled = 0;
@@ -367,17 +367,11 @@ static PyObject *write_socket(PyObject *self, PyObject *const *args, Py_ssize_t 
         if (at + n < size)
             return Py_BuildValue("(iOn)", FULL, left, at + n);
     }
-    char *stage = staging ? PyMem_RawMalloc(STAGE) : stage_buffer;
-    if (stage == NULL)
-        return PyErr_NoMemory();
-    bool own = stage != stage_buffer;
-    if (!own)
-        staging = true;
-    PyObject *result = stage_out(transport, fd, stage);
-    if (own)
-        PyMem_RawFree(stage);
-    else
-        staging = false;
+    if (staging)
+        return PyErr_Format(PyExc_RuntimeError, "_pn.write: a second thread writes while the stage is in use");
+    staging = true;
+    PyObject *result = stage_out(transport, fd);
+    staging = false;
     return result;
 }
 
