@@ -299,12 +299,12 @@ static PyObject *read_socket(PyObject *self, PyObject *const *args, Py_ssize_t n
 /* Write proton's pending output to the socket, gathered: proton hands out at most one frame of the
  * peer's max-frame-size at a time (64 KiB from most clients), and on loopback each send also runs the
  * receiver's TCP input and wakes it. 1 MB messages sent 64 KiB a call cost the broker ~1.7 times the
- * system time of a few calls each (design/performance.md, "Large messages"). So proton's output is copied into a
- * stage of STAGE bytes, popped, and the stage sent in one call. What a full socket did not take comes
- * back as `left` (bytes) with `at`, how much of it went already; it is sent first next time. Returns
- * (WRITTEN, b"", 0) when all is written, (CLOSED, b"", 0) when all is written and the transport is closed
- * both ways (the connection is over), (FULL, left, at) when the socket is full, (FAILED, b"", 0) when it
- * failed. */
+ * system time of a few calls each (design/performance.md, "Large messages"). So proton's output is
+ * copied into a stage of STAGE bytes, popped, and the stage sent in one call. What a full socket did not
+ * take comes back as `left` (bytes) with `at`, how much of it went already; it is sent first next time.
+ * Returns (WRITTEN, b"", 0) when all is written, (CLOSED, b"", 0) when all is written and the transport
+ * is closed both ways (the connection is over), (FULL, left, at) when the socket is full, (FAILED, b"", 0)
+ * when it failed. */
 enum { STAGE = 1024 * 1024 };
 /* Static: the same 1 MiB from PyMem_RawMalloc halved a 100-byte pair's msg/s (design/performance.md).
  * One engine thread writes; `staging` (set under the GIL, held across the sends, which release it) makes

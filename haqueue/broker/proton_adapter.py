@@ -85,7 +85,6 @@ _OUTPUT_BUFFER: Final = ffi.new("char[]", _OUTPUT_CHUNK)
 _OUTPUT_VIEW: Final = ffi.buffer(_OUTPUT_BUFFER)
 
 
-
 @mypyc_attr(allow_interpreted_subclasses=True)  # HA's and management's handlers are not compiled
 class LinkHandler:
     """The broker's object behind one link (a publisher, consumer, browser, management or HA end).
