@@ -3,19 +3,33 @@ broker sends). The hot path lives here: a message in, a message out, an outcome.
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Callable, Protocol
 
 from .completion import Completion
 from .errors import DECODE, BrokerError, INVALID_FIELD, NOT_FOUND, RESOURCE_DELETED, RESOURCE_LIMIT
 from .exchange import Exchange
-from .flow import BLOCK, DROP_HEAD, REJECT_PUBLISH, Blocker
+from .flow import BLOCK, DROP_HEAD, REJECT_PUBLISH, Blocker, MemoryAlarm
 from .message import MalformedMessage, Routing, is_durable, is_message, ttl_ms
 from .proton_adapter import ACCEPTED, MODIFIED, REJECTED, RELEASED, Link, LinkHandler
 from .queue import Entry, Queue, Returned
+from .registry import Registry
 from .selector import Selector
+from .transactions import Transactions
 
-if TYPE_CHECKING:
-    from .server import Broker
+
+class LinkHost(Protocol):
+    """What a link needs of the broker that made it (server.Broker): the links never import the broker."""
+
+    completion_hooks: list[Callable[[Queue, Entry], None]]  # a publisher's message confirmed
+    memory: MemoryAlarm
+    registry: Registry
+    transactions: Transactions
+
+    def schedule(self, item: Queue) -> None:
+        """Dispatch the queue at the end of this pass."""
+
+    def dead_letter(self, queue: Queue, entry: Entry) -> None:
+        """A message its consumer rejected: to the queue's dead-letter address, or dropped."""
 
 
 class Publisher(LinkHandler):
@@ -24,7 +38,7 @@ class Publisher(LinkHandler):
     Flow control (flow.py): a publish over a queue's limits or the broker's memory_limit meets the
     queue's overflow policy; `block` accepts it and holds the link's credit until every cause lifts."""
 
-    def __init__(self, broker: "Broker", link: Link, node: Queue | Exchange | None,
+    def __init__(self, broker: LinkHost, link: Link, node: Queue | Exchange | None,
                  may_send: Callable[[str], None] | None = None) -> None:
         self.broker = broker
         self.link = link
@@ -187,7 +201,7 @@ class Consumer(LinkHandler):
     an `unsettled` link forbids and which proton's BlockingReceiver cannot accept: its accept() looks for
     an unsettled delivery and raises.)"""
 
-    def __init__(self, broker: "Broker", link: Link, queue: Queue, browse: bool, owns_queue: bool,
+    def __init__(self, broker: LinkHost, link: Link, queue: Queue, browse: bool, owns_queue: bool,
                  selector: Selector | None = None) -> None:
         self.broker = broker
         self.link = link

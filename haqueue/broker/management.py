@@ -3,17 +3,15 @@ broker itself (design/management.md). A cold path, so messages are decoded with 
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Callable, Protocol
 
 from proton import Message
 
-from .access import ADMIN, MANAGE, RECEIVE, SEE, SEND
+from .access import ADMIN, MANAGE, RECEIVE, SEE, SEND, Access
 from .errors import BrokerError, DECODE, INVALID_FIELD, NOT_FOUND, RESOURCE_LOCKED
 from .proton_adapter import ACCEPTED, REJECTED, Link, LinkHandler
 from .queue import Queue
-
-if TYPE_CHECKING:
-    from .server import Broker
+from .registry import Registry
 
 log = logging.getLogger("haqueue.management")
 
@@ -75,11 +73,24 @@ def _anyone(name: str | None, body: dict[str, Any]) -> list[tuple[str, str]]:
     return []  # a QUERY: its answer is cut to what the caller may see
 
 
+class ManagementHost(Protocol):
+    """What the management node needs of the broker (server.Broker)."""
+
+    access: Access
+    registry: Registry
+
+    def status(self) -> dict[str, Any]:
+        """The broker's own status (the `broker` READ)."""
+
+    def deliver(self, address: str, data: bytes) -> None:
+        """Route a message the broker makes (a reply) to `address`."""
+
+
 class Management:
     """The operations by (type, operation), each with what it needs; plug-ins (HA) add their own with
     `register`, where an operation needs `admin` unless it says otherwise."""
 
-    def __init__(self, broker: "Broker") -> None:
+    def __init__(self, broker: ManagementHost) -> None:
         self.broker = broker
         self.access = broker.access
         self.operations: dict[tuple[str, str], tuple[Operation, Needs, Shows | None]] = {}

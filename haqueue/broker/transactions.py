@@ -19,7 +19,7 @@ import itertools
 import logging
 import os
 import time
-from typing import TYPE_CHECKING, Any, Callable, Protocol
+from typing import Any, Callable, ContextManager, Protocol
 
 from proton import Described, Message, symbol, ulong
 
@@ -29,10 +29,6 @@ from .errors import DECODE, NOT_IMPLEMENTED, TXN_ROLLBACK, TXN_UNKNOWN, BrokerEr
 from .message import MalformedMessage, is_durable, is_message, ttl_ms
 from .proton_adapter import ACCEPTED, DECLARED, REJECTED, RELEASED, TRANSACTIONAL, Link, LinkHandler
 from .queue import Entry, Queue
-
-if TYPE_CHECKING:
-    from .links import Consumer, Publisher
-    from .server import Broker
 
 log = logging.getLogger("haqueue.transactions")
 
@@ -60,13 +56,46 @@ class Participant(Protocol):
         ...
 
 
+class TransactionHost(Protocol):
+    """What transactions need of the broker (server.Broker)."""
+
+    name: str
+    completion_hooks: list[Callable[[Queue, Entry], None]]  # a publisher's message confirmed
+
+    def atomically(self) -> ContextManager[None]:
+        """What is journalled within is recovered whole or not at all."""
+
+
+class Publisher(Protocol):
+    """A client's sending link (links.Publisher) that published under a transaction."""
+
+    @property
+    def link(self) -> Link: ...
+
+    def queues_for(self, data: bytes, durable: bool) -> list[Queue]:
+        """Where the message goes (raises BrokerError if nowhere may take it)."""
+
+
+class Consumer(Protocol):
+    """A consumer (links.Consumer) whose client settled a message under a transaction."""
+
+    @property
+    def link(self) -> Link: ...
+
+    @property
+    def queue(self) -> Queue: ...
+
+    def on_outcome(self, delivery: Any, outcome: int, failed: bool, undeliverable: bool) -> None:
+        """Apply the client's outcome to the message it names."""
+
+
 class Transaction:
     def __init__(self, txn_id: bytes, number: int, controller: Link) -> None:
         self.id = txn_id
         self.number = number  # unique in this broker process
         self.controller = controller
         self.publishes: list[tuple[list[Queue], bytes, float, bool]] = []  # queues, message, expiry, durable
-        self.outcomes: list[tuple["Consumer", int, int]] = []  # consumer, delivery, outcome
+        self.outcomes: list[tuple[Consumer, int, int]] = []  # consumer, delivery, outcome
         self.doomed: str | None = None  # why it can only roll back (a publish refused in it)
         self.elsewhere: Participant | None = None  # where its work is done, if not here (a plug-in's)
 
@@ -80,7 +109,7 @@ class Transactions:
     broker that does not know the transaction says whether it was lost with another (rolled back) or
     never existed here."""
 
-    def __init__(self, broker: "Broker") -> None:
+    def __init__(self, broker: TransactionHost) -> None:
         self.broker = broker
         self.active: dict[bytes, Transaction] = {}
         self.observers: list[CommitObserver] = []
@@ -112,7 +141,7 @@ class Transactions:
                 f"cannot join it: a transaction's work must all be on one broker (there is no two-phase commit)")
 
     # -- work under a transaction -----------------------------------------------------------------
-    def publish(self, publisher: "Publisher", delivery: int, data: bytes, settled: bool, txn_id: bytes) -> None:
+    def publish(self, publisher: Publisher, delivery: int, data: bytes, settled: bool, txn_id: bytes) -> None:
         link = publisher.link
         txn: Transaction | None = None
         try:
@@ -137,7 +166,7 @@ class Transactions:
         else:
             link.settle_with_state(delivery, TRANSACTIONAL, [txn.id, _ACCEPTED_STATE])
 
-    def outcome(self, consumer: "Consumer", delivery: int, txn_id: bytes, outcome: int) -> None:
+    def outcome(self, consumer: Consumer, delivery: int, txn_id: bytes, outcome: int) -> None:
         try:
             txn = self.find(txn_id, consumer.link.conn)
         except BrokerError as e:  # the message stays acquired; it goes back when the link does
