@@ -66,7 +66,7 @@ class TransactionHost(Protocol):
         """What is journalled within is recovered whole or not at all."""
 
 
-class Publisher(Protocol):
+class TransactedPublisher(Protocol):
     """A client's sending link (links.Publisher) that published under a transaction."""
 
     @property
@@ -76,7 +76,7 @@ class Publisher(Protocol):
         """Where the message goes (raises BrokerError if nowhere may take it)."""
 
 
-class Consumer(Protocol):
+class TransactedConsumer(Protocol):
     """A consumer (links.Consumer) whose client settled a message under a transaction."""
 
     @property
@@ -95,7 +95,7 @@ class Transaction:
         self.number = number  # unique in this broker process
         self.controller = controller
         self.publishes: list[tuple[list[Queue], bytes, float, bool]] = []  # queues, message, expiry, durable
-        self.outcomes: list[tuple[Consumer, int, int]] = []  # consumer, delivery, outcome
+        self.outcomes: list[tuple[TransactedConsumer, int, int]] = []  # consumer, delivery, outcome
         self.doomed: str | None = None  # why it can only roll back (a publish refused in it)
         self.elsewhere: Participant | None = None  # where its work is done, if not here (a plug-in's)
 
@@ -141,7 +141,7 @@ class Transactions:
                 f"cannot join it: a transaction's work must all be on one broker (there is no two-phase commit)")
 
     # -- work under a transaction -----------------------------------------------------------------
-    def publish(self, publisher: Publisher, delivery: int, data: bytes, settled: bool, txn_id: bytes) -> None:
+    def publish(self, publisher: TransactedPublisher, delivery: int, data: bytes, settled: bool, txn_id: bytes) -> None:
         link = publisher.link
         txn: Transaction | None = None
         try:
@@ -166,7 +166,7 @@ class Transactions:
         else:
             link.settle_with_state(delivery, TRANSACTIONAL, [txn.id, _ACCEPTED_STATE])
 
-    def outcome(self, consumer: Consumer, delivery: int, txn_id: bytes, outcome: int) -> None:
+    def outcome(self, consumer: TransactedConsumer, delivery: int, txn_id: bytes, outcome: int) -> None:
         try:
             txn = self.find(txn_id, consumer.link.conn)
         except BrokerError as e:  # the message stays acquired; it goes back when the link does
