@@ -11,7 +11,7 @@ from .exchange import Exchange
 from .flow import BLOCK, DROP_HEAD, REJECT_PUBLISH, Blocker, MemoryAlarm
 from .message import MalformedMessage, Routing, is_durable, is_message, ttl_ms
 from .proton_adapter import ACCEPTED, MODIFIED, REJECTED, RELEASED, Link, LinkHandler
-from .queue import Entry, Queue, Returned
+from .queue import ConfirmHook, Entry, Queue, Returned
 from .registry import Registry
 from .selector import Selector
 from .transactions import Transactions
@@ -20,7 +20,7 @@ from .transactions import Transactions
 class LinkHost(Protocol):
     """What a link needs of the broker that made it (server.Broker): the links never import the broker."""
 
-    completion_hooks: list[Callable[[Queue, Entry], None]]  # a publisher's message confirmed
+    completion_hooks: list[ConfirmHook]
     memory: MemoryAlarm
     registry: Registry
     transactions: Transactions

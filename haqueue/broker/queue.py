@@ -60,6 +60,9 @@ def _seq(entry: Entry) -> int:
 # entry (an entry may be released again before a heap it went to is rid of it) never compare their entries.
 Returned = tuple[int, int, Entry]
 
+# What the broker's completion_hooks are: called once a publisher's message on a queue is confirmed.
+ConfirmHook = Callable[["Queue", Entry], None]
+
 
 # Messages a queue's selector consumers and browsers may look at in one dispatch pass (each costs a
 # decode of its properties, once per pass, and an evaluation per selector); past it, the next pass goes on.

@@ -37,7 +37,7 @@ from .listener import Listener
 from .management import ADDRESS as MANAGEMENT, Management
 from .message import Routing
 from .proton_adapter import Link, LinkHandler
-from .queue import Entry, Queue
+from .queue import ConfirmHook, Entry, Queue
 from .registry import Registry
 from .selector import Selector, SelectorError, compile_selector, selector_filter
 from .tls import server_context
@@ -91,7 +91,7 @@ class Broker:
         self.link_user: Callable[[Link], str | None] = lambda link: link.conn.user
         self.status_hooks: list[Callable[[dict[str, Any]], None]] = []
         # Called with (queue, entry) when a publisher's message is confirmed (the audit log).
-        self.completion_hooks: list[Callable[[Queue, Entry], None]] = []
+        self.completion_hooks: list[ConfirmHook] = []
         # Called before the engine writes a pass's output (confirmations, settlements, messages) to the
         # sockets: what must reach the OS before any of it leaves (the audit log's events of the pass).
         self.flush_hooks: list[Callable[[], None]] = []

@@ -28,7 +28,7 @@ from .connection import Connection
 from .errors import DECODE, NOT_IMPLEMENTED, TXN_ROLLBACK, TXN_UNKNOWN, BrokerError
 from .message import MalformedMessage, is_durable, is_message, ttl_ms
 from .proton_adapter import ACCEPTED, DECLARED, REJECTED, RELEASED, TRANSACTIONAL, Link, LinkHandler
-from .queue import Entry, Queue
+from .queue import ConfirmHook, Entry, Queue
 
 log = logging.getLogger("haqueue.transactions")
 
@@ -60,7 +60,7 @@ class TransactionHost(Protocol):
     """What transactions need of the broker (server.Broker)."""
 
     name: str
-    completion_hooks: list[Callable[[Queue, Entry], None]]  # a publisher's message confirmed
+    completion_hooks: list[ConfirmHook]
 
     def atomically(self) -> ContextManager[None]:
         """What is journalled within is recovered whole or not at all."""
