@@ -26,6 +26,7 @@ import yaml
 from ..admin import AdminClient, AdminError
 from ..config import ConfigError, TlsConfig
 from ..shard.cluster_config import load_cluster
+from .liveness import Liveness
 
 log = logging.getLogger("haqueue.cluster")
 
@@ -69,6 +70,7 @@ class Supervisor:
         self._stopping = False
         self._ping_client: AdminClient | None = None
         self._ping_target: Member | None = None
+        self._liveness = Liveness()  # the primary's: busy or hung when it does not answer
 
     @classmethod
     def local(cls, size: int, directory: str, public: tuple[str, int], base_port: int, host: str = "127.0.0.1",
@@ -168,10 +170,12 @@ class Supervisor:
     def promote(self, member: Member) -> None:
         self.request(member, "PROMOTE", "ha", {"force": False})
         self.primary = member
+        self._liveness = Liveness()
         log.info("%s is primary", member.name)
 
     def _healthy(self, member: Member) -> bool:
-        """Alive and answering; one connection is kept open to the primary for these pings."""
+        """Alive and answering, or busy (using CPU) for less than liveness.BUSY_GRACE; one connection is kept
+        open to the primary for these pings."""
         if member.process is None or member.process.poll() is not None:
             return False
         for _ in range(2):
@@ -180,10 +184,11 @@ class Supervisor:
                     self._close_ping()
                     self._ping_client, self._ping_target = self.admin(member, PING_TIMEOUT), member
                 code, _, _ = self._ping_client.request("READ", "broker")
+                self._liveness.answered(member.process.pid)
                 return code < 400
             except AdminError:
                 self._close_ping()
-        return False
+        return self._liveness.busy(member.process.pid, member.name)
 
     def _close_ping(self) -> None:
         if self._ping_client is not None:

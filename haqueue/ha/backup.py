@@ -26,6 +26,8 @@ if TYPE_CHECKING:
 log = logging.getLogger("haqueue.ha.backup")
 
 RETRY_INTERVAL = 0.2  # seconds between attempts to find the primary
+STATUS_QUEUES = 100  # queues described one by one in the status
+REFUSED_RETRY = 1.0  # seconds before a queue link the primary refused is attached again
 HEARTBEAT = 2.0  # idle timeout on the link to the primary: a hung primary is noticed within it
 
 
@@ -37,6 +39,9 @@ class Backup:
         self.primary: str | None = None
         self.members: dict[str, str] = {}
         self.replicators: dict[str, QueueReplicator] = {}
+        self.refused: dict[str, str] = {}  # queue -> why the primary refused its link, until it replicates
+        self.refusals = 0  # queue links refused since this process started (status, metrics)
+        self._judging = False  # a readiness judgement is due at the end of this pass
         self.transactions = TransactionReplicator(self)  # commits arriving in parts
         self.acquired: dict[str, set[int]] = {}  # queue -> seqs a consumer held on the primary
         self.applied = 0  # replication transfers applied: ranks backups by how up to date they are
@@ -107,6 +112,7 @@ class Backup:
         self.wiring = None
         self.reporter = None
         self.replicators.clear()
+        self.refused.clear()
         self.transactions.drop_incomplete()  # a new subscription is sent what the primary did commit
         if self._peer is not None:
             self._tried.add(self._peer)
@@ -125,7 +131,26 @@ class Backup:
         self._give_up_on(error or "wiring link closed")
 
     def replicator_refused(self, replicator: QueueReplicator, error: str) -> None:
-        log.warning("queue %s not replicated: %s", replicator.queue.name, error)
+        """The primary refused (or closed) a queue's link: this backup does not hold that queue, so it is not
+        ready, and it attaches the link again until the primary takes it or the wiring deletes the queue."""
+        queue = replicator.queue
+        if self.replicators.get(queue.name) is not replicator:
+            return
+        replicator.caught_up = False
+        self.refusals += 1
+        if queue.name not in self.refused:
+            log.warning("queue %s not replicated: %s; attaching again every %gs", queue.name, error, REFUSED_RETRY)
+        self.refused[queue.name] = error
+        self.check_ready()
+        conn = self.conn
+        self.ha.broker.engine.call_later(REFUSED_RETRY, lambda: self._attach_again(replicator, conn))
+
+    def _attach_again(self, replicator: QueueReplicator, conn: Connection | None) -> None:
+        queue = replicator.queue
+        if self.stopped or conn is not self.conn or self.replicators.get(queue.name) is not replicator:
+            return  # another connection, or the queue is gone or replicating again
+        del self.replicators[queue.name]
+        self.replicate(queue)
 
     def accept_primary(self, name: str, epoch: int) -> bool:
         """Called with the primary's snapshot: refuse a primary older than one already seen."""
@@ -162,8 +187,20 @@ class Backup:
             replicator.close()
         self.acquired.pop(queue.name, None)  # the queue is gone: nothing of it to redeliver
 
+    def caught_up(self, replicator: QueueReplicator) -> None:
+        self.refused.pop(replicator.queue.name, None)
+        self.check_ready()
+
     def check_ready(self) -> None:
-        if self.state == JOINING or self.primary is None:
+        """Judge readiness at the end of this pass: at thousands of queues, a judgement on each event (every
+        queue declared, every queue caught up) was quadratic."""
+        if not self._judging:
+            self._judging = True
+            self.ha.broker.engine.call_later(0, self.judge_ready)
+
+    def judge_ready(self) -> None:
+        self._judging = False
+        if self.state == JOINING or self.primary is None or self.stopped:
             return
         ready = all(r.caught_up for r in self.replicators.values())
         state = READY if ready else CATCHUP
@@ -202,8 +239,17 @@ class Backup:
         return held
 
     def status(self) -> dict[str, Any]:
+        """Per queue for at most STATUS_QUEUES queues, those not caught up first: one answer must stay within
+        what a management reply can encode at any number of queues; the counts cover them all."""
+        replicators = self.replicators.values()
+        behind = [r for r in replicators if not r.caught_up]
+        shown = (behind + [r for r in replicators if r.caught_up])[:STATUS_QUEUES]
         return {"primary": self.primary, "members": self.members, "applied": self.applied,
-                "queues": {name: r.status() for name, r in self.replicators.items()}, **self.held()}
+                "replicating": {"queues": len(self.replicators), "caught_up": len(self.replicators) - len(behind),
+                                "refused": len(self.refused)},
+                "queues": {r.queue.name: r.status() for r in shown},
+                "refused": dict(list(self.refused.items())[:STATUS_QUEUES]), "refusals": self.refusals,
+                **self.held()}
 
 
 class Reporter(LinkHandler):

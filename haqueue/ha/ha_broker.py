@@ -26,7 +26,7 @@ from . import protocol, test_hooks
 from .backup import Backup
 from .policy import Policy
 from .primary import Primary
-from .role import BACKUP, JOINING, PRIMARY, READY, WAS_PRIMARY, EpochStore
+from .role import ACTIVE, BACKUP, JOINING, PRIMARY, READY, RECOVERING, WAS_PRIMARY, EpochStore
 
 log = logging.getLogger("haqueue.ha")
 
@@ -64,7 +64,7 @@ class HaBroker:
         # so the others need not wait for it to expire).
         self.restart_hooks: list[Callable[[], None]] = []
         broker.access.add_user(config.username, config.password, PEER_PERMISSIONS)
-        broker.engine.connection_limits.exempt_users.add(config.username)  # per-user limits are for clients
+        broker.engine.connection_limits.exempt_users.add(config.username)  # peers: no client limit applies
         # ha.tls: the peer listener (this broker's address in ha.brokers) takes only peers with a certificate
         # from ha.tls.ca_file, and this broker connects to its peers with its own (design/security.md).
         self.peer_tls: ssl.SSLContext | None = None
@@ -141,6 +141,7 @@ class HaBroker:
         highest seen plus one."""
         if self.primary is not None:
             return self.status()
+        self.backup.judge_ready()  # a judgement due at the end of this pass: made now
         if self.backup.state != READY and not force:
             reason = self.promotion_refusal()
             if reason:
@@ -192,8 +193,9 @@ class HaBroker:
         return self.epoch.held, self.epoch.standing, stream
 
     def promotion_refusal(self) -> str | None:
-        """Why this backup, not ready, may not be promoted; None if it may: in a brand-new cluster, or in
-        one restarting after a total outage (no primary anywhere) when no reachable peer's store is fresher."""
+        """Why this backup, not ready, may not be promoted; None if it may: in a brand-new cluster, or when no
+        peer is ready (the primary is gone and what it confirmed is in some store: a total outage, or a primary
+        lost while its backups were catching up) and no reachable peer's store is fresher."""
         backup = self.backup
         if backup.state != JOINING:
             return "it has followed a primary since it started"
@@ -201,9 +203,10 @@ class HaBroker:
             return "it has not reached every peer yet"
         if not self.epoch.had_primary and not backup.peers_with_history:
             return None  # a brand-new cluster
-        serving = sorted(f"{peer} ({state})" for peer, state in backup.peer_states.items() if state != JOINING)
-        if serving:  # not a total outage: a ready peer is the one to promote
-            return f"{', '.join(serving)} followed a primary since it started"
+        serving = sorted(f"{peer} ({state})" for peer, state in backup.peer_states.items()
+                         if state in (READY, ACTIVE, RECOVERING))
+        if serving:  # a primary, or a ready backup that holds every confirmed message: the one to promote
+            return f"{', '.join(serving)} is primary or a ready backup"
         own = self.freshness()
         fresher = sorted(peer for peer, theirs in backup.peer_freshness.items() if theirs > own)
         if fresher:
@@ -264,6 +267,14 @@ class HaBroker:
             status.update(self.primary.status())
         else:
             status.update(self.backup.status())
+            if self.backup.state != READY:
+                refusal = self.promotion_refusal()
+                status["promotable"] = refusal is None
+                if refusal is not None:  # what stands in the way, and what overrides it
+                    where = self.config_address
+                    address = f" -b {where.host}:{where.port}" if where is not None else ""
+                    status["promotion_refused"] = f"{refusal}; `haqueue admin{address} ha promote --force` " \
+                                                  f"promotes it anyway, losing what it lacks"
         for hook in self.status_hooks:
             hook(status)
         return status

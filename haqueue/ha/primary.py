@@ -47,8 +47,8 @@ class WiringSubscription(LinkHandler):
     def __init__(self, backup: "RemoteBackup", link: Link) -> None:
         self.backup = backup
         self.link = link
-        primary = backup.primary
-        self.send(primary.snapshot())
+        for part in backup.primary.snapshot():
+            self.send(part)
 
     def send(self, event: dict[str, Any]) -> None:
         if not self.link.closed:
@@ -91,6 +91,7 @@ class RemoteBackup:
         self.connection: Any = None
         # Queues created since this backup joined, held for it until its subscription catches up.
         self.pending: dict[str, QueueGuard] = {}
+        self._judging = False  # a readiness judgement is due at the end of this pass
         self.report: dict[str, Any] = {}  # what it last said it holds in memory and on disk ($ha.report)
         self.reported = 0.0  # when (monotonic)
 
@@ -115,8 +116,24 @@ class RemoteBackup:
         return now - min(oldest) if oldest else 0.0
 
     def changed(self) -> None:
-        """Re-judge readiness: wiring received and every message-replicated queue caught up."""
+        """Re-judge readiness at the end of this pass: at thousands of queues, a judgement on each event (each
+        queue declared, each queue caught up) was quadratic."""
+        if not self._judging:
+            self._judging = True
+            self.primary.broker.engine.call_later(0, self._judge)
+
+    def caught_up(self, sub: ReplicatingSubscription) -> None:
+        guard = self.pending.pop(sub.queue.name, None)
+        if guard is not None:  # what the guard held, the backup received in catch-up
+            guard.release()
+        self.changed()
+
+    def _judge(self) -> None:
+        """Ready: wiring received and every message-replicated queue caught up (or held for it, pending)."""
+        self._judging = False
         primary = self.primary
+        if primary.backups.get(self.name) is not self:
+            return  # forgotten meanwhile
         for name, guard in list(self.pending.items()):
             sub = self.subscriptions.get(name)
             if sub is not None and sub.caught_up:
@@ -193,15 +210,27 @@ class Primary:
     def _level(self, node: Any) -> str:
         return self.ha.policy.level(node.args)
 
-    def snapshot(self) -> dict[str, Any]:
+    def snapshot(self) -> list[dict[str, Any]]:
+        """The wiring as one `snapshot` event, followed by `snapshot-part`s when it is too large for one message
+        (the first says how many parts in all); a backup applies it once it has every part."""
         registry, policy = self.broker.registry, self.ha.policy
-        return {"event": "snapshot", "epoch": self.ha.epoch.epoch, "primary": self.broker.name,
-                "sync": self.ha.config.sync,
-                "queues": [describe(q, self._level(q)) for q in registry.queues() if policy.replicates_wiring(q)],
-                "exchanges": [describe(x, self._level(x)) for x in registry.exchanges()
-                              if policy.replicates_wiring(x)],
-                "bindings": [describe(b, "") for b in registry.bindings() if policy.replicates_wiring(b)],
-                "members": self.members()}
+        objects = [("queues", describe(q, self._level(q))) for q in registry.queues() if policy.replicates_wiring(q)]
+        objects += [("exchanges", describe(x, self._level(x))) for x in registry.exchanges()
+                    if policy.replicates_wiring(x)]
+        objects += [("bindings", describe(b, "")) for b in registry.bindings() if policy.replicates_wiring(b)]
+        head = {"event": "snapshot", "epoch": self.ha.epoch.epoch, "primary": self.broker.name,
+                "sync": self.ha.config.sync, "members": self.members()}
+        parts = [head]
+        room = protocol.MESSAGE_NODES - protocol.nodes(head)
+        for kind, description in objects:
+            size = protocol.nodes(description) + 1
+            if size > room and len(parts[-1]) > 1:
+                parts.append({"event": "snapshot-part"})
+                room = protocol.MESSAGE_NODES
+            parts[-1].setdefault(kind, []).append(description)
+            room -= size
+        head["parts"] = len(parts)
+        return parts
 
     def _broadcast(self, event: dict[str, Any]) -> None:
         for backup in list(self.backups.values()):
@@ -213,7 +242,8 @@ class Primary:
             self._broadcast({"event": "declare", **describe(node, "" if isinstance(node, Binding) else self._level(node))})
         if isinstance(node, Queue):
             for backup in self.backups.values():
-                backup.changed()
+                if node.name not in backup.pending:  # a queue held for the backup leaves its readiness as it was
+                    backup.changed()
 
     def deleted(self, node: Queue | Exchange | Binding) -> None:
         if self.ha.policy.replicates_wiring(node):

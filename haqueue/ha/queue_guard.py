@@ -22,10 +22,13 @@ class QueueGuard:
         self.held: list[Completion] = []
         self.queues: list[Queue] = []
         self.released = False
-        self.since = time.monotonic()
+        # When the oldest publish it holds was held: its wait, not the guard's age, is what backup_timeout
+        # bounds (from the queue's declaration, a queue declared long before its first publish dropped the
+        # backup on that publish at once).
+        self.held_since = 0.0
 
     def overdue(self, timeout: float) -> bool:
-        return bool(self.held) and time.monotonic() - self.since > timeout
+        return bool(self.held) and time.monotonic() - self.held_since > timeout
 
     def guard(self, queue: Queue) -> None:
         if not self.released:
@@ -34,6 +37,8 @@ class QueueGuard:
 
     def hold(self, queue: Queue, entry: Entry, completion: Completion) -> None:
         completion.hold()
+        if not self.held:
+            self.held_since = time.monotonic()
         self.held.append(completion)
 
     def release(self) -> None:

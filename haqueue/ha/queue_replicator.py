@@ -75,7 +75,7 @@ class QueueReplicator(LinkHandler):
         elif kind == protocol.CAUGHT_UP:
             self.merge()
             self.caught_up = True
-            self.backup.check_ready()
+            self.backup.caught_up(self)
             durability = self.backup.ha.broker.durability
             if self.backup.from_disk and durability is not None:  # the catch-up, merged, is on disk
                 durability.after_sync(lambda: self.settle(delivery))

@@ -5,6 +5,8 @@ HAQUEUE_TEST_DROP_REPLICA=QUEUE:N  As a backup, drop the N-th live message recei
                                    replication link (counted from 1) yet acknowledge it as kept: the
                                    primary confirms it, trusting this backup holds it, and this
                                    backup logs no `replicate`. The audit tests plant a loss this way.
+HAQUEUE_TEST_HOLD_CAUGHT_UP=QUEUE  As a primary, never tell a backup it has caught up on QUEUE: backups
+                                   that subscribed to it with messages to catch up stay `catchup`.
 """
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ import os
 log = logging.getLogger("haqueue.ha")
 
 DROP_REPLICA = "HAQUEUE_TEST_DROP_REPLICA"
+HOLD_CAUGHT_UP = "HAQUEUE_TEST_HOLD_CAUGHT_UP"
 
 
 def replica_to_drop(queue: str) -> int:
@@ -22,7 +25,15 @@ def replica_to_drop(queue: str) -> int:
     return int(number) if name == queue and number.isdigit() else 0
 
 
+def caught_up_held(queue: str) -> bool:
+    """Is the caught-up marker for `queue` never to be sent?"""
+    return os.environ.get(HOLD_CAUGHT_UP) == queue
+
+
 def warn_if_set() -> None:
     if DROP_REPLICA in os.environ:
         log.warning("TEST HOOK %s=%s is set: this backup will drop a replicated message", DROP_REPLICA,
                     os.environ[DROP_REPLICA])
+    if HOLD_CAUGHT_UP in os.environ:
+        log.warning("TEST HOOK %s=%s is set: as primary, this broker never lets a backup catch up on it",
+                    HOLD_CAUGHT_UP, os.environ[HOLD_CAUGHT_UP])

@@ -26,13 +26,14 @@ class WiringReplicator(LinkHandler):
         self.backup = backup
         self.registry = backup.ha.broker.registry
         self.link: Any = None
+        self.parts: list[dict[str, Any]] = []  # a snapshot's parts received so far, until it is whole
 
     def on_message(self, delivery: Any, data: bytes, settled: bool) -> None:
         event = protocol.decode_map(data)
         kind = event.get("event")
         try:
-            if kind == "snapshot":
-                self._snapshot(event)
+            if kind == "snapshot" or kind == "snapshot-part":
+                self._snapshot_part(event)
             elif kind == "declare":
                 self._declare(event)
             elif kind == "delete":
@@ -42,6 +43,20 @@ class WiringReplicator(LinkHandler):
         except BrokerError as e:
             log.error("cannot apply wiring event %s: %s", kind, e.description)
         self.link.settle(delivery, 0 if settled else ACCEPTED)
+
+    def _snapshot_part(self, event: dict[str, Any]) -> None:
+        if event["event"] == "snapshot":
+            self.parts = []
+        elif not self.parts:
+            return  # a part of a snapshot whose start this link never saw
+        self.parts.append(event)
+        if len(self.parts) < int(self.parts[0].get("parts") or 1):
+            return
+        whole = dict(self.parts[0])
+        for kind in ("queues", "exchanges", "bindings"):
+            whole[kind] = [d for part in self.parts for d in part.get(kind, ())]
+        self.parts = []
+        self._snapshot(whole)
 
     def _snapshot(self, event: dict[str, Any]) -> None:
         if not self.backup.accept_primary(str(event.get("primary")), int(event.get("epoch") or 0)):
