@@ -11,7 +11,7 @@ import logging
 import time
 from typing import TYPE_CHECKING, Any
 
-from ..broker.errors import BrokerError, NOT_ALLOWED, NOT_FOUND
+from ..broker.errors import BrokerError, NOT_ALLOWED, NOT_FOUND, RESOURCE_LIMIT
 from ..broker.exchange import Binding, Exchange
 from ..broker.proton_adapter import Link, LinkHandler
 from ..broker.queue import Queue
@@ -20,6 +20,7 @@ from .queue_guard import QueueGuard
 from .quorum import Quorums, from_disk, is_quorum
 from .replicating_subscription import ReplicatingSubscription
 from .role import ACTIVE, CATCHUP, READY, RECOVERING
+from .test_hooks import link_refused
 
 if TYPE_CHECKING:
     from .ha_broker import HaBroker
@@ -360,6 +361,8 @@ class Primary:
         queue = self.broker.registry.lookup(name)
         if not isinstance(queue, Queue) or not self.ha.policy.replicates_messages(queue):
             raise BrokerError(NOT_FOUND, f"no queue '{name}' replicated with its messages")
+        if link_refused(name):  # a test hook (test_hooks.py)
+            raise BrokerError(RESOURCE_LIMIT, f"queue '{name}' refused by a test hook")
         props = link.properties
         have = protocol.unflatten(list(props.get(protocol.HAVE) or []))
         if props.get(protocol.UID) != queue.uid:

@@ -7,6 +7,7 @@ HAQUEUE_TEST_DROP_REPLICA=QUEUE:N  As a backup, drop the N-th live message recei
                                    backup logs no `replicate`. The audit tests plant a loss this way.
 HAQUEUE_TEST_HOLD_CAUGHT_UP=QUEUE  As a primary, never tell a backup it has caught up on QUEUE: backups
                                    that subscribed to it with messages to catch up stay `catchup`.
+HAQUEUE_TEST_REFUSE_QUEUE=QUEUE    As a primary, refuse every backup's replication link for QUEUE.
 """
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ log = logging.getLogger("haqueue.ha")
 
 DROP_REPLICA = "HAQUEUE_TEST_DROP_REPLICA"
 HOLD_CAUGHT_UP = "HAQUEUE_TEST_HOLD_CAUGHT_UP"
+REFUSE_QUEUE = "HAQUEUE_TEST_REFUSE_QUEUE"
 
 
 def replica_to_drop(queue: str) -> int:
@@ -30,6 +32,11 @@ def caught_up_held(queue: str) -> bool:
     return os.environ.get(HOLD_CAUGHT_UP) == queue
 
 
+def link_refused(queue: str) -> bool:
+    """Is every backup's replication link for `queue` to be refused?"""
+    return os.environ.get(REFUSE_QUEUE) == queue
+
+
 def warn_if_set() -> None:
     if DROP_REPLICA in os.environ:
         log.warning("TEST HOOK %s=%s is set: this backup will drop a replicated message", DROP_REPLICA,
@@ -37,3 +44,6 @@ def warn_if_set() -> None:
     if HOLD_CAUGHT_UP in os.environ:
         log.warning("TEST HOOK %s=%s is set: as primary, this broker never lets a backup catch up on it",
                     HOLD_CAUGHT_UP, os.environ[HOLD_CAUGHT_UP])
+    if REFUSE_QUEUE in os.environ:
+        log.warning("TEST HOOK %s=%s is set: as primary, this broker refuses that queue's replication links",
+                    REFUSE_QUEUE, os.environ[REFUSE_QUEUE])

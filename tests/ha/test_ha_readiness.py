@@ -1,0 +1,62 @@
+"""A backup says `ready` only when it holds every replicated queue, and a cluster with no ready backup is
+not stuck.
+
+- A queue whose replication link the primary refuses keeps its backups out of `ready`: counted, named in
+  their status and logged. (The peer connection's link limit once refused every queue from the 998th on,
+  and the backups still said `ready` without them.)
+- A primary lost while its backups are still catching up: no backup is ready, and the old primary, back
+  with the freshest store, is the one that can be promoted. It used to be refused for good ("catchup
+  followed a primary since it started"), and the cluster had no primary until a whole restart."""
+from __future__ import annotations
+
+from ha_harness import receive, send_all
+from harness import wait_for
+
+# haqueue/ha/test_hooks.py: the primary never lets a backup catch up on a queue, or refuses its link
+HOLD = "HAQUEUE_TEST_HOLD_CAUGHT_UP"
+REFUSE = "HAQUEUE_TEST_REFUSE_QUEUE"
+
+
+def test_a_queue_the_primary_refuses_to_replicate_keeps_the_backups_out_of_ready(ha_cluster):
+    c = ha_cluster()
+    c[0].env = {REFUSE: "r"}
+    p = c.start_cluster()
+    send_all(c.public, "r", ["x"])  # held for the backups until backup_timeout, then they are dropped
+    for b in (c[1], c[2]):
+        s = c.wait_state(b, "backup", "catchup", check=lambda s: "r" in s["refused"])
+        assert s["replicating"]["refused"] == 1 and s["refusals"] >= 1, s
+        assert "refused by a test hook" in s["refused"]["r"]
+        assert not s["queues"]["r"]["caught_up"]
+        assert "queue r not replicated" in b.log()
+    primary = c.status(p)
+    assert {x["name"]: x["state"] for x in primary["backups"]} == {"b1": "catchup", "b2": "catchup"}
+    assert all(x["timeout_drops"] >= 1 for x in primary["backups"]), primary["backups"]
+
+
+def test_the_old_primary_with_the_freshest_store_is_promoted_when_no_backup_is_ready(ha_cluster):
+    c = ha_cluster()
+    c[0].env = {HOLD: "stuck"}
+    c.start(0)
+    c.promote(c[0])
+    send_all(c.public, "stuck", ["held"])  # a backup joining later has it to catch up: never told it has
+    c.start(1, 2)
+    for b in (c[1], c[2]):
+        c.wait_state(b, "backup", "catchup", check=lambda s: s.get("primary") == "b0")
+    send_all(c.public, "q", range(50))  # confirmed by both backups: "q" itself is caught up
+    c.kill(c[0])
+    c[0].env = {}
+    c.start(0)
+
+    def status_of(b):
+        return c.try_status(b) or {}
+    # a catching-up backup is refused, and says why and what overrides it
+    refusal = wait_for(lambda: status_of(c[1]).get("promotion_refused"), 15, message="b1's promotion refusal")
+    assert "--force" in refusal, refusal
+    promoted = wait_for(lambda: c.cli(c[0], "ha", "promote").returncode == 0, 20, message="b0 promoted again")
+    assert promoted
+    for b in (c[1], c[2]):
+        c.wait_ready(b, queues=["q", "stuck"])
+    for b in c:
+        assert c.bodies(b, "q") == list(range(50)), b.name
+        assert c.bodies(b, "stuck") == ["held"], b.name
+    assert [m.body for m in receive(c.public, "q", 50)] == list(range(50))
