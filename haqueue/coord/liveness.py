@@ -32,23 +32,24 @@ def cpu_seconds(pid: int) -> float | None:
 class Liveness:
     """One watched process: since when it has left pings unanswered, and the CPU it had used at the last look."""
 
-    def __init__(self) -> None:
+    def __init__(self, pid: int, name: str) -> None:
+        self.pid, self.name = pid, name
         self.unanswered_since = 0.0  # monotonic time of the first unanswered ping in a row; 0: it answers
-        self.cpu: float | None = None
+        self.cpu = cpu_seconds(pid)
 
-    def answered(self, pid: int) -> None:
-        self.unanswered_since, self.cpu = 0.0, cpu_seconds(pid)
+    def answered(self) -> None:
+        self.unanswered_since, self.cpu = 0.0, cpu_seconds(self.pid)
 
-    def busy(self, pid: int, name: str) -> bool:
+    def busy(self) -> bool:
         """A ping went unanswered: has the process used CPU since the last look (busy, not hung), within the grace?"""
         now = time.monotonic()
         if not self.unanswered_since:
             self.unanswered_since = now
-        cpu = cpu_seconds(pid)
+        cpu = cpu_seconds(self.pid)
         progressed = cpu is not None and self.cpu is not None and cpu > self.cpu
         self.cpu = cpu
         waited = now - self.unanswered_since
         if progressed and waited < BUSY_GRACE:
-            log.warning("%s has not answered for %.1fs but is using CPU: busy, not hung", name, waited)
+            log.warning("%s has not answered for %.1fs but is using CPU: busy, not hung", self.name, waited)
             return True
         return False

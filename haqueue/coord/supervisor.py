@@ -70,7 +70,7 @@ class Supervisor:
         self._stopping = False
         self._ping_client: AdminClient | None = None
         self._ping_target: Member | None = None
-        self._liveness = Liveness()  # the primary's: busy or hung when it does not answer
+        self._liveness: Liveness | None = None  # the primary's: busy or hung when it does not answer
 
     @classmethod
     def local(cls, size: int, directory: str, public: tuple[str, int], base_port: int, host: str = "127.0.0.1",
@@ -170,7 +170,7 @@ class Supervisor:
     def promote(self, member: Member) -> None:
         self.request(member, "PROMOTE", "ha", {"force": False})
         self.primary = member
-        self._liveness = Liveness()
+        self._liveness = Liveness(member.process.pid, member.name) if member.process is not None else None
         log.info("%s is primary", member.name)
 
     def _healthy(self, member: Member) -> bool:
@@ -184,11 +184,12 @@ class Supervisor:
                     self._close_ping()
                     self._ping_client, self._ping_target = self.admin(member, PING_TIMEOUT), member
                 code, _, _ = self._ping_client.request("READ", "broker")
-                self._liveness.answered(member.process.pid)
+                if self._liveness is not None:
+                    self._liveness.answered()
                 return code < 400
             except AdminError:
                 self._close_ping()
-        return self._liveness.busy(member.process.pid, member.name)
+        return self._liveness is not None and self._liveness.busy()
 
     def _close_ping(self) -> None:
         if self._ping_client is not None:
