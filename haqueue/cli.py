@@ -482,7 +482,7 @@ def _cluster_up(args: argparse.Namespace) -> int:
             return EXIT_USAGE
         extra.setdefault("ha", {})["tls"] = tls
     if args.shards is not None:
-        from haqueue.coord.supervisor import sharded_cluster_up
+        from haqueue.shard.local_cluster import sharded_cluster_up
         replicas = min(3, args.size) if args.replicas is None else args.replicas
         return sharded_cluster_up(args.size, args.shards, replicas, args.dir, parse_address(args.public)[1],
                                   args.base_port, extra)

@@ -24,8 +24,7 @@ from typing import Any, Callable
 import yaml
 
 from ..admin import AdminClient, AdminError
-from ..config import ConfigError, TlsConfig
-from ..shard.cluster_config import load_cluster
+from ..config import TlsConfig
 from .liveness import Liveness
 
 log = logging.getLogger("haqueue.cluster")
@@ -272,58 +271,18 @@ def cluster_up(size: int, directory: str, public: tuple[str, int], base_port: in
     supervisor = Supervisor.local(size, directory, public, base_port, extra=extra)
 
     def report() -> None:
-        _print_members(supervisor)
+        print_members(supervisor)
         print(f"public {public[0]}:{public[1]}", flush=True)
-    return _supervise([supervisor], report)
+    return supervise([supervisor], report)
 
 
-def sharded_cluster_up(size: int, shards: int, replicas: int, directory: str, client_port: int, base_port: int,
-                       extra: dict[str, Any] | None = None) -> int:
-    """A sharded cluster (design/sharding.md) of `size` simulated nodes on 127.0.0.1, 127.0.0.2, ... (all
-    loopback), node k's client address on `client_port`, shared by its shard processes; shard i's peer
-    listeners on base_port + i, its direct address 127.0.0.1:base_port + shards + i; one Supervisor per
-    shard over its processes, each a `haqueue broker --config cluster.yaml --node N --shard I`."""
-    directory = os.path.abspath(directory)
-    password = secrets.token_hex(16)
-    extra = extra or {}
-    nodes = {f"n{k + 1}": f"127.0.0.{k + 1}" for k in range(size)}
-    cluster = {"shards": shards, "replicas": replicas, "client_port": client_port, "peer_base": base_port,
-               "shard_public": f"127.0.0.1:{base_port + shards}",
-               "nodes": {node: {"address": host, "data_dir": os.path.join(directory, node)}
-                         for node, host in nodes.items()},
-               "ha": {"username": HA_USER, "password": password, **extra.get("ha", {})},
-               **{key: value for key, value in extra.items() if key != "ha"}}
-    path = write_private_yaml(directory, "cluster.yaml", cluster)
-    try:
-        placement = load_cluster(path).placement
-    except ConfigError as e:
-        log.error("%s", e)
-        return 2
-    tls = extra.get("ha", {}).get("tls")
-    supervisors = []
-    for shard, on in enumerate(placement.shards):
-        members = [Member(f"{node}.s{shard}", (nodes[node], base_port + shard),
-                          ["--config", path, "--node", node, "--shard", str(shard)],
-                          os.path.join(directory, node, f"s{shard}.log")) for node in on]
-        supervisors.append(Supervisor(members, HA_USER, password, TlsConfig(**tls) if tls else None))
-    for node in nodes:
-        os.makedirs(os.path.join(directory, node), exist_ok=True)
-
-    def report() -> None:
-        for shard, supervisor in enumerate(supervisors):
-            _print_members(supervisor)
-            print(f"shard {shard} public 127.0.0.1:{base_port + shards + shard}", flush=True)
-        print("nodes " + " ".join(f"{host}:{client_port}" for host in nodes.values()), flush=True)
-    return _supervise(supervisors, report)
-
-
-def _print_members(supervisor: Supervisor) -> None:
+def print_members(supervisor: Supervisor) -> None:
     for member in supervisor.members:
         role = "primary" if member is supervisor.primary else "backup"
         print(f"{member.name} {member.endpoint} {role} (log {member.log_path})", flush=True)
 
 
-def _supervise(supervisors: list[Supervisor], report: Callable[[], None]) -> int:
+def supervise(supervisors: list[Supervisor], report: Callable[[], None]) -> int:
     """Bring every group up, `report`, then watch each on its own thread (one group's failover never waits
     for another's) until SIGINT or SIGTERM; every broker is stopped at the end. The groups come up one
     after another on this thread: proton's cffi module completes its C types on first use, and threads
