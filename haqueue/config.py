@@ -53,7 +53,9 @@ class TlsConfig:
 
 @dataclass
 class LimitsConfig:
-    max_connections: int = 1000
+    # 0: as many client connections as the file descriptors allow (RabbitMQ and Artemis set no limit either).
+    # HA's peers count against no client limit, these three included (design/security.md).
+    max_connections: int = 0
     max_links_per_connection: int = 1000
     max_sessions_per_connection: int = 64
     max_depth: int = 0  # 0: unbounded; default for queues
@@ -410,7 +412,7 @@ def _tls(value: Any, path: str, required: tuple[str, ...]) -> TlsConfig:
 
 
 _LIMITS: dict[str, Check] = {
-    "max_connections": _int(1),
+    "max_connections": _int(0),
     "max_links_per_connection": _int(1),
     "max_sessions_per_connection": _int(1),
     "max_depth": _int(0),

@@ -55,7 +55,7 @@ class Connection:
         self.phase = "header"  # header -> sasl -> amqp
         self.preamble: Preamble | None = Preamble(self, sasl_client)  # None once the connection is gone
         self.user: str | None = None
-        self.logged_in = False  # counted against limits.max_connections_per_user until closed
+        self.logged_in = False  # admitted at open by ConnectionLimits.opened, counted (unless exempt) until closed
         self.handshake_deadline = 0  # ms (monotonic): closed unless the client opens by then; 0: opened
         self.tls: TlsPump | None = None
         self.raw_out = bytearray()  # bytes for the socket that did not come from proton directly

@@ -16,7 +16,7 @@ from typing import Final, Protocol
 from ..config import LimitsConfig
 from . import heap
 from .connection import EPOLL_IN, EPOLL_OUT, Connection, ConnectionHandler
-from .connection_limits import ConnectionLimits
+from .connection_limits import PEER_ROOM, ConnectionLimits, raise_descriptor_limit
 from .errors import RESOURCE_LIMIT
 from .listener import Listener
 from .loop import Loop
@@ -64,7 +64,7 @@ class Engine(Loop):
         self.password_checks = PasswordChecks(logins, self.call_soon_threadsafe)
         self.refusal_log = RefusalLog(log)
         self.anonymous = anonymous
-        self.connection_limits = ConnectionLimits(limits)
+        self.connection_limits = ConnectionLimits(limits, raise_descriptor_limit())
         self._closed_since_trim = 0  # connections gone since the heap's free memory was last given back
         self.events = ProtonEvents(self)
         self.listeners: dict[int, Listener] = {}
@@ -160,8 +160,11 @@ class Engine(Loop):
     # -- connections and links -----------------------------------------------------------------
     def _accept(self, listener: Listener) -> None:
         for sock, peer in listener.accept():
+            if len(self.connections) >= self.connection_limits.max_sockets:
+                self._turn_away(sock, peer)
+                continue
             conn = Connection(self, sock, peer, listener)
-            refusal = self.connection_limits.accepted(conn.host, len(self.connections))
+            refusal = self.connection_limits.accepted(conn.host)
             if refusal is not None:
                 conn.refusal = (RESOURCE_LIMIT, refusal)
             self.connections[conn.fd] = conn
@@ -170,6 +173,14 @@ class Engine(Loop):
             now_ms = int(time.monotonic() * 1000)
             conn.handshake_deadline = now_ms + int(self.limits.handshake_timeout * 1000)
             conn.tick(now_ms)
+
+    def _turn_away(self, sock: socket.socket, peer: str) -> None:
+        """Every socket the broker takes is open (ConnectionLimits.max_sockets): this one is closed at once, before
+        it costs a transport, so that the descriptors left stay the broker's own (design/security.md)."""
+        sock.close()
+        self.refusal_log(logging.WARNING, peer, "no room", "connection %s refused: %d connections open, the most this "
+                         "broker takes (%s, and %d for peers and handshakes)", peer, len(self.connections),
+                         self.connection_limits.clients_limit(), PEER_ROOM)
 
     def forget_connection(self, conn: Connection) -> None:
         self.connections.pop(conn.fd, None)

@@ -655,10 +655,10 @@ class ProtonEvents:
             return
         conn.handshake_deadline = 0
         lib.pn_connection_set_container(conn.proton.ptr, self.engine.container_id)
-        if conn.refusal is None and conn.user is not None:
-            refusal = self.engine.connection_limits.logged_in(conn.user)
-            if refusal is not None:
-                conn.refusal = (RESOURCE_LIMIT, refusal)
+        if conn.user is not None:  # the refusal so far is the engine's at accept, which an exempt user is spared
+            refusal = self.engine.connection_limits.opened(conn.host, conn.user,
+                                                           None if conn.refusal is None else conn.refusal[1])
+            conn.refusal = None if refusal is None else (RESOURCE_LIMIT, refusal)
             conn.logged_in = refusal is None
         if conn.refusal is None:
             try:
@@ -690,13 +690,14 @@ class ProtonEvents:
     def _on_session_remote_open(self, event: Any) -> None:
         session = lib.pn_event_session(event)
         conn = self._conn_of(event)
-        if conn is None:
+        if conn is None or conn.closing:  # a refused connection's pipelined begin goes unanswered, with it
             return
         conn.sessions += 1
         lib.pn_session_open(session)
-        if conn.sessions > self.engine.limits.max_sessions_per_connection:
+        limit = self.engine.limits.max_sessions_per_connection
+        if conn.sessions > limit and not self.engine.connection_limits.exempt(conn.user):
             _set_condition(lib.pn_session_condition(session), RESOURCE_LIMIT,
-                           f"too many sessions (limit {self.engine.limits.max_sessions_per_connection})")
+                           f"too many sessions (limits.max_sessions_per_connection {limit})")
             lib.pn_session_close(session)
         self.engine.dirty.add(conn)
 
@@ -716,15 +717,18 @@ class ProtonEvents:
         conn = self._conn_of(event)
         if conn is None or address(ptr) in self.engine.links:  # our own outgoing link, answered
             return
+        if conn.closing:  # refused (or closing): its pipelined attach must not reach the broker
+            return
         link = Link(ptr, conn)
         self.engine.dirty.add(conn)
         remote_source, remote_target = lib.pn_link_remote_source(ptr), lib.pn_link_remote_target(ptr)
         lib.pn_terminus_copy(lib.pn_link_source(ptr), remote_source)
         lib.pn_terminus_copy(lib.pn_link_target(ptr), remote_target)
         try:
-            if len(conn.links) >= self.engine.limits.max_links_per_connection:
+            limit = self.engine.limits.max_links_per_connection
+            if len(conn.links) >= limit and not self.engine.connection_limits.exempt(conn.user):
                 raise BrokerError(RESOURCE_LIMIT, f"too many links on this connection "
-                                                  f"(limit {self.engine.limits.max_links_per_connection})")
+                                                  f"(limits.max_links_per_connection {limit})")
             link.handler = self.engine.handler.link_opened(link)
         except BrokerError as e:
             log.debug("link '%s' to %s refused: %s", link.name, link.address, e.description)

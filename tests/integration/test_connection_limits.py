@@ -1,18 +1,26 @@
 """Limits a hostile client can hit: a connection that has not opened within `limits.handshake_timeout` is
-closed however slowly it is still sending (slow-loris), connections per source address and per user
-are capped, and a malformed SASL frame refuses its connection alone. The broker keeps serving others."""
+closed however slowly it is still sending (slow-loris), connections in all, per source address and per user
+are capped, sockets beyond the clients' limit and the room kept for peers are closed at once, and a malformed
+SASL frame refuses its connection alone. The broker keeps serving others. HA's peers count against no
+client limit: a backup replicates more queues than max_links_per_connection and joins while clients fill
+max_connections. 10,000 idle clients, each with a link, get in (slow)."""
 from __future__ import annotations
 
 import re
+import resource
 import socket
 import struct
 import time
 
 import pytest
-from proton import ConnectionException
+from proton import ConnectionException, Endpoint
 
 from clients import AMQP_HEADER, SASL_HEADER, Client, RawAmqp, frame
-from harness import wait_for
+from ha_harness import HA_USER, HaCluster, cluster_factory, connect, send_all, split_address
+from harness import rss, wait_for
+from many_connections import IdleConnections
+
+from haqueue.broker.connection_limits import PEER_ROOM
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -155,3 +163,97 @@ def test_malformed_sasl_frame_refuses_that_connection_alone(broker, body):
     with RawAmqp(broker.host, broker.port) as raw:
         raw.open()
         raw.wait_open()
+
+
+def fill(crowd: IdleConnections, n: int) -> None:
+    """Hold `n` connections, retrying those refused while the broker still counts connections just closed."""
+    def full() -> bool:
+        crowd.open(n - len(crowd))
+        return len(crowd) >= n
+    wait_for(full, 10, message=f"{n} connections admitted")
+
+
+def limit_refusal(limit: str, n: int) -> str:
+    return f"amqp:resource-limit-exceeded: too many connections (limits.{limit} {n})"
+
+
+def test_sockets_beyond_the_room_for_peers_are_closed_at_once(broker_factory):
+    b = broker_factory(limits={"max_connections": 5, "handshake_timeout": 3})
+    with IdleConnections(b.host, b.port) as crowd:
+        fill(crowd, 5)
+        assert crowd.open(1).refused == {limit_refusal("max_connections", 5): 1}
+        silent = [socket.create_connection((b.host, b.port)) for _ in range(PEER_ROOM)]  # handshakes in progress
+        try:
+            assert _turned_away(b)
+            assert crowd.open(1).refused == {"closed by the broker before it answered": 1}
+        finally:
+            for s in silent:
+                s.close()
+        assert f"refused: 105 connections open, the most this broker takes (limits.max_connections 5, and " \
+               f"{PEER_ROOM} for peers and handshakes)" in b.log()
+        wait_for(lambda: crowd.open(1).refused == {limit_refusal("max_connections", 5): 1}, 10,
+                 message="room for handshakes again, still none for clients")
+
+
+def _turned_away(b) -> bool:
+    with socket.create_connection((b.host, b.port), timeout=5) as s:
+        return s.recv(1) == b""
+
+
+@pytest.fixture
+def ha_cluster(tmp_path):
+    yield from cluster_factory(HaCluster, tmp_path)
+
+
+def test_peers_count_against_no_client_limit(ha_cluster):
+    """A backup's peer connection holds a link per replicated queue: 15 over max_links_per_connection 10. It
+    rejoins while clients fill max_connections, and the ha user's admin calls and sessions go through."""
+    c = ha_cluster(size=2, extra={"limits": {"max_connections": 20, "max_links_per_connection": 10,
+                                             "max_sessions_per_connection": 2}})
+    p = c.start_cluster()
+    backup = c[1]
+    queues = [f"lq-{i}" for i in range(15)]
+    for q in queues:
+        send_all(c.public, q, ["a", "b"])
+    c.wait_ready(backup, queues=queues)
+    with IdleConnections(*split_address(c.public)) as crowd:
+        fill(crowd, 20)
+        assert crowd.open(1).refused == {limit_refusal("max_connections", 20): 1}
+        c.kill(backup)
+        backup.start()
+        c.wait_ready(backup, 20, queues=queues)
+        c.wait_backups_ready(p, [backup.name])
+        depths = {q["name"]: q["depth"] for q in c.request(backup, "QUERY", "queue", user=HA_USER)}
+        assert {q: depths.get(q) for q in queues} == {q: 2 for q in queues}
+        _peer_sessions_and_links(p.address, c.password, 3, 12)
+        assert crowd.open(1).refused == {limit_refusal("max_connections", 20): 1}
+    assert "not replicated" not in backup.log()
+
+
+def _peer_sessions_and_links(address: str, password: str, sessions: int, links: int) -> None:
+    """As the ha user: more sessions and links than a client may have, all opened."""
+    peer = connect(address, user=HA_USER, password=password)
+    try:
+        opened = [peer.conn.session() for _ in range(sessions)]
+        for s in opened:
+            s.open()
+        peer.wait(lambda: all(s.state & Endpoint.REMOTE_ACTIVE for s in opened), timeout=5, msg="peer sessions")
+        for i in range(links):
+            peer.create_sender("$management", name=f"peer-{i}")
+    finally:
+        peer.close()
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(resource.getrlimit(resource.RLIMIT_NOFILE)[1] < 12_000,
+                    reason="10,000 connections need more file descriptors than RLIMIT_NOFILE's hard limit allows")
+def test_ten_thousand_idle_clients(broker_factory):
+    b = broker_factory(limits={"max_connections": 10_000})
+    before = rss(b.pid)
+    with IdleConnections(b.host, b.port) as crowd:
+        opened = crowd.open(10_000)
+        assert (opened.admitted, opened.refused) == (10_000, {}), opened
+        assert crowd.open(1).refused == {limit_refusal("max_connections", 10_000): 1}
+        print(f"\n10,000 idle clients with a link each: opened in {opened.seconds:.1f} s, "
+              f"{(rss(b.pid) - before) / 10_000 / 1024:.1f} KiB of the broker's RSS each")
+    assert "client connections: at most limits.max_connections 10000" in b.log()

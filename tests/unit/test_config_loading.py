@@ -182,7 +182,7 @@ BAD = [
     ("limits: {max_depth: -1}", "limits.max_depth: must be a non-negative integer, got -1"),
     ("limits: {max_depth: 1.5}", "limits.max_depth: must be a non-negative integer, got 1.5"),
     ("limits: {max_depth: true}", "limits.max_depth: must be a non-negative integer, got true"),
-    ("limits: {max_connections: 0}", "limits.max_connections: must be an integer >= 1, got 0"),
+    ("limits: {max_connections: -1}", "limits.max_connections: must be a non-negative integer, got -1"),
     ("limits: {max_bytes: 1.5}", "limits.max_bytes: must be a non-negative integer, got 1.5"),
     ("limits: {memory_limit: -1}", "limits.memory_limit: must be a non-negative integer, got -1"),
     ("limits: {overflow: drop-tail}", 'limits.overflow: must be block or reject-publish or drop-head, got "drop-tail"'),
