@@ -351,6 +351,32 @@ def test_total_outage_scores_only_the_freshest_store(agents):
 
 
 @pytest.mark.slow
+def test_catching_up_backups_give_way_to_the_old_primarys_fresher_store(agents):
+    """a primary; b and c join and stay catching up (a test hook holds their catch-up of `stuck`); a is killed:
+    b and c score nothing while a does not answer (it may come back with what they lack), and once a is back,
+    joining with the freshest store, a scores and they still do not. They used to score 10, above a."""
+    password = secrets.token_hex(8)
+    brokers = [f"127.0.0.1:{free_port()}" for _ in range(3)]
+    a, b, c = (agents(ha_config(n, addr, brokers, password), name=n) for n, addr in zip("abc", brokers))
+    a.env["HAQUEUE_TEST_HOLD_CAUGHT_UP"] = "stuck"  # haqueue/ha/test_hooks.py
+    assert a.rc("start") == OCF_SUCCESS and a.rc("promote") == OCF_SUCCESS
+    send_all(brokers[0], "stuck", [Message(body="held", durable=True)])
+    assert b.rc("start") == OCF_SUCCESS and c.rc("start") == OCF_SUCCESS
+    for address in brokers[1:]:
+        wait_for(lambda: _ha_at(address, password).get("state") == "catchup", 20, message=f"{address} catching up")
+    assert [_score(x) for x in (b, c)] == ["v 10", "v 10"]  # a is primary: they only rank below it
+    _kill(a)
+    assert [_score(x) for x in (b, c)] == ["D", "D"]
+    del a.env["HAQUEUE_TEST_HOLD_CAUGHT_UP"]
+    assert a.rc("start") == OCF_SUCCESS
+    assert [_score(x) for x in (a, b, c)] == ["v 1", "D", "D"]
+    assert a.rc("promote") == OCF_SUCCESS
+    for address in brokers[1:]:
+        wait_for(lambda: _caught_up(address, password, "stuck"), 20, message=f"{address} caught up")
+        assert [m.body for m in browse(address, "stuck", 1, user=OPS_USER, password=password)] == ["held"]
+
+
+@pytest.mark.slow
 def test_hung_broker_fails_monitor_and_stop_leaves_nothing(agents):
     port = free_port()
     address = f"127.0.0.1:{port}"
