@@ -3,8 +3,9 @@ from __future__ import annotations
 
 import time
 import uuid
+from dataclasses import dataclass
 from types import TracebackType
-from typing import Any
+from typing import Any, Iterator
 
 from proton import Message, ProtonException, SSLDomain, Timeout, symbol
 from proton.utils import BlockingConnection
@@ -19,6 +20,23 @@ ADMIN_TOOL = "x-haqueue-admin"
 
 class AdminError(Exception):
     """The broker could not be reached, did not answer in time, or answered nonsense."""
+
+
+class Refused(AdminError):
+    """The broker answered with statusCode >= 400; the description says why."""
+
+    def __init__(self, code: int, description: str) -> None:
+        super().__init__(description or f"refused with status {code}")
+        self.code = code
+
+
+@dataclass
+class Page:
+    """One answer to a QUERY: its items, how many match in all, and where the next page starts (None: no more)."""
+
+    items: list[dict[str, Any]]
+    total: int
+    next: str | None
 
 
 class AdminClient:
@@ -54,12 +72,47 @@ class AdminClient:
     def request(self, operation: str, type: str, name: str | None = None,
                 body: dict | None = None) -> tuple[int, str, Any]:
         """Send one request; returns (statusCode, statusDescription, body) of the answer."""
-        if self._conn is None:
-            raise AdminError("the connection is closed")
-        what = f"{operation} {type}" + (f" {name!r}" if name is not None else "")
         properties: dict[str, Any] = {"operation": operation, "type": type}
         if name is not None:
             properties["name"] = name
+        code, description, reply = self._ask(properties, body)
+        return code, description, reply.body
+
+    def query_page(self, type: str, count: int | None = None, offset: int = 0, after: str | None = None,
+                   filter: str | None = None, body: dict | None = None) -> Page:
+        """One page of a QUERY (design/management.md): the items whose names match `filter` (a glob), from
+        `after` (an earlier page's `next`) and `offset` on, at most `count` (None: the broker's page size).
+        Raises Refused if the broker refuses."""
+        paging: dict[str, Any] = {"count": count, "offset": offset or None, "after": after, "filter": filter}
+        properties: dict[str, Any] = {"operation": "QUERY", "type": type, **{k: v for k, v in paging.items() if v is not None}}
+        code, description, reply = self._ask(properties, body)
+        if code >= 400:
+            raise Refused(code, description)
+        items = list(reply.body) if isinstance(reply.body, list) else []
+        answer: dict[Any, Any] = reply.properties or {}
+        return Page(items, int(answer.get("total", len(items))), answer.get("next"))
+
+    def query(self, type: str, filter: str | None = None, body: dict | None = None, offset: int = 0,
+              limit: int | None = None) -> Iterator[dict[str, Any]]:
+        """Every item a QUERY matches (or `limit` of them from `offset` on), in the broker's order, a page at a
+        time. Each page starts after the last item of the one before, not at an offset: an item that exists
+        throughout is listed once, whatever is declared or deleted meanwhile."""
+        after = None
+        while limit is None or limit > 0:
+            page = self.query_page(type, limit, offset, after, filter, body)
+            yield from page.items
+            if page.next is None:
+                return
+            if limit is not None:
+                limit -= len(page.items)
+            after, offset = page.next, 0
+
+    def _ask(self, properties: dict[str, Any], body: Any) -> tuple[int, str, Message]:
+        """Send one request; (statusCode, statusDescription, the answer)."""
+        if self._conn is None:
+            raise AdminError("the connection is closed")
+        name = properties.get("name")
+        what = f"{properties['operation']} {properties['type']}" + (f" {name!r}" if name is not None else "")
         request_id = str(uuid.uuid4())
         message = Message(id=request_id, reply_to=self._reply_to, properties=properties, body=body)
         deadline = time.monotonic() + self.timeout
@@ -77,11 +130,11 @@ class AdminClient:
         except ProtonException as e:
             self._unresponsive = True
             raise AdminError(f"{self.address}: {what} failed: {e}") from e
-        properties = reply.properties or {}
-        code = properties.get("statusCode")
+        answer: dict[Any, Any] = reply.properties or {}
+        code = answer.get("statusCode")
         if not isinstance(code, int) or isinstance(code, bool):
             raise AdminError(f"{self.address}: the answer to {what} has no statusCode")
-        return int(code), str(properties.get("statusDescription", "")), reply.body
+        return int(code), str(answer.get("statusDescription", "")), reply
 
     def elsewhere(self, address: str) -> AdminClient:
         """A client of another broker, with this one's timeout, user and TLS."""

@@ -14,7 +14,7 @@ import os
 import sys
 from typing import TYPE_CHECKING, Any, Callable
 
-from haqueue.admin import AdminClient, AdminError
+from haqueue.admin import AdminClient, AdminError, Refused
 # argparse only: PySpark loads when an audit runs
 from haqueue.audit.command import add_lag_arguments, add_watch_arguments, run_lag, run_watch
 from haqueue.config import (DEFAULT_LISTEN, EXCHANGE_TYPES, SYNC_MODES, ConfigError, MetricsConfig, TlsConfig,
@@ -265,7 +265,7 @@ def _add_queue(actions: Subparsers) -> None:
     add.add_argument("name")
     _add_arg_option(add)
     _add_action(sub, "del", _queue_del, "delete a queue").add_argument("name")
-    _add_action(sub, "list", _queue_list, "print one JSON object per queue (name, depth, consumers, args)")
+    _add_list(sub, "queue", "print one JSON object per queue (name, depth, consumers, args), by name")
 
 
 def _queue_add(client: AdminClient, args: argparse.Namespace) -> None:
@@ -276,9 +276,28 @@ def _queue_del(client: AdminClient, args: argparse.Namespace) -> None:
     _call(client, "DELETE", "queue", args.name)
 
 
-def _queue_list(client: AdminClient, args: argparse.Namespace) -> None:
-    for queue in _call(client, "QUERY", "queue") or []:
-        _print_json(queue)
+def _add_list(sub: Subparsers, type_: str, help: str) -> None:
+    p = _add_action(sub, "list", lambda client, args: _print_listing(client, type_, args), help)
+    p.add_argument("--filter", metavar="PATTERN", help=f"only {type_}s whose name matches this glob (* matches "
+                                                       f"dots too; quote it from the shell)")
+    p.add_argument("--offset", metavar="N", type=_whole_number, default=0, help=f"skip the first N {type_}s")
+    p.add_argument("--limit", metavar="N", type=_positive_int, help=f"print at most N {type_}s (default: all, "
+                                                                    f"fetched a page at a time)")
+
+
+def _whole_number(text: str) -> int:
+    if not (text.isascii() and text.isdigit()):
+        raise argparse.ArgumentTypeError(f"must be a whole number, got {text!r}")
+    return int(text)
+
+
+def _print_listing(client: AdminClient, type_: str, args: argparse.Namespace) -> None:
+    """Each item of a QUERY as a JSON line, page by page (design/management.md)."""
+    try:
+        for item in client.query(type_, args.filter, offset=args.offset, limit=args.limit):
+            _print_json(item)
+    except Refused as e:
+        raise _Refused(str(e), e.code) from None
 
 
 def _add_exchange(actions: Subparsers) -> None:
@@ -289,7 +308,7 @@ def _add_exchange(actions: Subparsers) -> None:
     add.add_argument("--type", required=True, choices=EXCHANGE_TYPES)
     _add_arg_option(add)
     _add_action(sub, "del", _exchange_del, "delete an exchange").add_argument("name")
-    _add_action(sub, "list", _exchange_list, "print one JSON object per exchange (name, type, args)")
+    _add_list(sub, "exchange", "print one JSON object per exchange (name, type, args), by name")
 
 
 def _exchange_add(client: AdminClient, args: argparse.Namespace) -> None:
@@ -298,11 +317,6 @@ def _exchange_add(client: AdminClient, args: argparse.Namespace) -> None:
 
 def _exchange_del(client: AdminClient, args: argparse.Namespace) -> None:
     _call(client, "DELETE", "exchange", args.name)
-
-
-def _exchange_list(client: AdminClient, args: argparse.Namespace) -> None:
-    for exchange in _call(client, "QUERY", "exchange") or []:
-        _print_json(exchange)
 
 
 def _add_binding(actions: Subparsers) -> None:

@@ -1,14 +1,28 @@
 """The `$management` node: request/response management of queues, exchanges, bindings and the
-broker itself (design/management.md). A cold path, so messages are decoded with proton's Message."""
+broker itself (design/management.md). A cold path, so messages are decoded with proton's Message.
+
+At scale: a QUERY answers one page of what it matches, in the order of the items' keys (names), and
+says where the next page starts; requests wait at their link and are answered in turns at the end of
+each pass, within a time budget; a client holds a small window of credit for them."""
 from __future__ import annotations
 
+import bisect
+import fnmatch
+import json
 import logging
-from typing import Any, Callable, Protocol
+import re
+import time
+from collections import deque
+from dataclasses import dataclass
+from functools import partial
+from operator import attrgetter, methodcaller
+from typing import Any, Callable, Iterable, NamedTuple, Protocol
 
 from proton import Message
 
 from .access import ADMIN, MANAGE, RECEIVE, SEE, SEND, Access
-from .errors import BrokerError, DECODE, INVALID_FIELD, NOT_FOUND, RESOURCE_LOCKED
+from .errors import BrokerError, DECODE, INVALID_FIELD, NOT_FOUND, NOT_IMPLEMENTED, RESOURCE_LOCKED
+from .exchange import Binding
 from .proton_adapter import ACCEPTED, REJECTED, Link, LinkHandler
 from .queue import Queue
 from .registry import Registry
@@ -17,13 +31,26 @@ log = logging.getLogger("haqueue.management")
 
 ADDRESS = "$management"
 
+# A QUERY answers at most PAGE items (fewer if its `count` says): 500 queues take 20-40 ms to make and encode,
+# which every other client's traffic waits for (proton encodes in Python, a value at a time).
+PAGE = 500
+# proton encodes a message's body in one pn_data of at most 65,535 nodes (a map, a list, each key and each
+# value is one): a page ends before its items would need more, whatever their arguments.
+BODY_NODES = 65_535
+# The credit a client holds on a $management link: requests it may have waiting, one more granted as each is
+# answered. It bounds what the broker buffers and decodes for one client (a publisher's window, up to 2,000).
+WINDOW = 100
+# Seconds of each pass spent answering waiting requests (at least one): a burst waits for later passes.
+PASS_BUDGET = 0.01
+# The matching items of this many recent QUERYs are kept (until anything is declared or deleted), so paging
+# through 100,000 queues sorts them once, not once per page.
+LISTINGS_KEPT = 4
+
 # (name, request body) -> (status code, answer body)
 Operation = Callable[[str | None, dict[str, Any]], tuple[int, Any]]
 # (name, request body) -> the (action, address) pairs a request needs (access.py); for ADMIN the address
 # names the operation in a refusal
 Needs = Callable[[str | None, dict[str, Any]], list[tuple[str, str]]]
-# an answer's item -> the names it concerns: a QUERY lists the items whose names the caller may SEE one of
-Shows = Callable[[dict[str, Any]], list[str]]
 # (status code, description, answer body): how a deferred operation answers
 Answer = Callable[[int, str, Any], None]
 # (name, request body, user, answer) -> None: an operation that answers later, once other processes have (the
@@ -69,8 +96,23 @@ def _binding_needs(name: str | None, body: dict[str, Any]) -> list[tuple[str, st
     return [(MANAGE, queue), (RECEIVE, exchange)]
 
 
-def _anyone(name: str | None, body: dict[str, Any]) -> list[tuple[str, str]]:
-    return []  # a QUERY: its answer is cut to what the caller may see
+@dataclass(frozen=True)
+class Listing:
+    """What a QUERY of one type lists: its objects (the request's body may narrow them), each one's key (unique:
+    the order of the answer, and where a page starts), the names it concerns (the caller sees an object if it
+    may SEE one of them, and a `filter` matches if one of them does) and its attributes."""
+
+    objects: Callable[[dict[str, Any]], Iterable[Any]]
+    key: Callable[[Any], Any]
+    names: Callable[[Any], tuple[str, ...]]
+    info: Callable[[Any], dict[str, Any]]
+
+
+class _Found(NamedTuple):
+    """What one QUERY matches, in the order of `keys` (each item's)."""
+
+    keys: list[Any]
+    items: list[Any]
 
 
 class ManagementHost(Protocol):
@@ -85,42 +127,82 @@ class ManagementHost(Protocol):
     def deliver(self, address: str, data: bytes) -> None:
         """Route a message the broker makes (a reply) to `address`."""
 
+    def schedule(self, item: Any) -> None:
+        """Call item.dispatch() at the end of this pass."""
+
+
+class Turns:
+    """The endpoints with requests waiting, in the order their turns come: at the end of each pass
+    (broker.schedule), each answers one request per round, for PASS_BUDGET (at least one request); what is
+    left waits for the next pass, after the sockets. An endpoint whose request is its only one goes first,
+    one with more after its turn goes last: a client's burst takes one turn a round, and another client's
+    request (a health check's ping) waits for at most one of the burst's."""
+
+    deleted = False  # never: what broker.schedule asks before calling dispatch
+
+    def __init__(self, schedule: Callable[[Any], None]) -> None:
+        self._schedule = schedule
+        self._endpoints: deque[ManagementEndpoint] = deque()
+
+    def add(self, endpoint: "ManagementEndpoint") -> None:
+        """`endpoint` has a request waiting now, and had none."""
+        self._endpoints.appendleft(endpoint)
+        self._schedule(self)
+
+    def dispatch(self) -> None:
+        deadline = time.monotonic() + PASS_BUDGET
+        endpoints = self._endpoints
+        while endpoints:
+            endpoint = endpoints.popleft()
+            if not endpoint.waiting:  # detached meanwhile
+                continue
+            endpoint.answer_next()
+            if endpoint.waiting:
+                endpoints.append(endpoint)
+            if time.monotonic() >= deadline:
+                break
+        if endpoints:
+            self._schedule(self)
+
 
 class Management:
     """The operations by (type, operation), each with what it needs; plug-ins (HA) add their own with
-    `register`, where an operation needs `admin` unless it says otherwise."""
+    `register`, where an operation needs `admin` unless it says otherwise. A QUERY lists by `listings`."""
 
     def __init__(self, broker: ManagementHost) -> None:
         self.broker = broker
         self.access = broker.access
-        self.operations: dict[tuple[str, str], tuple[Operation, Needs, Shows | None]] = {}
+        self.operations: dict[tuple[str, str], tuple[Operation, Needs]] = {}
         # Operations a plug-in answers later, in place of the local ones for requests from a client (`answer`);
         # `handle` still applies the local one (what the plug-in itself asks for).
         self.deferred: dict[tuple[str, str], Deferred] = {}
+        self.turns = Turns(broker.schedule)
+        # Recent QUERYs' matches by (type, user, filter, body); dropped when anything is declared or deleted.
+        self._found: dict[tuple[str, str | None, str | None, str], _Found] = {}
         registry = broker.registry
-        names: Shows = lambda item: [item["name"]]
+        registry.observers.append(self)
         self.register("queue", "CREATE", self._create_queue, _create_queue_needs)
         self.register("queue", "DELETE", lambda name, body: (204, registry.delete(_name(name), "queue") and None),
                       _on_name(MANAGE))
         self.register("queue", "READ", lambda name, body: (200, self._node(name, "queue").info()), _on_name(SEE))
-        self.register("queue", "QUERY", lambda name, body: (200, [q.info() for q in registry.queues()]),
-                      _anyone, names)
         self.register("exchange", "CREATE", self._create_exchange, _on_name(MANAGE))
         self.register("exchange", "DELETE",
                       lambda name, body: (204, registry.delete(_name(name), "exchange") and None), _on_name(MANAGE))
         self.register("exchange", "READ", lambda name, body: (200, self._node(name, "exchange").info()),
                       _on_name(SEE))
-        self.register("exchange", "QUERY", lambda name, body: (200, [x.info() for x in registry.exchanges()]),
-                      _anyone, names)
         self.register("binding", "CREATE", self._bind, _binding_needs)
         self.register("binding", "DELETE", self._unbind, _binding_needs)
-        self.register("binding", "QUERY", self._query_bindings, _anyone,
-                      lambda binding: [binding["queue"], binding["exchange"]])
         self.register("broker", "READ", lambda name, body: (200, broker.status()))
+        by_name, info = attrgetter("name"), methodcaller("info")
+        self.listings: dict[str, Listing] = {
+            "queue": Listing(lambda body: registry.queues(), by_name, lambda q: (q.name,), info),
+            "exchange": Listing(lambda body: registry.exchanges(), by_name, lambda x: (x.name,), info),
+            "binding": Listing(self._bindings, lambda b: (b.exchange.name, b.queue.name, b.key),
+                               lambda b: (b.queue.name, b.exchange.name), info),
+        }
 
-    def register(self, type_: str, operation: str, handler: Operation, needs: Needs | None = None,
-                 shows: Shows | None = None) -> None:
-        self.operations[(type_, operation)] = (handler, needs or _admin(type_, operation), shows)
+    def register(self, type_: str, operation: str, handler: Operation, needs: Needs | None = None) -> None:
+        self.operations[(type_, operation)] = (handler, needs or _admin(type_, operation))
 
     def check_reply_to(self, user: str | None, address: str) -> None:
         """Answers go to a temporary queue (a dynamic receiver's: unguessable), or where the caller may send:
@@ -132,6 +214,7 @@ class Management:
     def endpoint(self, link: Link) -> "ManagementEndpoint":
         return ManagementEndpoint(self, link)
 
+    # -- answering -----------------------------------------------------------------------
     def answer(self, request: Message, user: str | None, respond: Callable[[Message], None]) -> None:
         """Answer a client's request through `respond`: at once, or once a deferred operation has its answer."""
         props: dict[Any, Any] = request.properties or {}
@@ -147,35 +230,80 @@ class Management:
         try:
             self._check(self.operations[key][1], name, args, user)
             deferred(name, args, user, reply)
-        except BrokerError as e:
-            reply(e.status, e.description, None)
-        except (TypeError, ValueError, KeyError) as e:
-            reply(400, f"bad request: {e}", None)
+        except Exception as e:  # noqa: BLE001 - whatever fails is answered, never raised into the pass
+            reply(*_failure(e), None)
 
     def handle(self, request: Message, user: str | None) -> Message:
-        """Apply a request here and answer it."""
-        props: dict[Any, Any] = request.properties or {}
-        operation, type_, name = props.get("operation"), props.get("type"), props.get("name")
-        found = self.operations.get((str(type_), str(operation)))
-        if found is None:
-            return _reply(request, 501, f"unknown operation {operation} on type {type_}", None)
-        handler, needs, shows = found
+        """Apply a request here and answer it; whatever fails is answered (a bug with 500), never raised."""
         try:
-            args = _args(request)
-            self._check(needs, name, args, user)
-            status, answer = handler(name, args)
-            if shows is not None:
-                answer = [item for item in answer
-                          if any(self.access.may(user, SEE, n) for n in shows(item))]
-            return _reply(request, status, "OK", answer)
-        except BrokerError as e:
-            return _reply(request, e.status, e.description, None)
-        except (TypeError, ValueError, KeyError) as e:
-            return _reply(request, 400, f"bad request: {e}", None)
+            status, answer, page = self._apply(request, user)
+        except Exception as e:  # noqa: BLE001
+            return _reply(request, *_failure(e), None)
+        return _reply(request, status, "OK", answer, page)
+
+    def _apply(self, request: Message, user: str | None) -> tuple[int, Any, dict[str, Any]]:
+        """(status, answer body, a QUERY's page properties)."""
+        props: dict[Any, Any] = request.properties or {}
+        operation, type_, name = props.get("operation"), str(props.get("type")), props.get("name")
+        args = _args(request)
+        if operation == "QUERY" and type_ in self.listings:
+            return self._query(type_, props, args, user)
+        found = self.operations.get((type_, str(operation)))
+        if found is None:
+            raise BrokerError(NOT_IMPLEMENTED, f"unknown operation {operation} on type {type_}")
+        handler, needs = found
+        self._check(needs, name, args, user)
+        status, answer = handler(name, args)
+        return status, answer, {}
 
     def _check(self, needs: Needs, name: str | None, args: dict[str, Any], user: str | None) -> None:
         for action, address in needs(name, args):
             self.access.check(user, action, address)
+
+    # -- QUERY ---------------------------------------------------------------------------
+    def _query(self, type_: str, props: dict[Any, Any], body: dict[str, Any],
+               user: str | None) -> tuple[int, list[dict[str, Any]], dict[str, Any]]:
+        """One page of what the caller may see and `filter` matches, from `after` (a page's `next`) and
+        `offset` on: its items, and `total`, `count` and (if more follow) `next` for the answer's properties."""
+        count = min(_whole(props, "count", PAGE), PAGE)
+        offset = _whole(props, "offset", 0)
+        pattern, after = _text(props, "filter"), _text(props, "after")
+        listing = self.listings[type_]
+        found = self._matching(type_, listing, user, pattern, body)
+        start = offset + (0 if after is None else bisect.bisect_right(found.keys, _cursor(after)))
+        page = _page(listing.info, found.items[start:start + count])
+        end = start + len(page)
+        properties: dict[str, Any] = {"total": len(found.items), "count": len(page)}
+        if page and end < len(found.items):
+            properties["next"] = json.dumps(found.keys[end - 1])
+        return 200, page, properties
+
+    def _matching(self, type_: str, listing: Listing, user: str | None, pattern: str | None,
+                  body: dict[str, Any]) -> _Found:
+        key = (type_, user, pattern, repr(sorted(body.items())))
+        found = self._found.get(key)
+        if found is None:
+            if len(self._found) >= LISTINGS_KEPT:
+                self._found.clear()
+            found = self._found[key] = self._list(listing, user, pattern, body)
+        return found
+
+    def _list(self, listing: Listing, user: str | None, pattern: str | None, body: dict[str, Any]) -> _Found:
+        """The listing's objects `user` may see and `pattern` (a glob) matches, in the order of their keys."""
+        items = list(listing.objects(body))
+        sees = None if self.access.may(user, ADMIN) else partial(self.access.may, user, SEE)
+        matches = None if pattern is None else re.compile(fnmatch.translate(pattern)).match
+        if sees is not None or matches is not None:
+            items = [item for item in items if _shown(listing.names(item), sees, matches)]
+        items.sort(key=listing.key)
+        return _Found([listing.key(item) for item in items], items)
+
+    def declared(self, node: Any) -> None:
+        """A registry observer: a node or binding came or went, so the kept matches are out of date."""
+        self._found.clear()
+
+    def deleted(self, node: Any) -> None:
+        self._found.clear()
 
     # -- operations ----------------------------------------------------------------------
     def _node(self, name: str | None, kind: str) -> Any:
@@ -209,12 +337,76 @@ class Management:
         self.broker.registry.unbind(exchange, queue, key)
         return 204, None
 
-    def _query_bindings(self, name: str | None, body: dict[str, Any]) -> tuple[int, Any]:
-        found = [b.info() for b in self.broker.registry.bindings()]
+    def _bindings(self, body: dict[str, Any]) -> list[Binding]:
+        """Every binding, or those of the body's `exchange` or `queue`."""
+        found = self.broker.registry.bindings()
         for field in ("exchange", "queue"):
             if field in body:
-                found = [b for b in found if b[field] == body[field]]
-        return 200, found
+                found = [b for b in found if getattr(b, field).name == body[field]]
+        return found
+
+
+def _failure(e: Exception) -> tuple[int, str]:
+    """How a request that raised is answered: a refusal as it says, a malformed request 400, a bug 500."""
+    if isinstance(e, BrokerError):
+        return e.status, e.description
+    if isinstance(e, (TypeError, ValueError, KeyError)):
+        return 400, f"bad request: {e}"
+    log.exception("management request failed")
+    return 500, f"internal error: {e!r}"
+
+
+def _whole(props: dict[Any, Any], key: str, default: int) -> int:
+    value = props.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise BrokerError(INVALID_FIELD, f"'{key}' must be a whole number >= 0, got {value!r}")
+    return int(value)
+
+
+def _text(props: dict[Any, Any], key: str) -> str | None:
+    value = props.get(key)
+    if value is not None and not isinstance(value, str):
+        raise BrokerError(INVALID_FIELD, f"'{key}' must be a string, got {value!r}")
+    return value
+
+
+def _cursor(after: str) -> Any:
+    """The key `after` names: it is the `next` of an earlier answer, the JSON of the last key it listed."""
+    try:
+        key = json.loads(after)
+    except ValueError:
+        key = None
+    if not isinstance(key, (str, list)):
+        raise BrokerError(INVALID_FIELD, f"'after' must be the 'next' of an earlier answer, got {after!r}")
+    return tuple(key) if isinstance(key, list) else key
+
+
+def _shown(names: tuple[str, ...], sees: Callable[[str], bool] | None,
+           matches: Callable[[str], Any] | None) -> bool:
+    return (sees is None or any(map(sees, names))) and (matches is None or any(map(matches, names)))
+
+
+def _page(info: Callable[[Any], dict[str, Any]], items: list[Any]) -> list[dict[str, Any]]:
+    """The items' attributes, as many as one message body holds (at least one: an answer that cannot be
+    encoded becomes a 500 saying so)."""
+    page: list[dict[str, Any]] = []
+    nodes = 1  # the list
+    for item in items:
+        attributes = info(item)
+        nodes += _nodes(attributes)
+        if page and nodes > BODY_NODES:
+            break
+        page.append(attributes)
+    return page
+
+
+def _nodes(value: Any) -> int:
+    """The pn_data nodes encoding `value` takes."""
+    if isinstance(value, dict):
+        return 1 + sum(_nodes(k) + _nodes(v) for k, v in value.items())
+    if isinstance(value, (list, tuple)):
+        return 1 + sum(map(_nodes, value))
+    return 1
 
 
 def _args(request: Message) -> dict[str, Any]:
@@ -222,9 +414,23 @@ def _args(request: Message) -> dict[str, Any]:
     return {str(k): v for k, v in body.items()}
 
 
-def _reply(request: Message, status: int, description: str, answer: Any) -> Message:
+def _reply(request: Message, status: int, description: str, answer: Any,
+           properties: dict[str, Any] | None = None) -> Message:
     return Message(answer, correlation_id=request.id if request.id is not None else request.correlation_id,
-                   address=request.reply_to, properties={"statusCode": status, "statusDescription": description})
+                   address=request.reply_to,
+                   properties={"statusCode": status, "statusDescription": description, **(properties or {})})
+
+
+def _encoded(reply: Message) -> bytes:
+    """The answer's bytes; if proton cannot encode it (DataException: over its 65,535 nodes), a 500 saying so."""
+    try:
+        return reply.encode()
+    except Exception as e:  # noqa: BLE001 - proton raises its own errors
+        log.warning("management answer to %s could not be encoded: %r", reply.address, e)
+        failed = Message(correlation_id=reply.correlation_id, address=reply.address,
+                         properties={"statusCode": 500,
+                                     "statusDescription": f"the answer could not be encoded: {e!r}"})
+        return failed.encode()
 
 
 def decode_request(link: Link, delivery: Any, data: bytes) -> Message | None:
@@ -239,33 +445,55 @@ def decode_request(link: Link, delivery: Any, data: bytes) -> Message | None:
 
 
 class ManagementEndpoint(LinkHandler):
-    """The link a client sends requests on; answers go to each request's reply-to address."""
+    """The link a client sends requests on; answers go to each request's reply-to address. Requests wait here
+    for their turn (Turns); the client holds WINDOW credit, one more granted as each is answered (or
+    rejected), so a burst costs the broker at most WINDOW requests buffered, never a long pass."""
 
     def __init__(self, management: Management, link: Link) -> None:
         self.management = management
         self.link = link
+        self.waiting: deque[tuple[Any, bytes, bool]] = deque()  # (delivery, its bytes, settled)
+        link.hold_credit()  # not a publisher's window: this one's
+        link.flow(WINDOW)
 
     def on_message(self, delivery: Any, data: bytes, settled: bool) -> None:
+        self.waiting.append((delivery, data, settled))
+        if len(self.waiting) == 1:
+            self.management.turns.add(self)
+
+    def on_detach(self) -> None:
+        self.waiting.clear()  # their deliveries went with the link
+
+    def answer_next(self) -> None:
+        """Answer the oldest waiting request, or reject it."""
+        delivery, data, settled = self.waiting.popleft()
         request = decode_request(self.link, delivery, data)
-        if request is None:
+        if request is None or not self._answerable(request, delivery):
+            self._refill()
             return
+        self.management.answer(request, self.link.conn.user, self._respond)
+        self.link.settle(delivery, 0 if settled else ACCEPTED)
+
+    def _answerable(self, request: Message, delivery: Any) -> bool:
+        """Whether the request's answer may go where it asks; if not, its delivery is rejected saying why."""
         if not request.reply_to:
             self.link.settle(delivery, REJECTED, INVALID_FIELD, "a management request needs reply-to")
-            return
-        user = self.link.conn.user
+            return False
         try:
-            self.management.check_reply_to(user, str(request.reply_to))
+            self.management.check_reply_to(self.link.conn.user, str(request.reply_to))
         except BrokerError as e:
             self.link.settle(delivery, REJECTED, e.condition, e.description)
-            return
-        self.management.answer(request, user, self._respond)
-        self.link.settle(delivery, 0 if settled else ACCEPTED)
+            return False
+        return True
 
     def _respond(self, reply: Message) -> None:
         try:
-            self.management.broker.deliver(str(reply.address), reply.encode())
+            self.management.broker.deliver(str(reply.address), _encoded(reply))
         except BrokerError as e:
             log.warning("management reply to %s not delivered: %s", reply.address, e.description)
+        self._refill()
 
-
-
+    def _refill(self) -> None:
+        """A request was answered (a deferred one maybe after the link has gone): the client may send one more."""
+        if not self.link.closed:
+            self.link.flow(1)

@@ -174,13 +174,16 @@ class HaCluster:
                            timeout=timeout)
 
     def queues(self, b: BrokerProcess) -> dict[str, dict[str, Any]]:
-        return {q["name"]: q for q in self.request(b, "QUERY", "queue") or []}
+        with self.admin(b) as client:  # every page of them
+            return {q["name"]: q for q in client.query("queue")}
 
     def exchanges(self, b: BrokerProcess) -> dict[str, dict[str, Any]]:
-        return {x["name"]: x for x in self.request(b, "QUERY", "exchange") or []}
+        with self.admin(b) as client:
+            return {x["name"]: x for x in client.query("exchange")}
 
     def bindings(self, b: BrokerProcess) -> list[dict[str, Any]]:
-        return list(self.request(b, "QUERY", "binding") or [])
+        with self.admin(b) as client:
+            return list(client.query("binding"))
 
     def depth(self, b: BrokerProcess, queue: str) -> int | None:
         q = self.queues(b).get(queue)
