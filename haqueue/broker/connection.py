@@ -284,7 +284,7 @@ class Connection:
         """Attach a link from this (outgoing) connection: the broker sends to, or receives from, address
         (receiving: with the source's filters, and browsing: what the shard relay passes on for a client;
         sending to a `coordinator`: a transaction controller)."""
-        link = Link.attach(self, self.proton.session, sender, address, name, properties, source_filters, browse,
+        link = Link.attach(self, self.proton.link_session(), sender, address, name, properties, source_filters, browse,
                            coordinator)
         link.handler = handler
         self.engine.links[link.addr] = link

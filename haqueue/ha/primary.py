@@ -124,9 +124,13 @@ class RemoteBackup:
             self.primary.broker.engine.call_later(0, self._judge)
 
     def caught_up(self, sub: ReplicatingSubscription) -> None:
+        """What a guard held for this backup on the queue, the backup received in catch-up."""
         guard = self.pending.pop(sub.queue.name, None)
-        if guard is not None:  # what the guard held, the backup received in catch-up
+        if guard is not None:
             guard.release()
+        expected = self.primary.expected.get(self.name)
+        if expected is not None:
+            expected.release_queue(sub.queue)
         self.changed()
 
     def _judge(self) -> None:

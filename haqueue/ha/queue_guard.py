@@ -19,7 +19,7 @@ from ..broker.queue import Entry, Queue
 class QueueGuard:
     def __init__(self, backup_name: str) -> None:
         self.backup_name = backup_name
-        self.held: list[Completion] = []
+        self.held: dict[Queue, list[Completion]] = {}  # by queue: publishes held for this backup
         self.queues: list[Queue] = []
         self.released = False
         # When the oldest publish it holds was held: its wait, not the guard's age, is what backup_timeout
@@ -39,7 +39,16 @@ class QueueGuard:
         completion.hold()
         if not self.held:
             self.held_since = time.monotonic()
-        self.held.append(completion)
+        self.held.setdefault(queue, []).append(completion)
+
+    def release_queue(self, queue: Queue) -> None:
+        """The backup has caught up on this queue (its subscription holds what comes next): let what was held
+        for it complete. At 10,000 queues a recovering primary waiting for the backup to have them all held
+        every publish for seconds."""
+        if self in queue.guards:
+            queue.guards.remove(self)
+        for completion in self.held.pop(queue, ()):
+            completion.release()
 
     def release(self) -> None:
         """The backup is ready (or given up on): let every held publish complete."""
@@ -49,6 +58,7 @@ class QueueGuard:
         for queue in self.queues:
             if self in queue.guards:
                 queue.guards.remove(self)
-        held, self.held = self.held, []
-        for completion in held:
-            completion.release()
+        held, self.held = self.held, {}
+        for completions in held.values():
+            for completion in completions:
+                completion.release()
