@@ -245,8 +245,8 @@ def _watching(args: argparse.Namespace) -> bool:
 
 def _stat(client: AdminClient, args: argparse.Namespace) -> None:
     from haqueue.admin_stat import run
-    run(lambda operation, type_: _call(client, operation, type_), args.interval, _watching(args), args.count,
-        _write, sys.stdout.isatty())
+    run(lambda operation, type_: list(client.query(type_)) if operation == "QUERY" else _call(client, operation, type_),
+        args.interval, _watching(args), args.count, _write, sys.stdout.isatty())
 
 
 def _write(text: str) -> None:

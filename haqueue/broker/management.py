@@ -21,6 +21,7 @@ from typing import Any, Callable, Iterable, NamedTuple, Protocol
 from proton import Message
 
 from .access import ADMIN, MANAGE, RECEIVE, SEE, SEND, Access
+from .codec import MAX_NODES, nodes
 from .errors import BrokerError, DECODE, INVALID_FIELD, NOT_FOUND, NOT_IMPLEMENTED, RESOURCE_LOCKED
 from .exchange import Binding
 from .proton_adapter import ACCEPTED, REJECTED, Link, LinkHandler
@@ -34,9 +35,6 @@ ADDRESS = "$management"
 # A QUERY answers at most PAGE items (fewer if its `count` says): 500 queues take 20-40 ms to make and encode,
 # which every other client's traffic waits for (proton encodes in Python, a value at a time).
 PAGE = 500
-# proton encodes a message's body in one pn_data of at most 65,535 nodes (a map, a list, each key and each
-# value is one): a page ends before its items would need more, whatever their arguments.
-BODY_NODES = 65_535
 # The credit a client holds on a $management link: requests it may have waiting, one more granted as each is
 # answered. It bounds what the broker buffers and decodes for one client (a publisher's window, up to 2,000).
 WINDOW = 100
@@ -390,23 +388,14 @@ def _page(info: Callable[[Any], dict[str, Any]], items: list[Any]) -> list[dict[
     """The items' attributes, as many as one message body holds (at least one: an answer that cannot be
     encoded becomes a 500 saying so)."""
     page: list[dict[str, Any]] = []
-    nodes = 1  # the list
+    used = 1  # the list
     for item in items:
         attributes = info(item)
-        nodes += _nodes(attributes)
-        if page and nodes > BODY_NODES:
+        used += nodes(attributes)
+        if page and used > MAX_NODES:  # a page ends before its items would need more, whatever their arguments
             break
         page.append(attributes)
     return page
-
-
-def _nodes(value: Any) -> int:
-    """The pn_data nodes encoding `value` takes."""
-    if isinstance(value, dict):
-        return 1 + sum(_nodes(k) + _nodes(v) for k, v in value.items())
-    if isinstance(value, (list, tuple)):
-        return 1 + sum(map(_nodes, value))
-    return 1
 
 
 def _args(request: Message) -> dict[str, Any]:

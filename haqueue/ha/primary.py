@@ -11,6 +11,7 @@ import logging
 import time
 from typing import TYPE_CHECKING, Any
 
+from ..broker.codec import nodes
 from ..broker.errors import BrokerError, NOT_ALLOWED, NOT_FOUND, RESOURCE_LIMIT
 from ..broker.exchange import Binding, Exchange
 from ..broker.proton_adapter import Link, LinkHandler
@@ -226,9 +227,9 @@ class Primary:
         head = {"event": "snapshot", "epoch": self.ha.epoch.epoch, "primary": self.broker.name,
                 "sync": self.ha.config.sync, "members": self.members()}
         parts = [head]
-        room = protocol.MESSAGE_NODES - protocol.nodes(head)
+        room = protocol.MESSAGE_NODES - nodes(head)
         for kind, description in objects:
-            size = protocol.nodes(description) + 1
+            size = nodes(description) + 1
             if size > room and len(parts[-1]) > 1:
                 parts.append({"event": "snapshot-part"})
                 room = protocol.MESSAGE_NODES

@@ -94,18 +94,9 @@ def encode_map(body: dict[str, Any]) -> bytes:
     return bytes(message.encode())
 
 
-# What one wiring message may hold: proton's codec counts each value (a map's keys, each item of a list) as a
-# node and holds at most 65,535 in one message; a snapshot of thousands of queues is sent in parts within this.
+# What one wiring message may hold, in codec values (broker/codec.py): a snapshot of thousands of queues is sent
+# in parts within this.
 MESSAGE_NODES: Final = 30_000
-
-
-def nodes(value: Any) -> int:
-    """The codec nodes `value` takes when encoded (a map: itself, each key and each value)."""
-    if isinstance(value, dict):
-        return 1 + sum(1 + nodes(v) for v in value.values())
-    if isinstance(value, (list, tuple)):
-        return 1 + sum(nodes(v) for v in value)
-    return 1
 
 
 def decode_map(data: bytes) -> dict[str, Any]:
