@@ -1,30 +1,21 @@
 """The `$management` node: request/response management of queues, exchanges, bindings and the
 broker itself (design/management.md). A cold path, so messages are decoded with proton's Message.
 
-At scale: a QUERY answers one page of what it matches, in the order of the items' keys (names), and
-says where the next page starts; requests wait at their link and are answered in turns at the end of
-each pass, within a time budget; a client holds a small window of credit for them."""
+At scale: a QUERY answers one page of what it matches (query_pages.py); requests wait at their link, where a
+client holds a small window of credit for them, and are answered in turns (management_turns.py)."""
 from __future__ import annotations
 
-import bisect
-import fnmatch
-import json
 import logging
-import re
-import time
 from collections import deque
-from dataclasses import dataclass
-from functools import partial
-from operator import attrgetter, methodcaller
-from typing import Any, Callable, Iterable, NamedTuple, Protocol
+from typing import Any, Callable, Protocol
 
 from proton import Message
 
 from .access import ADMIN, MANAGE, RECEIVE, SEE, SEND, Access
-from .codec import MAX_NODES, nodes
 from .errors import BrokerError, DECODE, INVALID_FIELD, NOT_FOUND, NOT_IMPLEMENTED, RESOURCE_LOCKED
-from .exchange import Binding
+from .management_turns import Turns
 from .proton_adapter import ACCEPTED, REJECTED, Link, LinkHandler
+from .query_pages import Listings
 from .queue import Queue
 from .registry import Registry
 
@@ -32,17 +23,9 @@ log = logging.getLogger("haqueue.management")
 
 ADDRESS = "$management"
 
-# A QUERY answers at most PAGE items (fewer if its `count` says): 500 queues take 20-40 ms to make and encode,
-# which every other client's traffic waits for (proton encodes in Python, a value at a time).
-PAGE = 500
 # The credit a client holds on a $management link: requests it may have waiting, one more granted as each is
 # answered. It bounds what the broker buffers and decodes for one client (a publisher's window, up to 2,000).
 WINDOW = 100
-# Seconds of each pass spent answering waiting requests (at least one): a burst waits for later passes.
-PASS_BUDGET = 0.01
-# The matching items of this many recent QUERYs are kept (until anything is declared or deleted), so paging
-# through 100,000 queues sorts them once, not once per page.
-LISTINGS_KEPT = 4
 
 # (name, request body) -> (status code, answer body)
 Operation = Callable[[str | None, dict[str, Any]], tuple[int, Any]]
@@ -94,25 +77,6 @@ def _binding_needs(name: str | None, body: dict[str, Any]) -> list[tuple[str, st
     return [(MANAGE, queue), (RECEIVE, exchange)]
 
 
-@dataclass(frozen=True)
-class Listing:
-    """What a QUERY of one type lists: its objects (the request's body may narrow them), each one's key (unique:
-    the order of the answer, and where a page starts), the names it concerns (the caller sees an object if it
-    may SEE one of them, and a `filter` matches if one of them does) and its attributes."""
-
-    objects: Callable[[dict[str, Any]], Iterable[Any]]
-    key: Callable[[Any], Any]
-    names: Callable[[Any], tuple[str, ...]]
-    info: Callable[[Any], dict[str, Any]]
-
-
-class _Found(NamedTuple):
-    """What one QUERY matches, in the order of `keys` (each item's)."""
-
-    keys: list[Any]
-    items: list[Any]
-
-
 class ManagementHost(Protocol):
     """What the management node needs of the broker (server.Broker)."""
 
@@ -129,43 +93,10 @@ class ManagementHost(Protocol):
         """Call item.dispatch() at the end of this pass."""
 
 
-class Turns:
-    """The endpoints with requests waiting, in the order their turns come: at the end of each pass
-    (broker.schedule), each answers one request per round, for PASS_BUDGET (at least one request); what is
-    left waits for the next pass, after the sockets. An endpoint whose request is its only one goes first,
-    one with more after its turn goes last: a client's burst takes one turn a round, and another client's
-    request (a health check's ping) waits for at most one of the burst's."""
-
-    deleted = False  # never: what broker.schedule asks before calling dispatch
-
-    def __init__(self, schedule: Callable[[Any], None]) -> None:
-        self._schedule = schedule
-        self._endpoints: deque[ManagementEndpoint] = deque()
-
-    def add(self, endpoint: "ManagementEndpoint") -> None:
-        """`endpoint` has a request waiting now, and had none."""
-        self._endpoints.appendleft(endpoint)
-        self._schedule(self)
-
-    def dispatch(self) -> None:
-        deadline = time.monotonic() + PASS_BUDGET
-        endpoints = self._endpoints
-        while endpoints:
-            endpoint = endpoints.popleft()
-            if not endpoint.waiting:  # detached meanwhile
-                continue
-            endpoint.answer_next()
-            if endpoint.waiting:
-                endpoints.append(endpoint)
-            if time.monotonic() >= deadline:
-                break
-        if endpoints:
-            self._schedule(self)
-
-
 class Management:
     """The operations by (type, operation), each with what it needs; plug-ins (HA) add their own with
-    `register`, where an operation needs `admin` unless it says otherwise. A QUERY lists by `listings`."""
+    `register`, where an operation needs `admin` unless it says otherwise. A QUERY lists by `queries.listings`, a page
+    at a time (`queries`)."""
 
     def __init__(self, broker: ManagementHost) -> None:
         self.broker = broker
@@ -175,10 +106,9 @@ class Management:
         # `handle` still applies the local one (what the plug-in itself asks for).
         self.deferred: dict[tuple[str, str], Deferred] = {}
         self.turns = Turns(broker.schedule)
-        # Recent QUERYs' matches by (type, user, filter, body); dropped when anything is declared or deleted.
-        self._found: dict[tuple[str, str | None, str | None, str], _Found] = {}
         registry = broker.registry
-        registry.observers.append(self)
+        self.queries = Listings(registry, self.access)
+        # What a QUERY of each type lists, by the name permissions.md gives it (the same dict)
         self.register("queue", "CREATE", self._create_queue, _create_queue_needs)
         self.register("queue", "DELETE", lambda name, body: (204, registry.delete(_name(name), "queue") and None),
                       _on_name(MANAGE))
@@ -191,13 +121,6 @@ class Management:
         self.register("binding", "CREATE", self._bind, _binding_needs)
         self.register("binding", "DELETE", self._unbind, _binding_needs)
         self.register("broker", "READ", lambda name, body: (200, broker.status()))
-        by_name, info = attrgetter("name"), methodcaller("info")
-        self.listings: dict[str, Listing] = {
-            "queue": Listing(lambda body: registry.queues(), by_name, lambda q: (q.name,), info),
-            "exchange": Listing(lambda body: registry.exchanges(), by_name, lambda x: (x.name,), info),
-            "binding": Listing(self._bindings, lambda b: (b.exchange.name, b.queue.name, b.key),
-                               lambda b: (b.queue.name, b.exchange.name), info),
-        }
 
     def register(self, type_: str, operation: str, handler: Operation, needs: Needs | None = None) -> None:
         self.operations[(type_, operation)] = (handler, needs or _admin(type_, operation))
@@ -244,8 +167,8 @@ class Management:
         props: dict[Any, Any] = request.properties or {}
         operation, type_, name = props.get("operation"), str(props.get("type")), props.get("name")
         args = _args(request)
-        if operation == "QUERY" and type_ in self.listings:
-            return self._query(type_, props, args, user)
+        if operation == "QUERY" and type_ in self.queries.listings:
+            return self.queries.query(type_, props, args, user)
         found = self.operations.get((type_, str(operation)))
         if found is None:
             raise BrokerError(NOT_IMPLEMENTED, f"unknown operation {operation} on type {type_}")
@@ -257,51 +180,6 @@ class Management:
     def _check(self, needs: Needs, name: str | None, args: dict[str, Any], user: str | None) -> None:
         for action, address in needs(name, args):
             self.access.check(user, action, address)
-
-    # -- QUERY ---------------------------------------------------------------------------
-    def _query(self, type_: str, props: dict[Any, Any], body: dict[str, Any],
-               user: str | None) -> tuple[int, list[dict[str, Any]], dict[str, Any]]:
-        """One page of what the caller may see and `filter` matches, from `after` (a page's `next`) and
-        `offset` on: its items, and `total`, `count` and (if more follow) `next` for the answer's properties."""
-        count = min(_whole(props, "count", PAGE), PAGE)
-        offset = _whole(props, "offset", 0)
-        pattern, after = _text(props, "filter"), _text(props, "after")
-        listing = self.listings[type_]
-        found = self._matching(type_, listing, user, pattern, body)
-        start = offset + (0 if after is None else bisect.bisect_right(found.keys, _cursor(after)))
-        page = _page(listing.info, found.items[start:start + count])
-        end = start + len(page)
-        properties: dict[str, Any] = {"total": len(found.items), "count": len(page)}
-        if page and end < len(found.items):
-            properties["next"] = json.dumps(found.keys[end - 1])
-        return 200, page, properties
-
-    def _matching(self, type_: str, listing: Listing, user: str | None, pattern: str | None,
-                  body: dict[str, Any]) -> _Found:
-        key = (type_, user, pattern, repr(sorted(body.items())))
-        found = self._found.get(key)
-        if found is None:
-            if len(self._found) >= LISTINGS_KEPT:
-                self._found.clear()
-            found = self._found[key] = self._list(listing, user, pattern, body)
-        return found
-
-    def _list(self, listing: Listing, user: str | None, pattern: str | None, body: dict[str, Any]) -> _Found:
-        """The listing's objects `user` may see and `pattern` (a glob) matches, in the order of their keys."""
-        items = list(listing.objects(body))
-        sees = None if self.access.may(user, ADMIN) else partial(self.access.may, user, SEE)
-        matches = None if pattern is None else re.compile(fnmatch.translate(pattern)).match
-        if sees is not None or matches is not None:
-            items = [item for item in items if _shown(listing.names(item), sees, matches)]
-        items.sort(key=listing.key)
-        return _Found([listing.key(item) for item in items], items)
-
-    def declared(self, node: Any) -> None:
-        """A registry observer: a node or binding came or went, so the kept matches are out of date."""
-        self._found.clear()
-
-    def deleted(self, node: Any) -> None:
-        self._found.clear()
 
     # -- operations ----------------------------------------------------------------------
     def _node(self, name: str | None, kind: str) -> Any:
@@ -335,14 +213,6 @@ class Management:
         self.broker.registry.unbind(exchange, queue, key)
         return 204, None
 
-    def _bindings(self, body: dict[str, Any]) -> list[Binding]:
-        """Every binding, or those of the body's `exchange` or `queue`."""
-        found = self.broker.registry.bindings()
-        for field in ("exchange", "queue"):
-            if field in body:
-                found = [b for b in found if getattr(b, field).name == body[field]]
-        return found
-
 
 def _failure(e: Exception) -> tuple[int, str]:
     """How a request that raised is answered: a refusal as it says, a malformed request 400, a bug 500."""
@@ -352,50 +222,6 @@ def _failure(e: Exception) -> tuple[int, str]:
         return 400, f"bad request: {e}"
     log.exception("management request failed")
     return 500, f"internal error: {e!r}"
-
-
-def _whole(props: dict[Any, Any], key: str, default: int) -> int:
-    value = props.get(key, default)
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise BrokerError(INVALID_FIELD, f"'{key}' must be a whole number >= 0, got {value!r}")
-    return int(value)
-
-
-def _text(props: dict[Any, Any], key: str) -> str | None:
-    value = props.get(key)
-    if value is not None and not isinstance(value, str):
-        raise BrokerError(INVALID_FIELD, f"'{key}' must be a string, got {value!r}")
-    return value
-
-
-def _cursor(after: str) -> Any:
-    """The key `after` names: it is the `next` of an earlier answer, the JSON of the last key it listed."""
-    try:
-        key = json.loads(after)
-    except ValueError:
-        key = None
-    if not isinstance(key, (str, list)):
-        raise BrokerError(INVALID_FIELD, f"'after' must be the 'next' of an earlier answer, got {after!r}")
-    return tuple(key) if isinstance(key, list) else key
-
-
-def _shown(names: tuple[str, ...], sees: Callable[[str], bool] | None,
-           matches: Callable[[str], Any] | None) -> bool:
-    return (sees is None or any(map(sees, names))) and (matches is None or any(map(matches, names)))
-
-
-def _page(info: Callable[[Any], dict[str, Any]], items: list[Any]) -> list[dict[str, Any]]:
-    """The items' attributes, as many as one message body holds (at least one: an answer that cannot be
-    encoded becomes a 500 saying so)."""
-    page: list[dict[str, Any]] = []
-    used = 1  # the list
-    for item in items:
-        attributes = info(item)
-        used += nodes(attributes)
-        if page and used > MAX_NODES:  # a page ends before its items would need more, whatever their arguments
-            break
-        page.append(attributes)
-    return page
 
 
 def _args(request: Message) -> dict[str, Any]:

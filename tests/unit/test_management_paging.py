@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from proton import Message
 
-from haqueue.broker import management
+from haqueue.broker import management, query_pages
 from haqueue.broker.server import Broker
 from haqueue.config import ANONYMOUS_USER, AllowConfig, BrokerConfig, UserConfig
 
@@ -45,9 +45,9 @@ def _pages(broker: Broker, **paging: Any) -> list[list[str]]:
 def test_a_query_without_paging_answers_the_first_page_and_says_what_follows(tmp_path) -> None:
     broker = _broker(tmp_path, 1200)
     reply = _query(broker)
-    assert len(reply.body) == management.PAGE
-    assert [q["name"] for q in reply.body] == [f"q-{i:05d}" for i in range(management.PAGE)]
-    assert (reply.properties["total"], reply.properties["count"]) == (1200, management.PAGE)
+    assert len(reply.body) == query_pages.PAGE
+    assert [q["name"] for q in reply.body] == [f"q-{i:05d}" for i in range(query_pages.PAGE)]
+    assert (reply.properties["total"], reply.properties["count"]) == (1200, query_pages.PAGE)
     assert reply.properties["next"]
     reply.encode()
 
@@ -61,7 +61,7 @@ def test_pages_are_disjoint_complete_and_in_name_order(tmp_path) -> None:
 
 def test_count_is_capped_and_offset_skips(tmp_path) -> None:
     broker = _broker(tmp_path, 1500)
-    assert len(_query(broker, count=5000).body) == management.PAGE
+    assert len(_query(broker, count=5000).body) == query_pages.PAGE
     reply = _query(broker, offset=1495, count=10)
     assert [q["name"] for q in reply.body] == [f"q-{i:05d}" for i in range(1495, 1500)]
     assert "next" not in reply.properties
