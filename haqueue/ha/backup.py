@@ -9,19 +9,20 @@ and on disk (`$ha.report`).
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any
+import ssl
+from typing import Any, Callable, ContextManager, Protocol
 
 from ..broker.connection import Connection
 from ..broker.proton_adapter import LinkHandler
 from ..broker.queue import Queue
+from ..broker.registry import Registry
+from ..broker.server import Broker, Durability
+from ..config import HaConfig, ListenerConfig
 from . import protocol
 from .queue_replicator import QueueReplicator
 from .transaction_replicator import TransactionReplicator
-from .role import CATCHUP, JOINING, OUTSIDE, READY, WAS_READY
+from .role import CATCHUP, JOINING, OUTSIDE, READY, WAS_READY, EpochStore
 from .wiring_replicator import WiringReplicator
-
-if TYPE_CHECKING:
-    from .ha_broker import HaBroker
 
 log = logging.getLogger("haqueue.ha.backup")
 
@@ -31,8 +32,22 @@ REFUSED_RETRY = 1.0  # seconds before a queue link the primary refused is attach
 HEARTBEAT = 2.0  # idle timeout on the link to the primary: a hung primary is noticed within it
 
 
+class BackupHost(Protocol):
+    """What a backup needs of the HaBroker that runs it (ha_broker.HaBroker): it never imports it."""
+
+    broker: Broker
+    config: HaConfig
+    config_address: ListenerConfig | None  # this broker's listener in ha.brokers, if it has one
+    client_tls: ssl.SSLContext | None  # for its connections to its peers (ha.tls)
+    epoch: EpochStore
+    replication_hooks: list[Callable[[Queue, bytes, int, int, bytes], None]]
+
+    def hold_epoch(self, epoch: int) -> None:
+        """This broker follows the primary of `epoch` (persisted)."""
+
+
 class Backup:
-    def __init__(self, ha: "HaBroker") -> None:
+    def __init__(self, ha: BackupHost) -> None:
         self.ha = ha
         self.state = JOINING
         self.conn: Connection | None = None
@@ -64,6 +79,26 @@ class Backup:
     @property
     def tried_every_peer(self) -> bool:
         return len(self._tried) >= len(self.candidates)
+
+    # -- what its replicators need of the broker (ReplicaHost, WiringHost, CommitHost) -----------
+    @property
+    def registry(self) -> Registry:
+        return self.ha.broker.registry
+
+    @property
+    def durability(self) -> Durability | None:
+        return self.ha.broker.durability
+
+    @property
+    def replication_hooks(self) -> list[Callable[[Queue, bytes, int, int, bytes], None]]:
+        return self.ha.replication_hooks
+
+    def atomically(self) -> ContextManager[None]:
+        return self.ha.broker.atomically()
+
+    def link_properties(self) -> dict[str, Any]:
+        """What this backup says of itself on each link it attaches: its name, the highest epoch it has seen."""
+        return {protocol.BROKER: self.ha.broker.name, protocol.EPOCH: self.ha.epoch.epoch}
 
     # -- finding the primary -----------------------------------------------------------------
     def _connect(self) -> None:
@@ -99,8 +134,7 @@ class Backup:
         self.peer_states[conn.peer] = str(props.get(protocol.STATE) or JOINING)
         self.wiring = WiringReplicator(self)
         self.wiring.link = conn.open_link(False, protocol.WIRING, protocol.WIRING, self.wiring, credit=1000,
-                                          properties={protocol.BROKER: self.ha.broker.name,
-                                                      protocol.EPOCH: self.ha.epoch.epoch})
+                                          properties=self.link_properties())
 
     def on_closed(self, conn: Connection, reason: str) -> None:
         if conn is not self.conn:
@@ -258,10 +292,8 @@ class Reporter(LinkHandler):
 
     def __init__(self, backup: Backup, conn: Connection) -> None:
         self.backup = backup
-        ha = backup.ha
-        self.link = conn.open_link(True, protocol.REPORT, protocol.REPORT, self, properties={
-            protocol.BROKER: ha.broker.name, protocol.EPOCH: ha.epoch.epoch})
-        ha.broker.engine.call_later(0, self._report)
+        self.link = conn.open_link(True, protocol.REPORT, protocol.REPORT, self, properties=backup.link_properties())
+        backup.ha.broker.engine.call_later(0, self._report)
 
     def _report(self) -> None:
         if self.link.closed:

@@ -9,24 +9,39 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from ..broker.codec import nodes
 from ..broker.errors import BrokerError, NOT_ALLOWED, NOT_FOUND, RESOURCE_LIMIT
 from ..broker.exchange import Binding, Exchange
 from ..broker.proton_adapter import Link, LinkHandler
 from ..broker.queue import Queue
+from ..broker.server import Broker
+from ..config import HaConfig
 from . import protocol
+from .policy import Policy
 from .queue_guard import QueueGuard
 from .quorum import Quorums, from_disk, is_quorum
 from .replicating_subscription import ReplicatingSubscription
-from .role import ACTIVE, CATCHUP, READY, RECOVERING
+from .role import ACTIVE, CATCHUP, READY, RECOVERING, EpochStore
 from .test_hooks import link_refused
 
-if TYPE_CHECKING:
-    from .ha_broker import HaBroker
-
 log = logging.getLogger("haqueue.ha.primary")
+
+
+class PrimaryHost(Protocol):
+    """What the primary needs of the HaBroker that runs it (ha_broker.HaBroker): it never imports it."""
+
+    broker: Broker
+    config: HaConfig
+    policy: Policy
+    epoch: EpochStore
+
+    def fence(self, reason: str, at_once: bool = False) -> None:
+        """A newer primary exists: stop serving and start again as a backup."""
+
+    def context_changing(self) -> None:
+        """Call the context hooks: the backups ready for a queue are about to change."""
 
 
 def describe(node: Queue | Exchange | Binding, level: str) -> dict[str, Any]:
@@ -83,10 +98,16 @@ class BackupCounters:
 
 
 class RemoteBackup:
+    """The primary's view of one backup; its ReplicatingSubscriptions' host (SubscriptionHost)."""
+
     def __init__(self, primary: "Primary", name: str) -> None:
         self.primary = primary
         self.name = name
         self.counters = primary.counters.setdefault(name, BackupCounters())
+        # The broker's own, for its subscriptions on their per-message paths: bound here, so a call costs them
+        # no more than it did when they reached the broker through the primary.
+        self.schedule = primary.broker.schedule  # dispatch a subscription at the end of this pass
+        self.call_later = primary.broker.engine.call_later
         self.wiring: WiringSubscription | None = None
         self.subscriptions: dict[str, ReplicatingSubscription] = {}
         self.state = CATCHUP
@@ -117,12 +138,19 @@ class RemoteBackup:
         oldest = [sent for sub in self.subscriptions.values() if (sent := sub.oldest_unconfirmed())]
         return now - min(oldest) if oldest else 0.0
 
+    @property
+    def quorums(self) -> Quorums | None:
+        return self.primary.quorums
+
+    def context_changing(self) -> None:
+        self.primary.ha.context_changing()
+
     def changed(self) -> None:
         """Re-judge readiness at the end of this pass: at thousands of queues, a judgement on each event (each
         queue declared, each queue caught up) was quadratic."""
         if not self._judging:
             self._judging = True
-            self.primary.broker.engine.call_later(0, self._judge)
+            self.call_later(0, self._judge)
 
     def caught_up(self, sub: ReplicatingSubscription) -> None:
         """What a guard held for this backup on the queue, the backup received in catch-up."""
@@ -192,7 +220,7 @@ class RemoteBackup:
 
 
 class Primary:
-    def __init__(self, ha: "HaBroker", expected: set[str]) -> None:
+    def __init__(self, ha: PrimaryHost, expected: set[str]) -> None:
         self.ha = ha
         self.broker = ha.broker
         self.backups: dict[str, RemoteBackup] = {}

@@ -9,26 +9,47 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from typing import Any, Final, TYPE_CHECKING
+from typing import Any, Callable, Final, Protocol
 
 from ..broker.completion import Completion
 from ..broker.connection import Connection
 from ..broker.message import ttl_ms
 from ..broker.proton_adapter import ACCEPTED, Link, LinkHandler
 from ..broker.queue import Entry, Queue, seq_ranges
+from ..broker.server import Durability
 from . import protocol
 from .test_hooks import replica_to_drop
-
-if TYPE_CHECKING:
-    from .backup import Backup
+from .transaction_replicator import TransactionReplicator
 
 # The link's first credit; the engine then sizes its window to the transfers' bytes (16 MiB of them, at
 # most 2,000): credit for 2,000 messages of 1 MB let a primary copy 2 GB into proton for one backup.
 _FIRST_CREDIT: Final = 10
 
 
+class ReplicaHost(Protocol):
+    """What a QueueReplicator needs of the backup that runs it (backup.Backup): it never imports the backup."""
+
+    acquired: dict[str, set[int]]  # queue -> seqs a consumer held on the primary; outlives the link
+    applied: int  # replication transfers applied
+    from_disk: bool  # confirm from the journal's disk, not from memory
+    transactions: TransactionReplicator
+
+    @property
+    def replication_hooks(self) -> list[Callable[[Queue, bytes, int, int, bytes], None]]: ...
+
+    @property
+    def durability(self) -> Durability | None: ...
+
+    def link_properties(self) -> dict[str, Any]:
+        """What the backup says of itself on each link it attaches (its name, the highest epoch it has seen)."""
+
+    def caught_up(self, replicator: QueueReplicator) -> None: ...
+
+    def replicator_refused(self, replicator: QueueReplicator, error: str) -> None: ...
+
+
 class QueueReplicator(LinkHandler):
-    def __init__(self, backup: "Backup", queue: Queue, conn: Connection) -> None:
+    def __init__(self, backup: ReplicaHost, queue: Queue, conn: Connection) -> None:
         self.backup = backup
         self.queue = queue
         self.catchup: dict[int, Entry] = {}  # received in catch-up, not merged yet
@@ -41,13 +62,12 @@ class QueueReplicator(LinkHandler):
         # The first and last seqs catch-up delivered, in arrival order: status shows it is newest first.
         self.catchup_first: list[int] = []
         self.catchup_last: deque[int] = deque(maxlen=5)
-        self.hooks = backup.ha.replication_hooks
+        self.hooks = backup.replication_hooks
         self.drop_at = replica_to_drop(queue.name)  # 0 unless a test planted a loss (test_hooks.py)
         have = seq_ranges(queue.live_seqs())  # paged ones included, without reading them back
         address = f"{protocol.QUEUE}/{queue.name}"
         self.link: Link = conn.open_link(False, address, address, self, credit=_FIRST_CREDIT, properties={
-            protocol.BROKER: backup.ha.broker.name, protocol.EPOCH: backup.ha.epoch.epoch,
-            protocol.UID: queue.uid, protocol.HAVE: protocol.flatten(have)})
+            **backup.link_properties(), protocol.UID: queue.uid, protocol.HAVE: protocol.flatten(have)})
 
     def on_message(self, delivery: Any, data: bytes, settled: bool) -> None:
         kind, seq, enqueued_us = protocol.read_tag(Link.tag(delivery))
@@ -76,7 +96,7 @@ class QueueReplicator(LinkHandler):
             self.merge()
             self.caught_up = True
             self.backup.caught_up(self)
-            durability = self.backup.ha.broker.durability
+            durability = self.backup.durability
             if self.backup.from_disk and durability is not None:  # the catch-up, merged, is on disk
                 durability.after_sync(lambda: self.settle(delivery))
                 return

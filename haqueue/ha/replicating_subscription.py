@@ -18,20 +18,51 @@ from __future__ import annotations
 import bisect
 import time
 from collections import deque
-from typing import Any, Final, TYPE_CHECKING
+from typing import Any, Callable, Final, Protocol
 
 from ..broker.completion import Completion
 from ..broker.proton_adapter import ACCEPTED, Link, LinkHandler
 from ..broker.queue import DEQUEUED, Entry, Queue, seq_ranges
 from . import protocol
+from .quorum import Quorums
 from .test_hooks import caught_up_held
-
-if TYPE_CHECKING:
-    from .primary import RemoteBackup
 
 BATCH_BYTES: Final = 32 * 1024  # message bytes per live transfer at most: one frame, which the backup reads whole
 EVENT_DELAY: Final = 0.005  # seconds acquire/dequeue events may wait for a live enqueue to ride with
 _CATCHUP_PER_PASS: Final = 500  # catch-up transfers per pass, so live traffic and IO interleave (2000 gave live p99 19 ms)
+
+
+class Confirmations(Protocol):
+    """A backup's totals (primary.BackupCounters): what it confirmed."""
+
+    confirmed: int
+
+
+class SubscriptionHost(Protocol):
+    """What a ReplicatingSubscription needs of the backup it serves (primary.RemoteBackup): it never imports the
+    primary."""
+
+    @property
+    def counters(self) -> Confirmations: ...
+
+    @property
+    def quorums(self) -> Quorums | None:
+        """Under a quorum sync mode, the primary's votes; None otherwise."""
+
+    def schedule(self, sub: ReplicatingSubscription) -> None:
+        """Call sub.dispatch() at the end of this pass."""
+
+    def call_later(self, delay: float, callback: Callable[[], None]) -> None: ...
+
+    def context_changing(self) -> None:
+        """The backups ready for a queue are about to change (the audit log writes what it buffered)."""
+
+    def caught_up(self, sub: ReplicatingSubscription) -> None: ...
+
+    def subscription_closed(self, sub: ReplicatingSubscription) -> None: ...
+
+    def drop(self, reason: str) -> None:
+        """Drop the backup: release its holds, close its connection."""
 
 
 def _in_runs(starts: list[int], runs: list[tuple[int, int]], seq: int) -> bool:
@@ -56,7 +87,7 @@ def _missing(runs: list[tuple[int, int]], live: list[int]) -> list[tuple[int, in
 
 
 class ReplicatingSubscription(LinkHandler):
-    def __init__(self, backup: "RemoteBackup", link: Link, queue: Queue, have: list[tuple[int, int]]) -> None:
+    def __init__(self, backup: SubscriptionHost, link: Link, queue: Queue, have: list[tuple[int, int]]) -> None:
         self.backup = backup
         self.link = link
         self.queue = queue
@@ -89,11 +120,11 @@ class ReplicatingSubscription(LinkHandler):
         gone = _missing(have, [e.seq for e in live])
         if gone:  # the backup holds messages the primary no longer has
             self.link.send(protocol.encode_ranges(gone), settled=True, tag=protocol.message_tag(protocol.DEQUEUE, 0, 0))
-        self.quorums = backup.primary.quorums  # under a quorum mode this backup votes instead of holding
+        self.quorums = backup.quorums  # under a quorum mode this backup votes instead of holding
         if self.quorums is None:
             queue.guards.append(self)
         queue.observers.append(self)
-        self.backup.primary.broker.schedule(self)
+        self.backup.schedule(self)
 
     @property
     def deleted(self) -> bool:
@@ -111,7 +142,7 @@ class ReplicatingSubscription(LinkHandler):
 
     def enqueued(self, queue: Queue, entry: Entry) -> None:
         if not self.pending:
-            self.backup.primary.broker.schedule(self)
+            self.backup.schedule(self)
         self.pending.append(entry)
         if self.txn:
             self.txn_parts.setdefault(self.txn, []).append(entry.seq)
@@ -149,12 +180,12 @@ class ReplicatingSubscription(LinkHandler):
         moderate rates that saves the backup a wakeup per event, and nothing waits on them."""
         if not self._events_timer:
             self._events_timer = True
-            self.backup.primary.broker.engine.call_later(EVENT_DELAY, self._events_timeout)
+            self.backup.call_later(EVENT_DELAY, self._events_timeout)
 
     def _events_timeout(self) -> None:
         self._events_timer = False
         if (self.dequeued_seqs or self.acquired_seqs) and not self.closed:
-            self.backup.primary.broker.schedule(self)
+            self.backup.schedule(self)
 
     # -- sending -------------------------------------------------------------------------------
     def _send_live(self, credit: int) -> int:
@@ -253,11 +284,11 @@ class ReplicatingSubscription(LinkHandler):
             self.marker_sent = True
             self.marker = link.send(b"", tag=protocol.message_tag(protocol.CAUGHT_UP, 0, 0))
         if catchup and credit:
-            self.backup.primary.broker.schedule(self)  # more next pass, after IO
+            self.backup.schedule(self)  # more next pass, after IO
 
     # -- link events ---------------------------------------------------------------------------
     def on_credit(self) -> None:
-        self.backup.primary.broker.schedule(self)
+        self.backup.schedule(self)
 
     def on_outcome(self, delivery: Any, outcome: int, failed: bool, undeliverable: bool) -> None:
         seqs = self.deliveries.pop(delivery, None)
@@ -275,7 +306,7 @@ class ReplicatingSubscription(LinkHandler):
                 elif quorums is not None:
                     quorums.vote(self.queue, seq)
         elif self.marker_sent and not self.caught_up and delivery == self.marker:
-            self.backup.primary.ha.context_changing()
+            self.backup.context_changing()
             self.caught_up = True
             if self.quorums is not None:
                 self.quorums.caught_up(self.queue, self.first_live)
@@ -303,7 +334,7 @@ class ReplicatingSubscription(LinkHandler):
         if self.closed:
             return
         if self.caught_up:
-            self.backup.primary.ha.context_changing()
+            self.backup.context_changing()
         self.closed = True
         queue = self.queue
         if self in queue.guards:

@@ -12,16 +12,40 @@ is sent again, as ordinary messages, what the primary did commit.
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import Any, Callable, ContextManager, Protocol
 
 from ..broker.queue import Entry, Queue, seq_ranges
+from ..broker.server import Durability
 from . import protocol
 
-if TYPE_CHECKING:
-    from .backup import Backup
-    from .queue_replicator import QueueReplicator
-
 log = logging.getLogger("haqueue.ha.transactions")
+
+
+class CommitHost(Protocol):
+    """What the TransactionReplicator needs of the backup that runs it (backup.Backup): it never imports the
+    backup."""
+
+    from_disk: bool  # settle from the journal's disk, not from memory
+
+    @property
+    def replication_hooks(self) -> list[Callable[[Queue, bytes, int, int, bytes], None]]: ...
+
+    @property
+    def durability(self) -> Durability | None: ...
+
+    def atomically(self) -> ContextManager[None]:
+        """What is journalled within is recovered whole or not at all."""
+
+
+class ReplicaLink(Protocol):
+    """What it uses of a queue's replication link (queue_replicator.QueueReplicator): its queue, applying the
+    commit's dequeues there, and settling the commit's marker."""
+
+    queue: Queue
+
+    def apply_dequeues(self, runs: list[tuple[int, int]]) -> None: ...
+
+    def settle(self, delivery: Any) -> None: ...
 
 
 class _Commit:
@@ -31,20 +55,20 @@ class _Commit:
         self.expected: set[str] | None = None  # every queue of the commit, as its first marker says
         self.arrived: set[str] = set()
         self.entries: list[tuple[Queue, Entry]] = []
-        self.dequeues: list[tuple["QueueReplicator", list[int]]] = []
-        self.markers: list[tuple["QueueReplicator", Any]] = []  # to settle once it is applied
+        self.dequeues: list[tuple[ReplicaLink, list[int]]] = []
+        self.markers: list[tuple[ReplicaLink, Any]] = []  # to settle once it is applied
 
 
 class TransactionReplicator:
-    def __init__(self, backup: "Backup") -> None:
+    def __init__(self, backup: CommitHost) -> None:
         self.backup = backup
         self.commits: dict[int, _Commit] = {}  # by the primary's transaction number
 
-    def part(self, replicator: "QueueReplicator", seq: int, number: int, data: bytes, expiry: float) -> None:
+    def part(self, replicator: ReplicaLink, seq: int, number: int, data: bytes, expiry: float) -> None:
         entry = replicator.queue.enqueue(data, expiry, seq=seq, durable=False)
         self.commits.setdefault(number, _Commit()).entries.append((replicator.queue, entry))
 
-    def marker(self, replicator: "QueueReplicator", delivery: Any, number: int, body: dict[str, Any]) -> None:
+    def marker(self, replicator: ReplicaLink, delivery: Any, number: int, body: dict[str, Any]) -> None:
         commit = self.commits.setdefault(number, _Commit())
         if commit.expected is None:
             commit.expected = set(body.get("queues") or ())
@@ -55,19 +79,19 @@ class TransactionReplicator:
             self._apply(self.commits.pop(number))
 
     def _apply(self, commit: _Commit) -> None:
-        with self.backup.ha.broker.atomically():
+        with self.backup.atomically():
             for queue, entry in commit.entries:
                 queue.journal(entry)
             for replicator, seqs in commit.dequeues:
                 replicator.apply_dequeues(seq_ranges(seqs))
         for queue, entry in commit.entries:
-            for hook in self.backup.ha.replication_hooks:
+            for hook in self.backup.replication_hooks:
                 hook(queue, protocol.ENQUEUE, entry.seq, 0, entry.data)
 
         def settle() -> None:
             for replicator, delivery in commit.markers:
                 replicator.settle(delivery)
-        durability = self.backup.ha.broker.durability
+        durability = self.backup.durability
         if self.backup.from_disk and durability is not None:
             durability.after_sync(settle)
         else:

@@ -5,26 +5,45 @@ declare/delete events keep it equal."""
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from ..broker.errors import BrokerError
 from ..broker.exchange import Exchange
 from ..broker.proton_adapter import ACCEPTED, LinkHandler
 from ..broker.queue import Queue
+from ..broker.registry import Registry
 from . import protocol
 from .policy import ALL
 from .quorum import from_disk
 
-if TYPE_CHECKING:
-    from .backup import Backup
-
 log = logging.getLogger("haqueue.ha.wiring")
 
 
+class WiringHost(Protocol):
+    """What the WiringReplicator needs of the backup that runs it (backup.Backup): it never imports the backup."""
+
+    members: dict[str, str]  # the cluster's brokers and their states, as the primary last said
+    from_disk: bool  # the primary's sync mode asks for confirmations from the journal's disk
+
+    @property
+    def registry(self) -> Registry: ...
+
+    def accept_primary(self, name: str, epoch: int) -> bool:
+        """Called with the primary's snapshot: False if that primary is older than one already seen."""
+
+    def wiring_synced(self) -> None: ...
+
+    def replicate(self, queue: Queue, fresh: bool = False) -> None: ...
+
+    def stop_replicating(self, queue: Queue) -> None: ...
+
+    def wiring_detached(self, error: str | None) -> None: ...
+
+
 class WiringReplicator(LinkHandler):
-    def __init__(self, backup: "Backup") -> None:
+    def __init__(self, backup: WiringHost) -> None:
         self.backup = backup
-        self.registry = backup.ha.broker.registry
+        self.registry = backup.registry
         self.link: Any = None
         self.parts: list[dict[str, Any]] = []  # a snapshot's parts received so far, until it is whole
 

@@ -11,7 +11,8 @@ from haqueue.ha.transaction_replicator import TransactionReplicator
 
 
 class Link:
-    """What a QueueReplicator does for the TransactionReplicator: apply dequeues, settle markers."""
+    """A QueueReplicator as the TransactionReplicator uses it (transaction_replicator.ReplicaLink): its queue,
+    applying dequeues, settling markers."""
 
     def __init__(self, name: str) -> None:
         self.queue = Queue(name, {}, f"uid-{name}", lambda q: None)
@@ -29,9 +30,9 @@ class Link:
 
 
 def replicator() -> TransactionReplicator:
-    broker = SimpleNamespace(atomically=contextlib.nullcontext, durability=None)
-    return TransactionReplicator(SimpleNamespace(ha=SimpleNamespace(broker=broker, replication_hooks=[]),
-                                                 from_disk=False))
+    """The backup stood in for: no store, no hooks (what transaction_replicator.CommitHost names)."""
+    return TransactionReplicator(SimpleNamespace(atomically=contextlib.nullcontext, durability=None,
+                                                 replication_hooks=[], from_disk=False))
 
 
 def test_a_commit_is_applied_once_every_queue_marker_is_in():
