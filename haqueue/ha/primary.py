@@ -252,9 +252,9 @@ class Primary:
         objects += [("exchanges", describe(x, self._level(x))) for x in registry.exchanges()
                     if policy.replicates_wiring(x)]
         objects += [("bindings", describe(b, "")) for b in registry.bindings() if policy.replicates_wiring(b)]
-        head = {"event": "snapshot", "epoch": self.ha.epoch.epoch, "primary": self.broker.name,
-                "sync": self.ha.config.sync, "members": self.members()}
-        parts = [head]
+        head: dict[str, Any] = {"event": "snapshot", "epoch": self.ha.epoch.epoch, "primary": self.broker.name,
+                                "sync": self.ha.config.sync, "members": self.members()}
+        parts: list[dict[str, Any]] = [head]
         room = protocol.MESSAGE_NODES - nodes(head)
         for kind, description in objects:
             size = nodes(description) + 1
