@@ -56,7 +56,6 @@ class Backup:
         self.replicators: dict[str, QueueReplicator] = {}
         self.refused: dict[str, str] = {}  # queue -> why the primary refused its link, until it replicates
         self.refusals = 0  # queue links refused since this process started (status, metrics)
-        self._judging = False  # a readiness judgement is due at the end of this pass
         self.transactions = TransactionReplicator(self)  # commits arriving in parts
         self.acquired: dict[str, set[int]] = {}  # queue -> seqs a consumer held on the primary
         self.applied = 0  # replication transfers applied: ranks backups by how up to date they are
@@ -226,15 +225,21 @@ class Backup:
         self.check_ready()
 
     def check_ready(self) -> None:
-        """Judge readiness at the end of this pass: at thousands of queues, a judgement on each event (every
-        queue declared, every queue caught up) was quadratic."""
-        if not self._judging:
-            self._judging = True
-            self.ha.broker.engine.call_later(0, self.judge_ready)
+        """Judge readiness at the end of this pass (`dispatch`, through broker.schedule, once however often
+        asked): at thousands of queues, a judgement on each event (every queue declared, every queue caught up)
+        was quadratic."""
+        self.ha.broker.schedule(self)
+
+    @property
+    def deleted(self) -> bool:
+        """Stopped (promoted, broker.schedule skips it): nothing left to judge."""
+        return self.stopped
+
+    def dispatch(self) -> None:
+        self.judge_ready()
 
     def judge_ready(self) -> None:
-        self._judging = False
-        if self.state == JOINING or self.primary is None or self.stopped:
+        if self.state == JOINING or self.primary is None:
             return
         ready = all(r.caught_up for r in self.replicators.values())
         state = READY if ready else CATCHUP

@@ -114,7 +114,6 @@ class RemoteBackup:
         self.connection: Any = None
         # Queues created since this backup joined, held for it until its subscription catches up.
         self.pending: dict[str, QueueGuard] = {}
-        self._judging = False  # a readiness judgement is due at the end of this pass
         self.report: dict[str, Any] = {}  # what it last said it holds in memory and on disk ($ha.report)
         self.reported = 0.0  # when (monotonic)
 
@@ -146,11 +145,10 @@ class RemoteBackup:
         self.primary.ha.context_changing()
 
     def changed(self) -> None:
-        """Re-judge readiness at the end of this pass: at thousands of queues, a judgement on each event (each
-        queue declared, each queue caught up) was quadratic."""
-        if not self._judging:
-            self._judging = True
-            self.call_later(0, self._judge)
+        """Re-judge readiness at the end of this pass (`dispatch`, through broker.schedule, once however often
+        asked): at thousands of queues, a judgement on each event (each queue declared, each queue caught up)
+        was quadratic."""
+        self.schedule(self)
 
     def caught_up(self, sub: ReplicatingSubscription) -> None:
         """What a guard held for this backup on the queue, the backup received in catch-up."""
@@ -162,17 +160,14 @@ class RemoteBackup:
             expected.release_queue(sub.queue)
         self.changed()
 
-    def _judge(self) -> None:
+    @property
+    def deleted(self) -> bool:
+        """Forgotten by the primary (broker.schedule skips it): nothing left to judge."""
+        return self.primary.backups.get(self.name) is not self
+
+    def dispatch(self) -> None:
         """Ready: wiring received and every message-replicated queue caught up (or held for it, pending)."""
-        self._judging = False
         primary = self.primary
-        if primary.backups.get(self.name) is not self:
-            return  # forgotten meanwhile
-        for name, guard in list(self.pending.items()):
-            sub = self.subscriptions.get(name)
-            if sub is not None and sub.caught_up:
-                guard.release()
-                del self.pending[name]
         # A queue still pending is held for this backup: nothing of it is confirmed without it.
         ready = self.wiring is not None and all(
             (q.name in self.subscriptions and self.subscriptions[q.name].caught_up) or q.name in self.pending
