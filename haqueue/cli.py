@@ -110,14 +110,6 @@ def _broker(args: argparse.Namespace) -> int:
 
 # ---- haqueue admin -----------------------------------------------------------------------
 
-class _Refused(Exception):
-    """The broker answered with statusCode >= 400."""
-
-    def __init__(self, description: str, code: int) -> None:
-        super().__init__(description)
-        self.code = code
-
-
 Action = Callable[[AdminClient, argparse.Namespace], None]
 
 
@@ -125,7 +117,7 @@ def _call(client: AdminClient, operation: str, type: str, name: str | None = Non
           body: dict | None = None) -> Any:
     code, description, answer = client.request(operation, type, name, body)
     if code >= 400:
-        raise _Refused(description or f"refused with status {code}", code)
+        raise Refused(code, description)
     return answer
 
 
@@ -202,7 +194,7 @@ def _admin(args: argparse.Namespace) -> int:
     try:
         with AdminClient(args.broker, timeout, args.user, args.password, tls) as client:
             args.action(client, args)
-    except _Refused as e:
+    except Refused as e:  # an AdminError too: the broker answered, and said no
         _error(str(e))
         return EXIT_REFUSED
     except AdminError as e:
@@ -293,11 +285,8 @@ def _whole_number(text: str) -> int:
 
 def _print_listing(client: AdminClient, type_: str, args: argparse.Namespace) -> None:
     """Each item of a QUERY as a JSON line, page by page (design/management.md)."""
-    try:
-        for item in client.query(type_, args.filter, offset=args.offset, limit=args.limit):
-            _print_json(item)
-    except Refused as e:
-        raise _Refused(str(e), e.code) from None
+    for item in client.query(type_, args.filter, offset=args.offset, limit=args.limit):
+        _print_json(item)
 
 
 def _add_exchange(actions: Subparsers) -> None:
@@ -407,9 +396,9 @@ def _cluster_status(client: AdminClient, args: argparse.Namespace) -> None:
     from haqueue.shard.status import cluster_status, read_all, to_table
     try:
         layout = _call(client, "READ", "cluster")
-    except _Refused as e:
+    except Refused as e:
         if e.code == 501:  # no such operation
-            raise _Refused(f"{client.address} is not a process of a sharded cluster", e.code) from None
+            raise Refused(e.code, f"{client.address} is not a process of a sharded cluster") from None
         raise
 
     def read(address: str) -> dict[str, Any]:

@@ -108,7 +108,6 @@ class Management:
         self.turns = Turns(broker.schedule)
         registry = broker.registry
         self.queries = Listings(registry, self.access)
-        # What a QUERY of each type lists, by the name permissions.md gives it (the same dict)
         self.register("queue", "CREATE", self._create_queue, _create_queue_needs)
         self.register("queue", "DELETE", lambda name, body: (204, registry.delete(_name(name), "queue") and None),
                       _on_name(MANAGE))
