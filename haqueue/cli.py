@@ -339,6 +339,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_cluster(commands)
     _add_audit(commands)
     _add_store(commands)
+    _add_diverged(commands)
     _add_passwd(commands)
     _add_place(commands)
     return parser
@@ -658,6 +659,46 @@ def _add_store(commands: Subparsers) -> None:
 def _store_check(args: argparse.Namespace) -> int:
     from haqueue.store.check import check
     return check(args.data_dir)
+
+
+# ---- haqueue diverged --------------------------------------------------------------------
+
+def _add_diverged(commands: Subparsers) -> None:
+    p = commands.add_parser("diverged", help="messages a rejoining broker held that the new primary never had")
+    sub = p.add_subparsers(dest="diverged_command", metavar="COMMAND", required=True)
+    listing = sub.add_parser("list", help="print each diverged file of a broker's data dir as a JSON line",
+                             description="Print each diverged file not yet republished (file, queue, messages, "
+                                         "seqs) of a broker's data dir, one JSON object a line.")
+    listing.add_argument("data_dir", metavar="DIR", help="the broker's data_dir (its files are DIR/diverged/)")
+    listing.set_defaults(func=_diverged_list)
+    again = sub.add_parser("republish", help="send every diverged message to its queue on the primary",
+                           description="Send each message of the data dir's diverged files to its queue at "
+                                       "--to (the primary, or the cluster's public address), each accepted "
+                                       "before the next; a file done is renamed *.republished, so running it "
+                                       "again sends nothing twice. Exit 1 on the first refusal.")
+    again.add_argument("data_dir", metavar="DIR", help="the broker's data_dir")
+    again.add_argument("--to", metavar="HOST:PORT", required=True, type=_address, help="the primary")
+    again.add_argument("--user", help="SASL PLAIN user (default: no SASL)")
+    again.add_argument("--password", default=os.environ.get("HAQUEUE_PASSWORD"),
+                       help="SASL PLAIN password (default: $HAQUEUE_PASSWORD)")
+    again.add_argument("--timeout", metavar="S", type=float, default=10.0, help="seconds to wait for each answer")
+    again.set_defaults(func=_diverged_republish)
+
+
+def _diverged_list(args: argparse.Namespace) -> int:
+    from haqueue.diverged import describe, print_lines
+    print_lines(describe(args.data_dir))
+    return EXIT_OK
+
+
+def _diverged_republish(args: argparse.Namespace) -> int:
+    from haqueue.diverged import print_lines, republish
+    try:
+        print_lines(republish(args.data_dir, args.to, args.user, args.password, args.timeout))
+    except (RuntimeError, OSError) as e:
+        _error(str(e))
+        return EXIT_REFUSED
+    return EXIT_OK
 
 
 # ---- haqueue audit -----------------------------------------------------------------------

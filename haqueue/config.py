@@ -116,6 +116,10 @@ class HaConfig:
     replicate: str = "all"  # default x-replicate: none | configuration | all
     sync: str = "all"  # when a publish is confirmed: all | all_disk | quorum_mem | quorum_disk (design/store.md)
     backup_timeout: float = 5.0  # seconds a backup may take to confirm before it is dropped
+    # Brokers, the primary counted, that hold a message before it is confirmed, whatever the sync mode; 0: a
+    # majority of `brokers`. 1 lets a primary cut off from its backups confirm alone: it may lose data under a
+    # network partition (design/replication.md).
+    min_confirmations: int = 0
     # After a total outage, how long coordinators wait for every broker before promoting the freshest of
     # those that answered (a staler store than one still on its way loses what only that one has).
     recovery_wait: float = 10.0
@@ -477,6 +481,7 @@ _HA: dict[str, Check] = {
     "replicate": _choice("none", "configuration", "all"),
     "sync": _choice(*SYNC_MODES),
     "backup_timeout": _seconds,
+    "min_confirmations": _int(1),
     "recovery_wait": _seconds,
     "coordinator": _choice("external", "zookeeper"),
     "zookeeper": _record(ZooKeeperConfig, _ZOOKEEPER, ("hosts",)),
@@ -551,6 +556,10 @@ def _ha(value: Any, path: str) -> HaConfig:
     if zookeeper and fields["zookeeper"].preferred and fields.get("sync", "all") not in PREFERRED_SYNC_MODES:
         raise _Bad(f"{path}.zookeeper.preferred", f"needs ha.sync all or all_disk, got {fields['sync']}: under a "
                                                   f"quorum mode a ready backup may lack confirmed messages")
+    wanted, brokers = fields.get("min_confirmations", 0), len(fields["brokers"])
+    if wanted > brokers:
+        raise _Bad(f"{path}.min_confirmations", f"is {wanted}, more than the {brokers} brokers of ha.brokers: "
+                                                f"nothing could ever be confirmed")
     return HaConfig(**fields)
 
 

@@ -311,8 +311,13 @@ class _Worker:
     def _state_changed(self, state: str) -> None:
         """kazoo's connection thread: must not block."""
         self.session_state = state.lower()
+        ha = self.coordinator.ha
         if state == KazooState.LOST:
             self.coordinator.call(lambda: self.coordinator.fence("ZooKeeper session lost"))
+        elif state == KazooState.SUSPENDED:  # at once, not when the lease runs out: a partition may be under way
+            self.coordinator.call(lambda: ha.suspend_confirmations("the ZooKeeper session is suspended"))
+        else:
+            self.coordinator.call(ha.resume_confirmations)
         self._wake.set()
 
     def _primary_changed(self, data: bytes | None, stat: Any, event: Any = None) -> None:

@@ -19,6 +19,7 @@ from ..broker.registry import Registry
 from ..broker.server import Broker, Durability
 from ..config import HaConfig, ListenerConfig
 from . import protocol
+from .quarantine import Quarantine
 from .queue_replicator import QueueReplicator
 from .transaction_replicator import TransactionReplicator
 from .role import CATCHUP, JOINING, OUTSIDE, READY, WAS_READY, EpochStore
@@ -60,6 +61,7 @@ class Backup:
         self.acquired: dict[str, set[int]] = {}  # queue -> seqs a consumer held on the primary
         self.applied = 0  # replication transfers applied: ranks backups by how up to date they are
         self.from_disk = False  # the primary's sync mode asks for confirmations from the journal's disk
+        self.quarantine = Quarantine(ha.broker.config.data_dir)  # what a new primary never had, kept aside
         self.wiring: WiringReplicator | None = None
         self.reporter: Reporter | None = None
         self.stopped = False

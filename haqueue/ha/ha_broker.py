@@ -32,7 +32,6 @@ log = logging.getLogger("haqueue.ha")
 
 # Each epoch's queue seqs start here, so a message numbered by a new primary never takes the seq
 # of one its predecessor numbered but never replicated.
-EPOCH_SEQ_SHIFT = 40
 
 # The peer user (ha.username) opens HA links and runs admin operations (the supervisor and the OCF agent
 # use it); it may not send, receive or manage queues.
@@ -153,11 +152,13 @@ class HaBroker:
         self.backup.stop()
         # Above every epoch seen, ours or a peer's, so no two primaries ever share one.
         self.hold_epoch(max(self.epoch.epoch, self.backup.max_peer_epoch) + 1 if epoch is None else epoch)
-        floor = self.epoch.epoch << EPOCH_SEQ_SHIFT
+        floor = self.epoch.epoch << protocol.EPOCH_SEQ_SHIFT
+        inherited = {}
         for queue in self.broker.registry.queues():
+            inherited[queue] = queue.next_seq
             queue.next_seq = max(queue.next_seq, floor)
         self.epoch.stand(WAS_PRIMARY)
-        self.primary = Primary(self, expected)
+        self.primary = Primary(self, expected, inherited)
         log.info("%s promoted to primary, epoch %d", self.broker.name, self.epoch.epoch)
         for hook in self.promotion_hooks:
             hook()
@@ -176,6 +177,15 @@ class HaBroker:
         """This broker follows, or is, the primary of `epoch` (persisted)."""
         self.raise_epoch(epoch)
         self.epoch.hold(epoch)
+
+    def suspend_confirmations(self, reason: str) -> None:
+        """A coordinator's word: this primary may no longer be the elected one (design/zookeeper.md)."""
+        if self.primary is not None:
+            self.primary.suspend(reason)
+
+    def resume_confirmations(self) -> None:
+        if self.primary is not None:
+            self.primary.resume()
 
     def context_changing(self) -> None:
         for hook in self.context_hooks:
@@ -262,7 +272,8 @@ class HaBroker:
                                   "coordinator": self.config.coordinator,
                                   "brokers": [f"{h}:{p}" for h, p in self.config.brokers],
                                   "public": f"{self.config.public[0]}:{self.config.public[1]}"
-                                  if self.config.public else None}
+                                  if self.config.public else None,
+                                  "diverged": self.backup.quarantine.status()}
         if self.primary is not None:
             status.update(self.primary.status())
         else:

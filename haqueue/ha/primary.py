@@ -21,7 +21,7 @@ from ..config import HaConfig
 from . import protocol
 from .policy import Policy
 from .queue_guard import QueueGuard
-from .quorum import Quorums, from_disk, is_quorum
+from .quorum import Quorums, confirmations_needed, from_disk, is_quorum
 from .replicating_subscription import ReplicatingSubscription
 from .role import ACTIVE, CATCHUP, READY, RECOVERING, EpochStore
 from .test_hooks import link_refused
@@ -141,6 +141,10 @@ class RemoteBackup:
     def quorums(self) -> Quorums | None:
         return self.primary.quorums
 
+    @property
+    def holds(self) -> bool:
+        return self.primary.holds
+
     def context_changing(self) -> None:
         self.primary.ha.context_changing()
 
@@ -149,6 +153,9 @@ class RemoteBackup:
         asked): at thousands of queues, a judgement on each event (each queue declared, each queue caught up)
         was quadratic."""
         self.schedule(self)
+
+    def never_here(self, queue: Queue) -> tuple[int, int]:
+        return self.primary.inherited.get(queue, 0), self.primary.ha.epoch.epoch << protocol.EPOCH_SEQ_SHIFT
 
     def caught_up(self, sub: ReplicatingSubscription) -> None:
         """What a guard held for this backup on the queue, the backup received in catch-up."""
@@ -215,15 +222,25 @@ class RemoteBackup:
 
 
 class Primary:
-    def __init__(self, ha: PrimaryHost, expected: set[str]) -> None:
+    def __init__(self, ha: PrimaryHost, expected: set[str], inherited: dict[Queue, int]) -> None:
         self.ha = ha
+        # Per queue, the seq above the last this broker held when promoted: a rejoining backup's seqs from there
+        # up to this epoch's first were never here (it was a primary cut off from the cluster): it keeps them aside.
+        self.inherited = inherited
         self.broker = ha.broker
         self.backups: dict[str, RemoteBackup] = {}
         self.counters: dict[str, BackupCounters] = {}  # every backup seen while primary, by name
         self.state = RECOVERING if expected else ACTIVE
         # Backups that were ready under the old primary: publishes wait for them to be ready again.
         self.expected: dict[str, QueueGuard] = {name: QueueGuard(name) for name in expected}
-        self.quorums = Quorums(len(ha.config.brokers)) if is_quorum(ha.config.sync) else None
+        # Each publish waits for this many brokers to hold it (the floor), and under `all` for each subscribed
+        # backup too (its subscription holds it); a coordinator that can suspend confirmations needs the floor's
+        # guard even where nothing else would (the opt-out).
+        self.needed = confirmations_needed(ha.config)
+        self.holds = not is_quorum(ha.config.sync)
+        suspendable = ha.config.coordinator == "zookeeper"
+        self.quorums = Quorums(self.needed - 1) if self.needed > 1 or suspendable else None
+        self.short = False  # fewer brokers hold new messages than `needed`: publishes wait
         for queue in self.broker.registry.queues():
             self._guard_new_queue(queue)
         self.broker.registry.observers.append(self)
@@ -234,6 +251,7 @@ class Primary:
         if expected:
             log.info("recovering: waiting up to %.1fs for backups %s", timeout, ", ".join(sorted(expected)))
             self.broker.engine.call_later(timeout, self._recovery_timeout)
+        self._judge_floor()
 
     # -- wiring --------------------------------------------------------------------------------
     def _level(self, node: Any) -> str:
@@ -275,13 +293,16 @@ class Primary:
                     backup.changed()
 
     def deleted(self, node: Queue | Exchange | Binding) -> None:
+        if isinstance(node, Queue):
+            self.inherited.pop(node, None)
         if self.ha.policy.replicates_wiring(node):
             self._broadcast({"event": "delete", **describe(node, "")})
 
     def _guard_new_queue(self, queue: Queue) -> None:
         if self.ha.policy.replicates_messages(queue):
-            if self.quorums is not None:  # votes from any majority, not each backup's own guard
+            if self.quorums is not None:
                 self.quorums.guard(queue)
+            if not self.holds:  # votes from any majority, not each backup's own guard
                 return
             for guard in self.expected.values():
                 guard.guard(queue)
@@ -322,7 +343,35 @@ class Primary:
                 del self.expected[name]
         if self.state == RECOVERING and not self.expected:
             self._go_active()
+        self._judge_floor()
         self._broadcast({"event": "membership", "members": self.members()})
+
+    def holders(self) -> int:
+        """Brokers that hold every new message: this one and its ready backups."""
+        return 1 + sum(backup.state == READY for backup in self.backups.values())
+
+    def _judge_floor(self) -> None:
+        """Say once when publishes start and stop waiting for enough brokers to hold them."""
+        short = self.holders() < self.needed
+        if short != self.short:
+            self.short = short
+            if short:
+                log.warning("only %d of %d brokers hold new messages, %d must (ha.min_confirmations): publishes "
+                            "wait until a backup is ready again", self.holders(), len(self.ha.config.brokers),
+                            self.needed)
+            else:
+                log.info("%d brokers hold new messages again: publishes are confirmed", self.holders())
+
+    def suspend(self, reason: str) -> None:
+        """A coordinator cannot prove this broker is still the primary: confirm nothing until resume()."""
+        if self.quorums is not None and not self.quorums.suspended:
+            log.warning("confirmations suspended: %s", reason)
+            self.quorums.suspend(reason)
+
+    def resume(self) -> None:
+        if self.quorums is not None and self.quorums.suspended:
+            log.info("confirmations resumed")
+            self.quorums.resume()
 
     def _recovery_timeout(self) -> None:
         if self.state == RECOVERING:
@@ -402,6 +451,10 @@ class Primary:
         backup.subscriptions[name] = sub
         return sub
 
+    def confirming(self) -> bool:
+        """Can a publish be confirmed now (enough brokers hold new messages, and no coordinator holds them)?"""
+        return not self.short and not (self.quorums is not None and self.quorums.suspended)
+
     def status(self) -> dict[str, Any]:
         now = time.monotonic()
         status: dict[str, Any] = {
@@ -413,7 +466,8 @@ class Primary:
                          "memory": b.report.get("memory"), "disk": b.report.get("disk"),
                          "reported_seconds_ago": round(now - b.reported, 1) if b.reported else None}
                         for b in self.backups.values()],
-            "expected": sorted(self.expected)}
+            "expected": sorted(self.expected),
+            "min_confirmations": self.needed, "holders": self.holders(), "confirming": self.confirming()}
         if self.quorums is not None:
             status["quorum"] = self.quorums.status()
         return status

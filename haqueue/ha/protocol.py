@@ -16,6 +16,7 @@ WIRING: Final = "$ha.wiring"
 QUEUE: Final = "$ha.queue"  # a queue's replication link: "$ha.queue/<name>"
 REPORT: Final = "$ha.report"  # a backup's reports to its primary: what it holds in memory and on disk
 REPORT_INTERVAL: Final = 1.0  # seconds between a backup's reports
+EPOCH_SEQ_SHIFT: Final = 40  # each epoch numbers queue messages from epoch << 40: no two primaries share a seq
 
 # Link properties a backup sends when it attaches.
 BROKER: Final = "x-ha-broker"  # the backup's name
@@ -36,6 +37,7 @@ COMMIT: Final = b"K"  # a transaction's commit marker on each queue it touches (
 # map {queues, dequeues}); settled once the backup has every queue's marker and applied it all
 CATCHUP: Final = b"C"  # a message that was on the queue before the backup subscribed (sent newest first)
 DEQUEUE: Final = b"D"  # body: seq ranges dequeued on the primary
+DIVERGED: Final = b"V"  # body: seq ranges the backup holds that the primary never had: it keeps them aside (quarantine.py)
 ACQUIRE: Final = b"A"  # body: seq ranges delivered to a consumer and not yet settled there
 CAUGHT_UP: Final = b"M"  # the backup now has everything; settling it tells the primary
 
@@ -78,6 +80,14 @@ def encode_ranges(runs: list[tuple[int, int]]) -> bytes:
 
 def decode_ranges(body: bytes) -> list[tuple[int, int]]:
     return [_RANGE.unpack_from(body, i) for i in range(0, len(body), _RANGE.size)]
+
+
+def show_ranges(runs: list[tuple[int, int]], most: int = 3) -> str:
+    """Seq ranges for a log line, each seq as epoch:number, the first `most` of them."""
+    def seq(s: int) -> str:
+        return f"{s >> EPOCH_SEQ_SHIFT}:{s & ((1 << EPOCH_SEQ_SHIFT) - 1)}"
+    shown = ", ".join(seq(first) if first == last else f"{seq(first)}..{seq(last)}" for first, last in runs[:most])
+    return shown + (f" and {len(runs) - most} more ranges" if len(runs) > most else "")
 
 
 def flatten(runs: list[tuple[int, int]]) -> list[int]:

@@ -7,6 +7,7 @@ a 100k-message catch-up costs one sort of two sorted runs rather than 100k list 
 """
 from __future__ import annotations
 
+import bisect
 import time
 from collections import deque
 from typing import Any, Callable, Final, Protocol
@@ -18,6 +19,7 @@ from ..broker.proton_adapter import ACCEPTED, Link, LinkHandler
 from ..broker.queue import Entry, Queue, seq_ranges
 from ..broker.server import Durability
 from . import protocol
+from .quarantine import Quarantine
 from .test_hooks import replica_to_drop
 from .transaction_replicator import TransactionReplicator
 
@@ -33,6 +35,7 @@ class ReplicaHost(Protocol):
     applied: int  # replication transfers applied
     from_disk: bool  # confirm from the journal's disk, not from memory
     transactions: TransactionReplicator
+    quarantine: Quarantine  # keeps what the primary never had
 
     @property
     def replication_hooks(self) -> list[Callable[[Queue, bytes, int, int, bytes], None]]: ...
@@ -89,6 +92,8 @@ class QueueReplicator(LinkHandler):
             self.catchup_last.append(seq)
         elif kind == protocol.DEQUEUE:
             self.apply_dequeues(protocol.decode_ranges(data))
+        elif kind == protocol.DIVERGED:
+            self.apply_dequeues(protocol.decode_ranges(data), diverged=True)
         elif kind == protocol.ACQUIRE:
             for first, last in protocol.decode_ranges(data):
                 self.acquired.update(range(first, last + 1))
@@ -136,8 +141,16 @@ class QueueReplicator(LinkHandler):
         ttl = ttl_ms(data)
         return time.monotonic() + ttl / 1000.0 if ttl else 0.0
 
-    def apply_dequeues(self, runs: list[tuple[int, int]]) -> None:
+    def apply_dequeues(self, runs: list[tuple[int, int]], diverged: bool = False) -> None:
+        """Remove the messages of these seq ranges; `diverged`: the primary never had them, keep them aside first
+        (they leave the queue only once their file is on disk)."""
         catchup = self.catchup
+        if diverged:  # cold: once at a rejoin; entries() reads paged messages back
+            starts = [first for first, _ in runs]
+            kept = [(e.seq, e.data) for e in [*self.queue.entries(), *catchup.values()]
+                    if (i := bisect.bisect_right(starts, e.seq) - 1) >= 0 and e.seq <= runs[i][1]]
+            if kept:
+                self.backup.quarantine.keep(self.queue.name, kept)
         for first, last in runs:
             # A range may be far wider than what is held (a returning backup's old seqs).
             seqs = range(first, last + 1) if last - first < len(catchup) else [s for s in catchup if first <= s <= last]

@@ -16,6 +16,7 @@ that queue (design/transactions.md).
 from __future__ import annotations
 
 import bisect
+import logging
 import time
 from collections import deque
 from typing import Any, Callable, Final, Protocol
@@ -26,6 +27,8 @@ from ..broker.queue import DEQUEUED, Entry, Queue, seq_ranges
 from . import protocol
 from .quorum import Quorums
 from .test_hooks import caught_up_held
+
+log = logging.getLogger("haqueue.ha.primary")
 
 BATCH_BYTES: Final = 32 * 1024  # message bytes per live transfer at most: one frame, which the backup reads whole
 EVENT_DELAY: Final = 0.005  # seconds acquire/dequeue events may wait for a live enqueue to ride with
@@ -42,12 +45,18 @@ class SubscriptionHost(Protocol):
     """What a ReplicatingSubscription needs of the backup it serves (primary.RemoteBackup): it never imports the
     primary."""
 
+    name: str
+
     @property
     def counters(self) -> Confirmations: ...
 
     @property
     def quorums(self) -> Quorums | None:
-        """Under a quorum sync mode, the primary's votes; None otherwise."""
+        """The primary's votes (the floor, and the majority of a quorum mode); None when nothing counts them."""
+
+    @property
+    def holds(self) -> bool:
+        """Does each backup hold the publishes it has not confirmed (`all`, `all_disk`)?"""
 
     def schedule(self, sub: ReplicatingSubscription) -> None:
         """Call sub.dispatch() at the end of this pass."""
@@ -59,6 +68,10 @@ class SubscriptionHost(Protocol):
 
     def caught_up(self, sub: ReplicatingSubscription) -> None: ...
 
+    def never_here(self, queue: Queue) -> tuple[int, int]:
+        """The seqs [start, end) of the queue that the primary never had: above what it held when promoted, below
+        its own epoch's first."""
+
     def subscription_closed(self, sub: ReplicatingSubscription) -> None: ...
 
     def drop(self, reason: str) -> None:
@@ -68,6 +81,23 @@ class SubscriptionHost(Protocol):
 def _in_runs(starts: list[int], runs: list[tuple[int, int]], seq: int) -> bool:
     i = bisect.bisect_right(starts, seq) - 1
     return i >= 0 and runs[i][1] >= seq
+
+
+def _split(runs: list[tuple[int, int]], start: int, end: int) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
+    """The parts of runs inside [start, end), and those outside."""
+    inside: list[tuple[int, int]] = []
+    outside: list[tuple[int, int]] = []
+    for first, last in runs:
+        low, high = max(first, start), min(last, end - 1)
+        if low > high:
+            outside.append((first, last))
+            continue
+        inside.append((low, high))
+        if first < low:
+            outside.append((first, low - 1))
+        if high < last:
+            outside.append((high + 1, last))
+    return inside, outside
 
 
 def _missing(runs: list[tuple[int, int]], live: list[int]) -> list[tuple[int, int]]:
@@ -119,12 +149,24 @@ class ReplicatingSubscription(LinkHandler):
         self.catchup_total = len(self.catchup)  # what the catch-up started with (its progress: status)
         gone = _missing(have, [e.seq for e in live])
         if gone:  # the backup holds messages the primary no longer has
-            self.link.send(protocol.encode_ranges(gone), settled=True, tag=protocol.message_tag(protocol.DEQUEUE, 0, 0))
-        self.quorums = backup.quorums  # under a quorum mode this backup votes instead of holding
-        if self.quorums is None:
+            self._diverged(*_split(gone, *backup.never_here(queue)))
+        self.quorums = backup.quorums  # this backup's confirmations are votes
+        if backup.holds:  # and under `all`, holds too
             queue.guards.append(self)
         queue.observers.append(self)
         self.backup.schedule(self)
+
+    def _diverged(self, never_here: list[tuple[int, int]], consumed: list[tuple[int, int]]) -> None:
+        """Messages the backup holds that this primary never had, it keeps aside (it was a primary cut off from
+        the cluster: they were published to it alone); those consumed here since it left, it removes."""
+        if never_here:
+            log.warning("backup %s holds messages of queue '%s' that this primary never had (seqs %s, at most %d "
+                        "messages): it keeps them aside, in its diverged files", self.backup.name, self.queue.name,
+                        protocol.show_ranges(never_here), sum(last - first + 1 for first, last in never_here))
+            self.link.send(protocol.encode_ranges(never_here), settled=True,
+                           tag=protocol.message_tag(protocol.DIVERGED, 0, 0))
+        if consumed:
+            self.link.send(protocol.encode_ranges(consumed), settled=True, tag=protocol.message_tag(protocol.DEQUEUE, 0, 0))
 
     @property
     def deleted(self) -> bool:
@@ -303,7 +345,7 @@ class ReplicatingSubscription(LinkHandler):
                 completion = held.pop(seq, None)
                 if completion is not None:
                     completion.release()
-                elif quorums is not None:
+                if quorums is not None:
                     quorums.vote(self.queue, seq)
         elif self.marker_sent and not self.caught_up and delivery == self.marker:
             self.backup.context_changing()

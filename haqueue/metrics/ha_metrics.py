@@ -1,5 +1,6 @@
-"""HA's metrics: the epoch, failovers seen, the cluster's size, and on a primary each backup's state, lag,
-confirmations and drops for timeout (design/metrics.md)."""
+"""HA's metrics: the epoch, failovers seen, the cluster's size, and on a primary whether it can confirm
+publishes (enough brokers hold them), and each backup's state, lag, confirmations and drops for timeout
+(design/metrics.md)."""
 from __future__ import annotations
 
 import time
@@ -34,6 +35,8 @@ class HaSample:
     failovers_seen: int
     brokers: int
     backups: list[BackupSample]  # on a primary: every backup seen while primary
+    floor: tuple[int, int, bool, int] | None = None  # on a primary: min_confirmations, holders, confirming, waiting
+    diverged: tuple[int, int] = (0, 0)  # messages kept aside since start, and in diverged files now
 
 
 class HaSource:
@@ -43,20 +46,40 @@ class HaSource:
     def sample(self) -> HaSample:
         ha, primary = self.ha, self.ha.primary
         backups: list[BackupSample] = []
+        floor = None
         if primary is not None:
+            waiting = primary.quorums.waiting() if primary.quorums is not None else 0
+            floor = (primary.needed, primary.holders(), primary.confirming(), waiting)
             now = time.monotonic()
             for name, counters in sorted(primary.counters.items()):
                 b = primary.backups.get(name)
                 backups.append(BackupSample(name, DISCONNECTED, None, None, counters.confirmed, counters.timeout_drops)
                                if b is None else BackupSample(name, b.state, b.lag, b.lag_seconds(now),
                                                               counters.confirmed, counters.timeout_drops))
-        return HaSample(ha.epoch.epoch, ha.failovers_seen, len(ha.config.brokers), backups)
+        quarantine = ha.backup.quarantine
+        diverged = (quarantine.kept, int(quarantine.status()["messages"]))
+        return HaSample(ha.epoch.epoch, ha.failovers_seen, len(ha.config.brokers), backups, floor, diverged)
 
     def families(self, s: HaSample) -> Iterable[Metric]:
         yield GaugeMetricFamily("haqueue_epoch", "The highest cluster epoch this broker has seen", value=s.epoch)
         yield CounterMetricFamily("haqueue_failovers_seen", "Times this broker saw a new primary take over from "
                                   "another (the epoch rose) since it started", value=s.failovers_seen)
         yield GaugeMetricFamily("haqueue_cluster_brokers", "Brokers in the cluster (ha.brokers)", value=s.brokers)
+        yield CounterMetricFamily("haqueue_ha_diverged_kept", "Messages this broker held that a new primary never "
+                                  "had, kept aside in its diverged files (not deleted) since it started",
+                                  value=s.diverged[0])
+        yield GaugeMetricFamily("haqueue_ha_diverged_messages", "Messages in this broker's diverged files, not yet "
+                                "republished (haqueue diverged list)", value=s.diverged[1])
+        if s.floor is not None:
+            needed, holders, confirming, waiting = s.floor
+            yield GaugeMetricFamily("haqueue_ha_min_confirmations", "On the primary: brokers that must hold a "
+                                    "message before it is confirmed (ha.min_confirmations)", value=needed)
+            yield GaugeMetricFamily("haqueue_ha_holders", "On the primary: brokers holding every new message "
+                                    "(this one and its ready backups)", value=holders)
+            yield GaugeMetricFamily("haqueue_ha_confirming", "On the primary: 1 while publishes can be confirmed, "
+                                    "0 while they wait for enough brokers to hold them", value=int(confirming))
+            yield GaugeMetricFamily("haqueue_ha_publishes_waiting", "On the primary: publishes waiting for enough "
+                                    "brokers to hold them", value=waiting)
         yield state_set("haqueue_backup_state", "On the primary, per backup: 1 for its state (catchup, ready, "
                         "disconnected), 0 for the others", ["backup"], [[b.name] for b in s.backups], "state",
                         BACKUP_STATES, [b.state for b in s.backups])

@@ -8,9 +8,14 @@
 """
 from __future__ import annotations
 
-import pytest
+import sys
+from pathlib import Path
 
-from ha_harness import HaCluster, cluster_factory
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "integration"))  # clients.py: unsettled sends
+
+import pytest  # noqa: E402
+
+from ha_harness import HaCluster, cluster_factory  # noqa: E402
 
 
 @pytest.fixture

@@ -63,6 +63,10 @@ class Refused(AssertionError):
 # ---------------------------------------------------------------------------------------------
 # The cluster
 
+# A primary and one backup that go on confirming after either fails: the opt-out of the floor
+# (design/replication.md). Without it a pair stops confirming while one of the two is down.
+PAIR_GOES_ON = {"min_confirmations": 1}
+
 class HaCluster:
     state_timeout = 15.0  # default bound of `wait_state`, and its poll interval
     state_interval = POLL_INTERVAL

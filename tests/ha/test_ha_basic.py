@@ -11,7 +11,7 @@ import time
 import pytest
 from proton import Message
 
-from ha_harness import (HaCluster, Load, Refused, browse, can_connect, connect, expect_refused_client,
+from ha_harness import (PAIR_GOES_ON, HaCluster, Load, Refused, browse, can_connect, connect, expect_refused_client,
                         receive, send_all, split_address, wait_for)
 
 
@@ -279,7 +279,7 @@ def test_broker_default_replicate_none(ha_cluster):
 
 
 def test_binding_with_replicate_none_absent_after_failover(ha_cluster):
-    c = ha_cluster(size=2)
+    c = ha_cluster(size=2, ha_extra=PAIR_GOES_ON)
     p = c.start_cluster()
     c.request(p, "CREATE", "queue", "bq")
     c.request(p, "CREATE", "exchange", "bx", body={"type": "direct"})

@@ -117,7 +117,8 @@ def test_status_shows_the_mode_and_what_each_backup_holds_in_memory_and_on_disk(
     assert status["sync"] == mode
     assert {b["name"]: (b["unconfirmed"], b["confirms_from"]) for b in status["backups"]} == {
         "b1": (0, "memory"), "b2": (0, "memory")}
-    assert ("quorum" in status) == (mode == "quorum_mem")
+    assert status["quorum"] == {"needed_backups": 1, "waiting": 0}  # the floor's votes, whatever the mode
+    assert (status["min_confirmations"], status["holders"], status["confirming"]) == (2, 3, True)
 
     def holdings() -> dict | None:  # each backup's report (every second): 30 in memory, the 20 durable on disk
         held = {b["name"]: (b["memory"]["messages"], b["disk"]["messages"], b["disk"]["unsynced_bytes"])
