@@ -158,8 +158,8 @@ class QueueReplicator(LinkHandler):
             gone += self.queue.dequeue_range(first, last)
             for seq, data in gone:
                 self.acquired.discard(seq)
-                for hook in self.hooks:
-                    hook(self.queue, protocol.DEQUEUE, seq, 0, data)
+                for hook in self.hooks:  # the audit log: kept aside, or dequeued as the primary said
+                    hook(self.queue, protocol.DIVERGED if diverged else protocol.DEQUEUE, seq, 0, data)
 
     def merge(self) -> None:
         if self.catchup:

@@ -439,7 +439,7 @@ def test_brand_new_broker_refuses_promotion_while_ready_backup_exists(ha_cluster
 
 
 def test_forced_promotion_of_non_ready_broker(ha_cluster):
-    c = ha_cluster(size=2)
+    c = ha_cluster(size=2, ha_extra=PAIR_GOES_ON)
     c.start(0)
     c.promote(c[0])
     send_all(c.public, "fq", range(5))

@@ -9,6 +9,9 @@ not stuck.
   followed a primary since it started"), and the cluster had no primary until a whole restart."""
 from __future__ import annotations
 
+from proton import Message
+
+from clients import Client
 from ha_harness import receive, send_all
 from harness import wait_for
 
@@ -21,16 +24,21 @@ def test_a_queue_the_primary_refuses_to_replicate_keeps_the_backups_out_of_ready
     c = ha_cluster()
     c[0].env = {REFUSE: "r"}
     p = c.start_cluster()
-    send_all(c.public, "r", ["x"])  # held for the backups until backup_timeout, then they are dropped
-    for b in (c[1], c[2]):
-        s = c.wait_state(b, "backup", "catchup", check=lambda s: "r" in s["refused"])
-        assert s["replicating"]["refused"] == 1 and s["refusals"] >= 1, s
-        assert "refused by a test hook" in s["refused"]["r"]
-        assert not s["queues"]["r"]["caught_up"]
-        assert "queue r not replicated" in b.log()
-    primary = c.status(p)
-    assert {x["name"]: x["state"] for x in primary["backups"]} == {"b1": "catchup", "b2": "catchup"}
-    assert all(x["timeout_drops"] >= 1 for x in primary["backups"]), primary["backups"]
+    with Client(c.public) as client:  # held for the backups until backup_timeout, then they are dropped
+        publish = client.sender("r").link.send(Message(body="x", durable=True))
+        client.idle(0.2)
+        for b in (c[1], c[2]):
+            s = c.wait_state(b, "backup", "catchup", check=lambda s: "r" in s["refused"])
+            assert s["replicating"]["refused"] == 1 and s["refusals"] >= 1, s
+            assert "refused by a test hook" in s["refused"]["r"]
+            assert not s["queues"]["r"]["caught_up"]
+            assert "queue r not replicated" in b.log()
+        def dropped_and_back() -> dict | None:  # r's publish held for them: dropped after backup_timeout
+            s = c.status(p)
+            return s if len(s["backups"]) == 2 and all(x["timeout_drops"] >= 1 for x in s["backups"]) else None
+        primary = wait_for(lambda: client.idle(0.1) or dropped_and_back(), 15, message="both backups dropped")
+        assert {x["name"]: x["state"] for x in primary["backups"]} == {"b1": "catchup", "b2": "catchup"}
+        assert not publish.settled  # no backup can hold it: never confirmed (the floor)
 
 
 def test_the_old_primary_with_the_freshest_store_is_promoted_when_no_backup_is_ready(ha_cluster):
@@ -38,7 +46,10 @@ def test_the_old_primary_with_the_freshest_store_is_promoted_when_no_backup_is_r
     c[0].env = {HOLD: "stuck"}
     c.start(0)
     c.promote(c[0])
-    send_all(c.public, "stuck", ["held"])  # a backup joining later has it to catch up: never told it has
+    with Client(c.public) as client:  # a backup joining later has it to catch up, never told it has: unconfirmed
+        client.sender("stuck").link.send(Message(body="held", durable=True))
+        client.idle(0.2)
+    c.wait_depth(c[0], "stuck", 1)
     c.start(1, 2)
     for b in (c[1], c[2]):
         c.wait_state(b, "backup", "catchup", check=lambda s: s.get("primary") == "b0")

@@ -18,7 +18,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "ha"))
 
 from harness import BrokerProcess, can_connect, free_port, split_address, wait_for  # noqa: E402
-from ha_harness import HA_USER, OPS_USER, HaCluster  # noqa: E402
+from ha_harness import HA_USER, OPS_USER, PAIR_GOES_ON, HaCluster  # noqa: E402
 
 from haqueue.shard.ownership import shard_of_name  # noqa: E402
 from haqueue.shard.placement import place  # noqa: E402
@@ -91,6 +91,7 @@ class ShardCluster(HaCluster):
             "users": {OPS_USER: ops},
             **(extra or {}),
             "ha": {"username": HA_USER, "password": self.password, "backup_timeout": backup_timeout,
+                   **(PAIR_GOES_ON if replicas == 2 else {}),  # a shard of two goes on after a failover
                    **(extra or {}).get("ha", {})},
             "shard": {"relay_timeout": relay_timeout, **(extra or {}).get("shard", {})}}
         self.brokers: list[ShardProcess] = []

@@ -107,6 +107,32 @@ def test_zookeeper_leader_killed_brokers_undisturbed(zk_cluster, ensemble):
 
 
 @pytest.mark.slow
+def test_a_primary_cut_off_from_zookeeper_confirms_nothing_from_that_moment(zk_cluster, ensemble):
+    """Every ZooKeeper server gone: the primary's session is suspended at once, and it holds every publish from
+    then on, its backups healthy and its lease not yet run out (design/zookeeper.md); the lease then fences it."""
+    c = zk_cluster()
+    c.start()
+    p = c.wait_primary()
+    c.wait_ready_backups(p)
+    pinned = PinnedPublisher(p.address, "pinned").start()
+    try:
+        wait_for(lambda: len(pinned.accepted_list()) >= 100, 30, message="traffic before ZooKeeper goes")
+        ensemble.stop()
+        gone = time.monotonic()
+        wait_for(lambda: pinned.closed_at is not None, 20, message="the primary fenced by its lease")
+    finally:
+        pinned.stop()
+    settle = 0.5  # for kazoo's thread to see the connections close and tell the loop
+    late = [body for body, sent, _ in pinned.accepted_list() if sent > gone + settle]
+    held = [body for body, sent in pinned.sent.values() if sent > gone + settle]
+    print(f"ZooKeeper gone: fenced after {pinned.closed_at - gone:.2f}s; {len(held)} publishes held, {len(late)} "
+          f"accepted after {settle}s")
+    assert late == []
+    assert len(held) > 20  # the lease outlived the suspension: publishes came in that it used to confirm
+    assert "confirmations suspended: the ZooKeeper session is suspended" in p.log()
+
+
+@pytest.mark.slow
 def test_sigstopped_primary_accepts_nothing_after_resume(zk_cluster):
     c = zk_cluster()
     c.start()
