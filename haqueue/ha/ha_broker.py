@@ -47,7 +47,8 @@ class HaBroker:
         self.config_address = next((l for l in broker.config.listen if (l.host, l.port) in config.brokers), None)
         self.primary: Primary | None = None
         # Called on a backup with (queue, kind, seq, primary enqueue time in µs, message bytes) for each
-        # message applied: ENQUEUE and CATCHUP as received, DEQUEUE once per message removed, DIVERGED once per message kept aside (the audit log).
+        # message applied: ENQUEUE and CATCHUP as received, DEQUEUE once per message removed, DIVERGED once
+        # per message kept aside (the audit log).
         self.replication_hooks: list[Callable[[Queue, bytes, int, int, bytes], None]] = []
         # Called just before the epoch, the role or the backups ready for a queue change (the audit log
         # writes what it buffered under the old ones); promotion hooks once this broker is the primary.
