@@ -137,7 +137,7 @@ def _analyse(ev: DataFrame, bad: DataFrame, bound: timedelta) -> Audit:
     unattested = _unattested(primary_side, replicas).persist()
     problems = (_problems(completes, dequeues, replicas, mirrored, runs, marks, bound)
                 .unionByName(_as_problem(unattested, UNATTESTED, "t"))
-                .unionByName(_as_problem(_at_risk(completes, marks), AT_RISK, "t"))
+                .unionByName(_as_problem(_at_risk(completes, replicas, marks), AT_RISK, "t"))
                 .unionByName(_as_problem(diverged, DIVERGED, "t"))).persist()
     try:
         counts = problems.groupBy("queue", "backup", "problem").agg(F.sum("weight").alias("n")).toPandas()
@@ -211,16 +211,32 @@ def _pivot(counts: pd.DataFrame, index: list[str], columns: dict[str, str]) -> p
             .rename(columns=columns).reindex(columns=list(columns.values())))
 
 
-def _at_risk(completes: DataFrame, marks: DataFrame) -> DataFrame:
-    """Confirmations made while fewer than a majority of the cluster held the message: the primary and the
-    backups its `complete` names, fewer than cluster_size // 2 + 1 (the size its run's marks give; a run
-    whose marks give none, a log older than the field, is not judged). What the floor forbids unless
-    opted out of (ha.min_confirmations: 1): a partition can lose such a message."""
+def _at_risk(completes: DataFrame, replicas: DataFrame, marks: DataFrame) -> DataFrame:
+    """Confirmations made while fewer than a majority of the cluster held the message: the primary, the
+    backups its `complete` names and those that logged a copy before it (_unnamed_holders) are fewer than
+    cluster_size // 2 + 1, the size its run's marks give (a run whose marks give none, a log older than the
+    field, is not judged). What the floor forbids unless opted out of (ha.min_confirmations: 1): a partition
+    can lose such a message."""
     sizes = (marks.filter(F.col("cluster_size").isNotNull()).groupBy("broker", "run")
              .agg(F.max("cluster_size").alias("cluster_size")))
-    holders, majority = F.size("backups") + 1, F.floor(F.col("cluster_size") / 2) + 1
-    return (completes.filter(F.col("judged")).drop("cluster_size").join(F.broadcast(sizes), ["broker", "run"])
-            .filter(holders < majority).withColumn("backup", F.lit(None).cast("string")))
+    majority = F.floor(F.col("cluster_size") / 2) + 1
+    short = (completes.filter(F.col("judged")).drop("cluster_size").join(F.broadcast(sizes), ["broker", "run"])
+             .filter(F.size("backups") + 1 < majority))
+    holders = F.size("backups") + 1 + F.coalesce(F.col("unnamed"), F.lit(0))
+    return (short.join(_unnamed_holders(short, replicas), ["uid", "seq"], "left").filter(holders < majority)
+            .withColumn("backup", F.lit(None).cast("string")))
+
+
+def _unnamed_holders(confirmations: DataFrame, replicas: DataFrame) -> DataFrame:
+    """(uid, seq, unnamed): how many backups a confirmation does not name had logged a copy of its message
+    before it. A backup still catching up on the queue votes for the live copies it settles, so the floor can
+    count it before it is ready, and a `complete` names only the ready ones."""
+    copies = replicas.select("uid", "seq", F.col("backup").alias("holder"), F.col("t").alias("copy_t"))
+    return (confirmations.select("uid", "seq", "t", "backups", F.col("broker").alias("primary"))
+            .join(copies, ["uid", "seq"])
+            .filter((F.col("copy_t") <= F.col("t")) & (F.col("holder") != F.col("primary"))
+                    & ~F.array_contains("backups", F.col("holder")))
+            .groupBy("uid", "seq").agg(F.countDistinct("holder").alias("unnamed")))
 
 
 def _unattested(primary_side: DataFrame, replicas: DataFrame) -> DataFrame:
