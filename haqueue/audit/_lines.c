@@ -105,7 +105,7 @@ static enum id_kind find_id(const unsigned char *d, Py_ssize_t len, Py_ssize_t *
 
 #define INT_ROOM 21 /* a long long in decimal, with its sign */
 /* The kinds of records, exported by these names (lines.Kind numbers its members with them). */
-enum kind { ENQUEUE, COMPLETE, DEQUEUE, LIVE, CATCHUP, MIRRORED, KINDS };
+enum kind { ENQUEUE, COMPLETE, DEQUEUE, LIVE, CATCHUP, MIRRORED, DIVERGED, KINDS };
 
 struct record {
     long long t, seq, enqueued; /* time.time_ns(); the primary's enqueue time in us (a live replica) */
@@ -540,7 +540,8 @@ PyMODINIT_FUNC PyInit__lines(void)
         || PyModule_AddObjectRef(m, "Batch", (PyObject *)&BatchType) < 0
         || PyModule_AddIntMacro(m, ENQUEUE) < 0 || PyModule_AddIntMacro(m, COMPLETE) < 0
         || PyModule_AddIntMacro(m, DEQUEUE) < 0 || PyModule_AddIntMacro(m, LIVE) < 0
-        || PyModule_AddIntMacro(m, CATCHUP) < 0 || PyModule_AddIntMacro(m, MIRRORED) < 0) {
+        || PyModule_AddIntMacro(m, CATCHUP) < 0 || PyModule_AddIntMacro(m, MIRRORED) < 0
+        || PyModule_AddIntMacro(m, DIVERGED) < 0) {
         Py_DECREF(m);
         return NULL;
     }

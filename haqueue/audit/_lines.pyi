@@ -7,6 +7,7 @@ DEQUEUE: int
 LIVE: int
 CATCHUP: int
 MIRRORED: int
+DIVERGED: int
 
 class Batch:
     """Records of one kind taken from a Recorder, for write()."""

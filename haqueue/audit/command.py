@@ -8,8 +8,8 @@ import datetime
 import re
 import sys
 
-# Exit codes: no loss found; a loss found (--fail-on-loss); usage or input error; cannot tell
-# (--fail-on-loss and a window where backups hold messages no primary's log records).
+# Exit codes: no loss found; a loss, a confirmation at risk or diverged messages found (--fail-on-loss); usage
+# or input error; cannot tell (--fail-on-loss and a window where backups hold messages no primary's log records).
 EXIT_OK, EXIT_LOSS, EXIT_USAGE, EXIT_CANNOT_TELL = 0, 1, 2, 3
 
 
@@ -28,8 +28,10 @@ def add_lag_arguments(lag: argparse.ArgumentParser) -> None:
                      help="a backup's copy of a confirmed message counts if logged at most this long after the "
                           "confirmation (default 5s; as `audit watch --bound`)")
     lag.add_argument("--fail-on-loss", action="store_true",
-                     help=f"exit {EXIT_LOSS} if a confirmed message is missing or lost, {EXIT_CANNOT_TELL} if the "
-                          "events cannot tell (backups hold messages no primary's log records)")
+                     help=f"exit {EXIT_LOSS} if a confirmed message is missing or lost, a message was confirmed "
+                          "while fewer than a majority held it (at risk) or a rejoining broker kept messages aside "
+                          f"(diverged); {EXIT_CANNOT_TELL} if the events cannot tell (backups hold messages no "
+                          "primary's log records)")
 
 
 def add_watch_arguments(watch: argparse.ArgumentParser) -> None:

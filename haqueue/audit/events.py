@@ -36,8 +36,9 @@ log = logging.getLogger("haqueue.audit")
 
 MARK_INTERVAL = 1.0  # seconds between marks (schema.MARK)
 _now = time.time_ns
-# A backup's replication hook: the kind of record for the primary's delivery tag (else a dequeue).
-_REPLICATED = {b"E": _lines.LIVE, b"C": _lines.CATCHUP}
+# A backup's replication hook: the kind of record for the transfer kind it passes (haqueue.ha.protocol's ENQUEUE,
+# CATCHUP, DIVERGED: kept aside at a rejoin, not dequeued), else a dequeue it mirrored (DEQUEUE).
+_REPLICATED = {b"E": _lines.LIVE, b"C": _lines.CATCHUP, b"V": _lines.DIVERGED}
 
 
 class AuditLog:
@@ -50,7 +51,7 @@ class AuditLog:
         self.owners: dict[Recorder, Queue] = {}
         self.pending: list[Recorder] = []  # recorders with records, listed by their first (in C)
         self.mark_due = True  # the next write ends with a mark (the run starts)
-        self.lines = LineFormatter(broker.name, shard)
+        self.lines = LineFormatter(broker.name, shard, len(ha.config.brokers) if ha is not None else 1)
         self.writer = Writer(config.dir, broker.name, config.max_bytes)
         self.primary_side = ha is None or ha.primary is not None  # what this broker logs: clients' doings
         for queue in broker.registry.queues():

@@ -3,7 +3,9 @@
 Reads every `*.jsonl` file under the events directory and answers, per queue and per backup:
 how far behind the backup ran (lag: its receive time minus the primary's enqueue time), which
 confirmed messages never reached a backup that was ready, which reached it twice, which arrived
-out of order, and which dequeues it never applied. Only Spark SQL functions are used (no Python
+out of order, and which dequeues it never applied; per queue, which messages were confirmed while
+fewer than a majority of the cluster held them (at risk) and which a rejoining broker kept aside
+because the new primary never had them (diverged). Only Spark SQL functions are used (no Python
 UDFs), so executors need PySpark alone; the driver collects the small result tables.
 
 Run locally (`local[*]`) by default; on a cluster with
@@ -61,15 +63,27 @@ class Audit:
 
     @property
     def missing(self) -> int:
-        return int(self.backups["missing"].sum()) if len(self.backups) else 0
+        return _total(self.backups, "missing")
 
     @property
     def unattested(self) -> int:
-        return int(self.queues["unattested"].sum()) if len(self.queues) else 0
+        return _total(self.queues, "unattested")
+
+    @property
+    def at_risk(self) -> int:
+        return _total(self.queues, "at_risk")
+
+    @property
+    def diverged(self) -> int:
+        return _total(self.queues, "diverged")
 
     @property
     def lost(self) -> int:
-        return int(self.ledgers["lost"].sum()) if len(self.ledgers) else 0
+        return _total(self.ledgers, "lost")
+
+
+def _total(table: pd.DataFrame, column: str) -> int:
+    return int(table[column].sum()) if len(table) else 0
 
 
 # ---- the analysis ------------------------------------------------------------------------------
@@ -111,6 +125,7 @@ def _analyse(ev: DataFrame, bad: DataFrame, bound: timedelta) -> Audit:
                 .withColumnRenamed("broker", "backup"))
     mirrored = (ev.filter((F.col("event") == schema.DEQUEUE) & (F.col("role") == schema.BACKUP))
                 .select("uid", "seq", F.col("broker").alias("backup"), "run"))
+    diverged = ev.filter((F.col("event") == schema.DIVERGED) & F.col("judged")).withColumnRenamed("broker", "backup")
     runs = ev.groupBy("broker", "run").agg(F.min("t").alias("start"), F.max("t").alias("end"))
     # Where and when each message was first enqueued (a message keeps its uid and seq everywhere).
     origin = enqueues.groupBy("uid", "seq").agg(F.min("t").alias("t_enq"), F.min("epoch").alias("enq_epoch"))
@@ -120,23 +135,24 @@ def _analyse(ev: DataFrame, bad: DataFrame, bound: timedelta) -> Audit:
     totals = _totals(ev)
     lag = measures.live_lag(replicas.filter(F.col("judged")), enqueues)
     unattested = _unattested(primary_side, replicas).persist()
-    problems = _problems(completes, dequeues, replicas, mirrored, runs, marks, bound).unionByName(
-        _as_problem(unattested, UNATTESTED, "t")).persist()
+    problems = (_problems(completes, dequeues, replicas, mirrored, runs, marks, bound)
+                .unionByName(_as_problem(unattested, UNATTESTED, "t"))
+                .unionByName(_as_problem(_at_risk(completes, replicas, marks), AT_RISK, "t"))
+                .unionByName(_as_problem(diverged, DIVERGED, "t"))).persist()
     try:
-        counts = (problems.groupBy("queue", "backup", "problem").agg(F.sum("weight").alias("n")).toPandas()
-                  .pivot_table(index=["queue", "backup"], columns="problem", values="n", aggfunc="sum"))
+        counts = problems.groupBy("queue", "backup", "problem").agg(F.sum("weight").alias("n")).toPandas()
         detail = (problems.orderBy("problem", "queue", "seq", "backup").limit(DETAIL_LIMIT)
                   .select("problem", "queue", "seq", "message_id", "backup", F.timestamp_micros("t").alias("time"))
                   .toPandas())
-        unattested_by_queue = unattested.groupBy("queue").agg(F.count("*").alias("unattested")).toPandas()
         unattested_by_epoch = unattested.groupBy("epoch").agg(F.count("*").alias("unattested")).toPandas()
     finally:
         problems.unpersist()
         unattested.unpersist()
-    backups = _backup_table(_per_backup(replicas, lag), counts)
+    backups = _backup_table(_per_backup(replicas, lag), _pivot(counts, ["queue", "backup"], _COUNT_COLUMNS))
     bad_input = _bad_table(bad)
     totals["bad_lines"] = int(bad_input["lines"].sum())
-    return Audit(totals=totals, queues=_queue_table(primary_side, completes, origin, backups, unattested_by_queue),
+    queues = _queue_table(primary_side, completes, origin, backups, _pivot(counts, ["queue"], _QUEUE_COUNT_COLUMNS))
+    return Audit(totals=totals, queues=queues,
                  backups=backups, epochs=_epochs(primary_side, dequeues, origin, unattested_by_epoch),
                  timeline=_timeline(lag, totals), problems=detail, bad_input=bad_input,
                  shards=_shard_table(ev, primary_side, lag, backups))
@@ -161,10 +177,12 @@ def _per_backup(replicas: DataFrame, lag: DataFrame) -> DataFrame:
 
 # The problems table: one row per message and backup behind a count; weight is what it adds to it.
 _PROBLEM_COLUMNS = ("problem", "queue", "seq", "message_id", "backup", "t", "weight")
-MISSING, UNVERIFIED, DUPLICATE, OUT_OF_ORDER, NOT_MIRRORED, UNATTESTED = (
-    "missing", "unverified", "duplicate", "out of order", "dequeue not mirrored", "unattested")
+MISSING, UNVERIFIED, DUPLICATE, OUT_OF_ORDER, NOT_MIRRORED, UNATTESTED, AT_RISK, DIVERGED = (
+    "missing", "unverified", "duplicate", "out of order", "dequeue not mirrored", "unattested", "at risk", "diverged")
+# Problem -> its column in the backups table (and summed per queue), and in the queues table alone.
 _COUNT_COLUMNS = {MISSING: "missing", UNVERIFIED: "unverified", DUPLICATE: "duplicates",
                   OUT_OF_ORDER: "order_violations", NOT_MIRRORED: "dequeues_not_mirrored"}
+_QUEUE_COUNT_COLUMNS = {UNATTESTED: "unattested", AT_RISK: "at_risk", DIVERGED: "diverged"}
 
 
 def _problems(completes: DataFrame, dequeues: DataFrame, replicas: DataFrame, mirrored: DataFrame,
@@ -184,6 +202,41 @@ def _problems(completes: DataFrame, dequeues: DataFrame, replicas: DataFrame, mi
 def _as_problem(frame: DataFrame, problem: str, time: str, weight: Column | None = None) -> DataFrame:
     return frame.select(F.lit(problem).alias("problem"), "queue", "seq", "message_id", "backup",
                         F.col(time).alias("t"), (weight if weight is not None else F.lit(1)).alias("weight"))
+
+
+def _pivot(counts: pd.DataFrame, index: list[str], columns: dict[str, str]) -> pd.DataFrame:
+    """The counts (index..., problem, n) of the problems in `columns`, a column each under its name there."""
+    chosen = counts[counts["problem"].isin(list(columns))]
+    return (chosen.pivot_table(index=index, columns="problem", values="n", aggfunc="sum")
+            .rename(columns=columns).reindex(columns=list(columns.values())))
+
+
+def _at_risk(completes: DataFrame, replicas: DataFrame, marks: DataFrame) -> DataFrame:
+    """Confirmations made while fewer than a majority of the cluster held the message: the primary, the
+    backups its `complete` names and those that logged a copy before it (_unnamed_holders) are fewer than
+    cluster_size // 2 + 1, the size its run's marks give (a run whose marks give none, a log older than the
+    field, is not judged). What the floor forbids unless opted out of (ha.min_confirmations: 1): a partition
+    can lose such a message."""
+    sizes = (marks.filter(F.col("cluster_size").isNotNull()).groupBy("broker", "run")
+             .agg(F.max("cluster_size").alias("cluster_size")))
+    majority = F.floor(F.col("cluster_size") / 2) + 1
+    short = (completes.filter(F.col("judged")).drop("cluster_size").join(F.broadcast(sizes), ["broker", "run"])
+             .filter(F.size("backups") + 1 < majority))
+    holders = F.size("backups") + 1 + F.coalesce(F.col("unnamed"), F.lit(0))
+    return (short.join(_unnamed_holders(short, replicas), ["uid", "seq"], "left").filter(holders < majority)
+            .withColumn("backup", F.lit(None).cast("string")))
+
+
+def _unnamed_holders(confirmations: DataFrame, replicas: DataFrame) -> DataFrame:
+    """(uid, seq, unnamed): how many backups a confirmation does not name had logged a copy of its message
+    before it. A backup still catching up on the queue votes for the live copies it settles, so the floor can
+    count it before it is ready, and a `complete` names only the ready ones."""
+    copies = replicas.select("uid", "seq", F.col("backup").alias("holder"), F.col("t").alias("copy_t"))
+    return (confirmations.select("uid", "seq", "t", "backups", F.col("broker").alias("primary"))
+            .join(copies, ["uid", "seq"])
+            .filter((F.col("copy_t") <= F.col("t")) & (F.col("holder") != F.col("primary"))
+                    & ~F.array_contains("backups", F.col("holder")))
+            .groupBy("uid", "seq").agg(F.countDistinct("holder").alias("unnamed")))
 
 
 def _unattested(primary_side: DataFrame, replicas: DataFrame) -> DataFrame:
@@ -234,7 +287,6 @@ def _event_counts() -> list[Column]:
 
 
 def _backup_table(per_backup: DataFrame, counts: pd.DataFrame) -> pd.DataFrame:
-    counts = counts.rename(columns=_COUNT_COLUMNS).reindex(columns=list(_COUNT_COLUMNS.values()))
     result = per_backup.toPandas().merge(counts, left_on=["queue", "backup"], right_index=True, how="outer")
     numbers = ["received", "live", "catchup", *_COUNT_COLUMNS.values()]
     result[numbers] = result[numbers].fillna(0).astype("int64")
@@ -244,7 +296,7 @@ def _backup_table(per_backup: DataFrame, counts: pd.DataFrame) -> pd.DataFrame:
 
 
 def _queue_table(primary_side: DataFrame, completes: DataFrame, origin: DataFrame,
-                 backups: pd.DataFrame, unattested: pd.DataFrame) -> pd.DataFrame:
+                 backups: pd.DataFrame, queue_counts: pd.DataFrame) -> pd.DataFrame:
     judged = primary_side.filter(F.col("judged"))
     counts = judged.groupBy("queue").agg(*_event_counts())
     latency = (completes.filter(F.col("judged")).join(origin, ["uid", "seq"])
@@ -253,9 +305,9 @@ def _queue_table(primary_side: DataFrame, completes: DataFrame, origin: DataFram
     result = counts.filter(F.col("queue").isNotNull()).join(latency, "queue", "left").toPandas()
     sums = backups.groupby("queue")[list(_COUNT_COLUMNS.values())].sum()
     result = result.merge(sums, left_on="queue", right_index=True, how="outer")
-    result = result.merge(unattested, on="queue", how="outer")
+    result = result.merge(queue_counts, left_on="queue", right_index=True, how="outer")
     result["backups"] = result["queue"].map(backups.groupby("queue")["backup"].nunique())
-    numbers = ["enqueued", "completed", "dequeued", "backups", *_COUNT_COLUMNS.values(), "unattested"]
+    numbers = ["enqueued", "completed", "dequeued", "backups", *_COUNT_COLUMNS.values(), *_QUEUE_COUNT_COLUMNS.values()]
     result[numbers] = result[numbers].fillna(0).astype("int64")
     return result[["queue", "enqueued", "completed", "dequeued", "completion_p50_ms", "completion_p95_ms",
                    "completion_p99_ms", "completion_max_ms", *numbers[3:]]].sort_values("queue", ignore_index=True)
@@ -351,13 +403,14 @@ def _ledger_tables(ev: DataFrame, entries: DataFrame) -> tuple[pd.DataFrame, pd.
 
 def _held_at_end(ev: DataFrame) -> DataFrame:
     """(queue, id) of the messages on the last primary's queues when its log ends: what its last run
-    enqueued as primary or received as a backup, less what it dequeued (or applied a dequeue of)."""
+    enqueued as primary or received as a backup, less what it dequeued (or applied a dequeue of, or kept
+    aside as diverged)."""
     last = (ev.filter(F.col("role") != schema.BACKUP)
             .orderBy(F.col("epoch").desc(), F.col("t").desc()).select("broker", "run").limit(1))
     mine = ev.join(F.broadcast(last), ["broker", "run"])
     held = mine.filter(F.col("event").isin(schema.ENQUEUE, schema.REPLICATE)).select("queue", "uid", "seq",
                                                                                     "message_id")
-    gone = mine.filter(F.col("event") == schema.DEQUEUE).select("uid", "seq")
+    gone = mine.filter(F.col("event").isin(schema.DEQUEUE, schema.DIVERGED)).select("uid", "seq")
     return (held.join(gone, ["uid", "seq"], "left_anti").filter(F.col("message_id").isNotNull())
             .select("queue", F.col("message_id").alias("id")).distinct())
 
@@ -409,7 +462,7 @@ def run_audit(events: str, out: str, master: str | None, since: int | None, unti
         spark.stop()
     report.write(audit, out)
     print(report.summary(audit))
-    if fail_on_loss and (audit.missing or audit.lost):
+    if fail_on_loss and (audit.missing or audit.lost or audit.at_risk or audit.diverged):
         return EXIT_LOSS
     return EXIT_CANNOT_TELL if fail_on_loss and audit.unattested else EXIT_OK
 

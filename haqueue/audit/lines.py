@@ -28,13 +28,14 @@ class Kind(Enum):
     LIVE = (_lines.LIVE, schema.REPLICATE)  # records carry the primary's enqueue time
     CATCHUP = (_lines.CATCHUP, schema.REPLICATE)
     MIRRORED = (_lines.MIRRORED, schema.DEQUEUE)  # a backup applied the primary's dequeue
+    DIVERGED = (_lines.DIVERGED, schema.DIVERGED)  # a backup kept aside what the new primary never had
 
     def __init__(self, index: int, event: str) -> None:
         self.index, self.event = index, event
 
 
 PRIMARY_KINDS = (Kind.ENQUEUE, Kind.COMPLETE, Kind.DEQUEUE)  # in the order their lines are written
-BACKUP_KINDS = (Kind.LIVE, Kind.CATCHUP, Kind.MIRRORED)
+BACKUP_KINDS = (Kind.LIVE, Kind.CATCHUP, Kind.MIRRORED, Kind.DIVERGED)
 
 # What `_lines.write` writes: lines already formatted, or (parts, a batch of records, the number of
 # the line before).
@@ -44,10 +45,12 @@ Group = tuple[tuple[bytes, ...], Batch, int]
 class LineFormatter:
     """The lines of one broker process (a run): numbers them and keeps the text their batches share."""
 
-    def __init__(self, broker: str, shard: int | None = None) -> None:
-        """`shard`: the process's shard in a sharded cluster, written in every line (none: no field)."""
+    def __init__(self, broker: str, shard: int | None = None, cluster_size: int = 1) -> None:
+        """`shard`: the process's shard in a sharded cluster, written in every line (none: no field);
+        `cluster_size`: the brokers of its HA cluster, written in every mark (not per message: it never changes)."""
         self.broker_json = json.dumps(broker)
         self.shard_json = "" if shard is None else f',"shard":{shard}'
+        self.cluster_size = cluster_size
         self.run = int(time.time() * 1e6)
         self.n = 0  # the last line's number
         self._parts: dict[tuple[Any, ...], tuple[bytes, ...]] = {}
@@ -72,7 +75,8 @@ class LineFormatter:
         """A mark line at time.time_ns() t."""
         self.n += 1
         return (f'{{"t":{t // 1000},"event":"mark","broker":{self.broker_json},'
-                f'"role":"{role}","epoch":{epoch}{self.shard_json},"run":{self.run},"n":{self.n}}}\n').encode()
+                f'"role":"{role}","epoch":{epoch}{self.shard_json},"run":{self.run},"n":{self.n},'
+                f'"cluster_size":{self.cluster_size}}}\n').encode()
 
     def group(self, parts: tuple[bytes, ...], batch: Batch) -> Group:
         """`batch` numbered as the next lines, for `_lines.write`."""

@@ -93,7 +93,10 @@ def summary(audit: "Audit") -> str:
                      f"(completion p50 {_ms(q['completion_p50_ms'])} p99 {_ms(q['completion_p99_ms'])}), "
                      f"{q['dequeued']:,} dequeued"
                      + (f", {q['unattested']:,} unattested (held by backups, unknown to the primary's log)"
-                        if q["unattested"] else ""))
+                        if q["unattested"] else "")
+                     + (f", {q['at_risk']:,} at risk (confirmed while fewer than a majority held them)"
+                        if q["at_risk"] else "")
+                     + (f", {q['diverged']:,} diverged (kept aside at a rejoin)" if q["diverged"] else ""))
         for _, b in audit.backups[audit.backups["queue"] == q["queue"]].iterrows():
             lines.append(f"  backup {b['backup']}: {b['received']:,} received ({b['catchup']:,} in catch-up), "
                          f"lag p50 {_ms(b['lag_p50_ms'])} p95 {_ms(b['lag_p95_ms'])} p99 {_ms(b['lag_p99_ms'])} "
@@ -104,21 +107,29 @@ def summary(audit: "Audit") -> str:
         lines.append(f"ledgers, queue {q['queue']}: {q['confirmed']:,} confirmed by producers, {q['received']:,} "
                      f"received by consumers; lost {q['lost']}, duplicated {q['duplicated']}, "
                      f"unexpected {q['unexpected']}, {q['left_on_queue']:,} left on the queue")
-    missing, lost, unattested = audit.missing, audit.lost, audit.unattested
-    if missing:
-        lines.append(f"LOSS: {_count(missing, 'confirmed message')} missing on a ready backup (see problems.csv)")
-    if lost:
-        lines.append(f"LOSS: {_count(lost, 'confirmed message')} lost: never received by a consumer and not on "
-                     f"the queue at the end (see ledger_problems.csv)")
-    if unattested:
-        lines.append(f"CANNOT TELL: {_count(unattested, 'message')} held by backups with no record from the primary "
-                     f"that sent them (its log lost its tail: a machine crash?), so loss there cannot be ruled out "
-                     f"(see problems.csv)")
-    if not (missing or lost or unattested):
-        lines.append("no loss: every confirmed message reached every backup that was ready"
+    return "\n".join(lines + _verdict(audit))
+
+
+def _verdict(audit: "Audit") -> list[str]:
+    """The summary's last lines: each kind of loss or risk found, what cannot be told, or no loss."""
+    findings = [
+        (audit.missing, f"LOSS: {_count(audit.missing, 'confirmed message')} missing on a ready backup "
+                        f"(see problems.csv)"),
+        (audit.lost, f"LOSS: {_count(audit.lost, 'confirmed message')} lost: never received by a consumer and not "
+                     f"on the queue at the end (see ledger_problems.csv)"),
+        (audit.at_risk, f"AT RISK: {_count(audit.at_risk, 'message')} confirmed while fewer than a majority of the "
+                        f"cluster held them (ha.min_confirmations below a majority): a partition can lose such a "
+                        f"message (see problems.csv)"),
+        (audit.diverged, f"DIVERGED: {_count(audit.diverged, 'message')} kept aside by a rejoining broker, never on "
+                         f"the new primary: `haqueue diverged list` / `republish` on that broker's data_dir "
+                         f"(see problems.csv)"),
+        (audit.unattested, f"CANNOT TELL: {_count(audit.unattested, 'message')} held by backups with no record from "
+                           f"the primary that sent them (its log lost its tail: a machine crash?), so loss there "
+                           f"cannot be ruled out (see problems.csv)")]
+    found = [line for count, line in findings if count]
+    return found or ["no loss: every confirmed message reached every backup that was ready"
                      + ("; every message producers had confirmed was received or is still queued"
-                        if len(audit.ledgers) else ""))
-    return "\n".join(lines)
+                        if len(audit.ledgers) else "")]
 
 
 def _count(n: int, noun: str) -> str:

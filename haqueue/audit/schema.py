@@ -6,10 +6,12 @@ cannot drift apart. Pure Python: the broker imports it without PySpark.
 from __future__ import annotations
 
 # Event kinds. The primary (or a standalone broker) writes ENQUEUE, COMPLETE and DEQUEUE; a backup
-# writes REPLICATE and DEQUEUE (a dequeue the primary told it about). Every broker writes a MARK at
-# least once a second and when it stops: its log is complete up to its last line, busy or idle.
-ENQUEUE, COMPLETE, DEQUEUE, REPLICATE, MARK = "enqueue", "complete", "dequeue", "replicate", "mark"
-EVENTS = (ENQUEUE, COMPLETE, DEQUEUE, REPLICATE, MARK)
+# writes REPLICATE, DEQUEUE (a dequeue the primary told it about) and DIVERGED (a message it kept aside
+# at a rejoin: the new primary never had it). Every broker writes a MARK at least once a second and
+# when it stops: its log is complete up to its last line, busy or idle.
+ENQUEUE, COMPLETE, DEQUEUE, REPLICATE, MARK, DIVERGED = (
+    "enqueue", "complete", "dequeue", "replicate", "mark", "diverged")
+EVENTS = (ENQUEUE, COMPLETE, DEQUEUE, REPLICATE, MARK, DIVERGED)
 
 PRIMARY, BACKUP, STANDALONE = "primary", "backup", "standalone"
 
@@ -34,12 +36,16 @@ FIELDS: dict[str, str] = {
     "backups": "ARRAY<STRING>",  # complete: the backups ready for this queue when it was confirmed
     "mode": "STRING",  # replicate: live or catchup
     "enqueued": "BIGINT",  # replicate: the primary's time carried with a live message (0 in catch-up)
+    # mark: the brokers of the writer's HA cluster (ha.brokers; 1 without HA), what a `complete`'s backups are
+    # judged against (a majority must hold a message). Once a second, not per message; absent in older logs.
+    "cluster_size": "BIGINT",
 }
 
 REQUIRED = ("t", "event", "broker", "role", "epoch", "run", "n")
 _MESSAGE = ("queue", "uid", "seq")
 REQUIRED_FOR: dict[str, tuple[str, ...]] = {ENQUEUE: _MESSAGE, DEQUEUE: _MESSAGE, COMPLETE: (*_MESSAGE, "backups"),
-                                            REPLICATE: (*_MESSAGE, "mode", "enqueued"), MARK: ()}
+                                            REPLICATE: (*_MESSAGE, "mode", "enqueued"), MARK: (),
+                                            DIVERGED: _MESSAGE}
 
 DDL = ", ".join(f"`{name}` {kind}" for name, kind in FIELDS.items())  # for Spark's from_json
 

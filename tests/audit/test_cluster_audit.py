@@ -1,6 +1,8 @@
 """A real 3-broker cluster writing audit events: publish and consume under load, kill -9 the primary,
 promote a backup, let the old primary return as a backup; then `haqueue audit lag --fail-on-loss`
-over the events must report zero loss, and its figures must agree with what the clients saw."""
+over the events must report zero loss, and its figures must agree with what the clients saw. Under the
+floor's opt-out, a primary cut off from its backups confirms alone and its messages diverge at its
+rejoin: the audit must name both."""
 from __future__ import annotations
 
 import json
@@ -9,9 +11,10 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from proton import Message
 
 from audit_command import run_audit_command
-from ha_harness import Load, wait_for
+from ha_harness import Load, send_all, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -95,3 +98,39 @@ def test_kill9_failover_audits_with_zero_loss(ha_cluster, tmp_path):
     assert ledgers.loc["audited", "received"] == len(set(load.received))
     assert ledgers.loc["audited", ["lost", "unexpected"]].tolist() == [0, 0]
     assert ledgers.loc["audited", "duplicated"] == len(load.report()["duplicates"])
+
+
+def test_a_partition_under_the_opt_out_is_named_at_risk_and_diverged(ha_cluster, tmp_path):
+    """Issue 27 on real brokers under `min_confirmations: 1`: the primary, its backups hung (SIGSTOP), confirms
+    alone once `backup_timeout` drops them (at risk) and is killed; a backup takes over, and the old primary
+    rejoins and keeps aside what the new primary never had (diverged). The audit names both and fails."""
+    pytest.importorskip("pyspark")
+    events, out = tmp_path / "events", tmp_path / "audit"
+    c = ha_cluster(backup_timeout=1.0, ha_extra={"min_confirmations": 1}, extra={"audit": {"dir": str(events)}})
+    p = c.start_cluster()
+    send_all(c.public, "q", [Message(id=f"m-{i}", body=i, durable=True) for i in range(3)])
+    for b in c.brokers[1:]:
+        c.wait_depth(b, "q", 3)
+    c.sigstop(c[1])
+    c.sigstop(c[2])
+    alone = [Message(id=f"m-{i}", body=i, durable=True) for i in range(3, 10)]
+    send_all(c.public, "q", alone[:1])  # confirmed once both backups are dropped: the rest at once
+    send_all(c.public, "q", alone[1:])
+    c.kill(p)
+    c.sigcont(c[1])
+    c.sigcont(c[2])
+    c.promote(c[1], force=True)
+    c.start(0)  # the old primary rejoins as a backup of b1
+    c.wait_backups_ready(c[1], [p.name, c[2].name])
+    kept = {m.id for m in alone} - {m.id for m in c.browse(c[1], "q")}
+    c.shutdown()
+
+    result = run_audit_command(["audit", "lag", "--events", str(events), "--out", str(out), "--master", "local[2]",
+                                "--fail-on-loss"])
+    assert result.returncode == 1, result.stdout + result.stderr[-3000:]
+    problems = pd.read_csv(out / "problems.csv")
+    named = {kind: set(problems.loc[problems["problem"] == kind, "message_id"]) for kind in ("at risk", "diverged")}
+    assert named == {"at risk": {m.id for m in alone}, "diverged": kept}, result.stdout
+    assert len(kept) >= 5  # the first may have reached the backups' sockets before they were dropped
+    queues = pd.read_csv(out / "queues.csv").set_index("queue")
+    assert queues.loc["q", ["missing", "at_risk", "diverged"]].tolist() == [0, len(alone), len(kept)]

@@ -112,27 +112,31 @@ def lines_of(f: LineFormatter, kind: Kind, records: list, role: str = "primary",
 
 
 def test_lines_follow_the_schema():
-    f = LineFormatter('b"1%s')
+    f = LineFormatter('b"1%s', cluster_size=3)
     data, other = encoded(id="m-1"), encoded(id=7)
     text = b"".join([lines_of(f, Kind.ENQUEUE, [(1_500_000_000, 7, data), (1_500_000_999, 8, other)]),
                      lines_of(f, Kind.COMPLETE, [(1_500_100_000, 7, data)], backups=("b2", "b3")),
                      lines_of(f, Kind.DEQUEUE, [(1_700_000_000, 7, data)]),
                      lines_of(f, Kind.LIVE, [(1_600_000_000, 9, data, 1_400_000)], role="backup"),
                      lines_of(f, Kind.CATCHUP, [(1_600_000_000, 10, other)], role="backup"),
+                     lines_of(f, Kind.DIVERGED, [(1_800_000_000, 11, data)], role="backup"),
                      f.mark(2_000_000_000, schema.BACKUP, 3)])
     events = [json.loads(line) for line in text.decode().splitlines()]
     for event in events:
         check_schema(event)
     assert [e["event"] for e in events] == ["enqueue", "enqueue", "complete", "dequeue", "replicate", "replicate",
-                                            "mark"]
-    assert [e["n"] for e in events] == list(range(1, 8))
+                                            "diverged", "mark"]
+    assert [e["n"] for e in events] == list(range(1, 9))
     assert events[0] == {"t": 1_500_000, "event": "enqueue", "broker": 'b"1%s', "role": "primary", "epoch": 3,
                          "run": f.run, "n": 1, "queue": 'q"%d', "uid": 'uid-q"%d', "seq": 7, "message_id": "m-1"}
     assert [e["message_id"] for e in events[:6]] == ["m-1", "7", "m-1", "m-1", "m-1", "7"]
     assert events[2]["backups"] == ["b2", "b3"]
     assert (events[4]["role"], events[4]["mode"], events[4]["enqueued"]) == ("backup", "live", 1_400_000)
     assert (events[5]["mode"], events[5]["enqueued"]) == ("catchup", 0)
-    assert events[6]["role"] == "backup" and "seq" not in events[6]
+    assert events[6] == {"t": 1_800_000, "event": "diverged", "broker": 'b"1%s', "role": "backup", "epoch": 3,
+                         "run": f.run, "n": 7, "queue": 'q"%d', "uid": 'uid-q"%d', "seq": 11, "message_id": "m-1"}
+    assert events[7]["role"] == "backup" and "seq" not in events[7] and events[7]["cluster_size"] == 3
+    assert not any("cluster_size" in e for e in events[:7])  # the marks say it, once a second: no message line
 
 
 def test_a_shard_process_names_its_shard_in_every_line():
@@ -230,6 +234,7 @@ def test_a_standalone_broker_writes_enqueue_complete_dequeue(broker_factory, tmp
         *(("dequeue", i + 1, f"order-{i}") for i in range(3))}
     assert {(e["broker"], e["role"], e["epoch"], e["queue"]) for e in messages} == {("solo", "standalone", 0, "orders")}
     assert got[0]["event"] == "mark" and got[-1]["event"] == "mark"  # the run's start and its clean stop
+    assert got[0]["cluster_size"] == 1  # no HA: it confirms alone, as a cluster of one
     assert [e["n"] for e in got] == list(range(1, len(got) + 1))
 
 
@@ -251,17 +256,42 @@ def test_every_confirmation_a_client_saw_survives_a_kill_9(broker_factory, tmp_p
     assert confirmed == [f"order-{i}" for i in range(200)]
 
 
-def test_buffered_events_are_written_under_the_context_they_happened_in(tmp_path):
-    """HA's context hooks: replicas recorded as a backup stay backup lines of the old epoch though the
-    broker is promoted before the next flush; a confirmation names the backups ready when it happened."""
-    q = Queue("orders", {}, uid="uid-orders", schedule=lambda q: None)
+def backup_audit(directory: Path, q: Queue) -> tuple[AuditLog, SimpleNamespace, list]:
+    """An AuditLog on stand-ins for a broker holding `q` and its HA, a backup of epoch 1 in a cluster of 3
+    (ha.ready: the backups ready for `q` once promoted); (the audit, the HA, the broker's completion hooks)."""
     ha = SimpleNamespace(policy=SimpleNamespace(replicates_messages=lambda queue: True), epoch=SimpleNamespace(epoch=1),
-                         primary=None, ready=(), replication_hooks=[], context_hooks=[], promotion_hooks=[])
+                         primary=None, ready=(), replication_hooks=[], context_hooks=[], promotion_hooks=[],
+                         config=SimpleNamespace(brokers=[("127.0.0.1", port) for port in (1, 2, 3)]))
     ha.ready_backups = lambda queue: ha.ready
     completion_hooks: list = []
     broker = SimpleNamespace(name="b1", registry=SimpleNamespace(queues=lambda: [q], queue_hooks=[]),
                              completion_hooks=completion_hooks, flush_hooks=[], engine=SimpleNamespace(every=lambda *a: None))
-    audit = AuditLog(broker, AuditConfig(dir=str(tmp_path)), ha)  # type: ignore[arg-type]
+    return AuditLog(broker, AuditConfig(dir=str(directory)), ha), ha, completion_hooks  # type: ignore[arg-type]
+
+
+def test_a_backup_logs_each_kind_its_replication_hook_passes(tmp_path):
+    """E a live replica, C a caught-up one, D a dequeue the primary sent; V a message kept aside at a rejoin
+    (the new primary never had it): its own event, not a dequeue. Marks say the cluster's size."""
+    q = Queue("orders", {}, uid="uid-orders", schedule=lambda q: None)
+    audit, ha, _ = backup_audit(tmp_path, q)
+    for kind, seq in ((b"E", 1), (b"C", 2), (b"D", 1), (b"V", 3)):
+        for hook in ha.replication_hooks:
+            hook(q, kind, seq, 1_000 if kind == b"E" else 0, encoded(id=f"m-{seq}"))
+    audit.close()
+    got = read_lines(tmp_path)
+    for event in got:
+        check_schema(event)
+    assert [(e["event"], e.get("mode"), e["seq"], e["message_id"]) for e in got if e["event"] != "mark"] == [
+        ("replicate", "live", 1, "m-1"), ("replicate", "catchup", 2, "m-2"), ("dequeue", None, 1, "m-1"),
+        ("diverged", None, 3, "m-3")]
+    assert {(e["role"], e["cluster_size"]) for e in got if e["event"] == "mark"} == {("backup", 3)}
+
+
+def test_buffered_events_are_written_under_the_context_they_happened_in(tmp_path):
+    """HA's context hooks: replicas recorded as a backup stay backup lines of the old epoch though the
+    broker is promoted before the next flush; a confirmation names the backups ready when it happened."""
+    q = Queue("orders", {}, uid="uid-orders", schedule=lambda q: None)
+    audit, ha, completion_hooks = backup_audit(tmp_path, q)
 
     def context_changes(change) -> None:  # as HaBroker does it: the hooks first
         for hook in ha.context_hooks:

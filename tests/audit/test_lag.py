@@ -1,6 +1,7 @@
 """The Spark job on synthetic event sets with known answers (eventsets.failover_scenario): exact lags,
 a planted missing message, a planted duplicate, an out-of-order pair, a dequeue not mirrored, a
-failover; bad input counted, never fatal; the time window; the command line and its exit code."""
+failover; confirmations at risk and messages kept aside at a rejoin (eventsets.partition_scenario);
+bad input counted, never fatal; the time window; the command line and its exit code."""
 from __future__ import annotations
 
 import json
@@ -12,7 +13,7 @@ import pandas as pd
 import pytest
 
 from audit_command import run_audit_command
-from eventsets import EPOCH2, SECOND, T0, EventLog, failover_scenario
+from eventsets import EPOCH2, SECOND, T0, EventLog, failover_scenario, partition_scenario
 from harness import run_haqueue
 from haqueue.audit import schema
 
@@ -47,12 +48,12 @@ def test_per_backup_figures(audit):
 
 def test_per_queue_figures(audit):
     assert rows(audit.queues, list(audit.queues.columns)) == [
-        ("q", 12, 12, 6, 2.0, 2.0, 2.0, 2.0, 3, 1, 0, 1, 1, 1, 0)]
+        ("q", 12, 12, 6, 2.0, 2.0, 2.0, 2.0, 3, 1, 0, 1, 1, 1, 0, 0, 0)]
     assert list(audit.queues.columns) == [
         "queue", "enqueued", "completed", "dequeued", "completion_p50_ms", "completion_p95_ms", "completion_p99_ms",
         "completion_max_ms", "backups", "missing", "unverified", "duplicates", "order_violations",
-        "dequeues_not_mirrored", "unattested"]
-    assert audit.missing == 1
+        "dequeues_not_mirrored", "unattested", "at_risk", "diverged"]
+    assert audit.missing == 1 and audit.at_risk == 0  # every confirmation named 1 or 2 backups of 3 brokers
 
 
 def test_the_failover_is_followed_to_the_new_primary(audit):
@@ -154,6 +155,30 @@ def test_command_line_writes_tables_chart_summary_and_fails_on_loss(scenario_dir
         assert (out / f"{name}.csv").exists()
     assert pd.read_csv(out / "backups.csv")["missing"].tolist() == [0, 0, 1]
     assert (out / "lag.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_confirmations_at_risk_and_messages_kept_aside_are_named_and_fail_the_audit(tmp_path):
+    """Issue 27's partition under the opt-out: b0 confirmed seq 4 and 5 alone (at risk), then kept them
+    aside at its rejoin (diverged, not a mirrored dequeue); --fail-on-loss exits 1 on them, nothing missing."""
+    events, out = partition_scenario().write(tmp_path / "events"), tmp_path / "out"
+    result = run_audit_command(["audit", "lag", "--events", str(events), "--out", str(out), "--master", "local[2]",
+                                "--fail-on-loss"])
+    assert result.returncode == 1, result.stdout + result.stderr[-3000:]
+    summary = result.stdout.splitlines()
+    assert "queue q: 6 enqueued, 6 confirmed (completion p50 2 ms p99 2 ms), 0 dequeued, 2 at risk (confirmed " \
+           "while fewer than a majority held them), 2 diverged (kept aside at a rejoin)" in summary
+    assert summary[-2:] == [
+        "AT RISK: 2 messages confirmed while fewer than a majority of the cluster held them (ha.min_confirmations "
+        "below a majority): a partition can lose such a message (see problems.csv)",
+        "DIVERGED: 2 messages kept aside by a rejoining broker, never on the new primary: `haqueue diverged list` / "
+        "`republish` on that broker's data_dir (see problems.csv)"]
+    queues = pd.read_csv(out / "queues.csv")
+    assert rows(queues, ["queue", "completed", "missing", "dequeues_not_mirrored", "at_risk", "diverged"]) == [
+        ("q", 6, 0, 0, 2, 2)]
+    problems = pd.read_csv(out / "problems.csv")
+    assert rows(problems, ["problem", "queue", "seq", "message_id", "backup"]) == [
+        ("at risk", "q", 4, "msg-4", None), ("at risk", "q", 5, "msg-5", None),
+        ("diverged", "q", 4, "msg-4", "b0"), ("diverged", "q", 5, "msg-5", "b0")]
 
 
 def _primary_and_backup(log: EventLog, seqs: range, replicated: set[int]) -> None:

@@ -26,7 +26,8 @@ def make_audit(missing: int) -> Audit:
     queues = pd.DataFrame([{"queue": "orders", "enqueued": 1000, "completed": 990, "dequeued": 800,
                             "completion_p50_ms": 0.8, "completion_p95_ms": 2.0, "completion_p99_ms": 2.5,
                             "completion_max_ms": 9.0, "backups": 2, "missing": missing, "unverified": 2,
-                            "duplicates": 3, "order_violations": 1, "dequeues_not_mirrored": 1, "unattested": 0}])
+                            "duplicates": 3, "order_violations": 1, "dequeues_not_mirrored": 1, "unattested": 0,
+                            "at_risk": 0, "diverged": 0}])
     epochs = pd.DataFrame([
         {"epoch": 1, "primary": "b0", "first_event": T, "last_event": T + pd.Timedelta(seconds=5),
          "enqueued": 600, "completed": 600, "dequeued": 500, "inherited_dequeued": 0, "unattested": 0},
@@ -75,6 +76,22 @@ def test_unattested_messages_make_the_summary_say_it_cannot_tell():
                          "(its log lost its tail: a machine crash?), so loss there cannot be ruled out "
                          "(see problems.csv)")
     assert not any(line.startswith("no loss") for line in lines)
+
+
+def test_confirmations_at_risk_and_diverged_messages_are_named_and_are_not_no_loss():
+    audit = make_audit(missing=0)
+    audit.queues["at_risk"] = 5
+    lines = report.summary(audit).splitlines()
+    assert lines[4] == ("queue orders: 1,000 enqueued, 990 confirmed (completion p50 0.8 ms p99 2.5 ms), 800 dequeued, "
+                        "5 at risk (confirmed while fewer than a majority held them)")
+    assert lines[-1] == ("AT RISK: 5 messages confirmed while fewer than a majority of the cluster held them "
+                         "(ha.min_confirmations below a majority): a partition can lose such a message "
+                         "(see problems.csv)")
+    audit.queues["at_risk"], audit.queues["diverged"] = 0, 1
+    lines = report.summary(audit).splitlines()
+    assert lines[4].endswith(", 800 dequeued, 1 diverged (kept aside at a rejoin)")
+    assert lines[-1] == ("DIVERGED: 1 message kept aside by a rejoining broker, never on the new primary: "
+                         "`haqueue diverged list` / `republish` on that broker's data_dir (see problems.csv)")
 
 
 def test_ledgers_are_summed_up_per_queue_and_a_lost_message_is_a_loss():
