@@ -68,9 +68,5 @@ def _lifo_catchup(c: HaCluster, n: int, timeout: float) -> None:
 
 @pytest.mark.slow
 def test_lifo_catchup_20k_under_load(ha_cluster):
+    """20,000 here; 100,000 is bench/ha_run.py's catch-up phase (RESULTS.md), not worth 45 s of every run."""
     _lifo_catchup(ha_cluster(), 20000, timeout=40)
-
-
-@pytest.mark.slow
-def test_lifo_catchup_100k_under_load(ha_cluster):
-    _lifo_catchup(ha_cluster(), 100000, timeout=120)
