@@ -53,22 +53,25 @@ def leftover_mounts(marker: str) -> list[str]:
 
 
 def fill(mount_point: Path) -> int:
-    """Fill the file system to the last block; returns the bytes written."""
-    path = mount_point / FILLER
-    free = os.statvfs(mount_point).f_bavail * os.statvfs(mount_point).f_frsize
+    """Fill the file system to the last block (1 MB writes, then 4 KB ones); returns the bytes written."""
+    fd = os.open(mount_point / FILLER, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
     written = 0
-    with open(path, "ab") as f:
-        chunk = b"\0" * (1 << 20)
+    try:
+        for chunk in (b"\0" * (1 << 20), b"\0" * 4096, b"\0"):
+            while True:
+                try:
+                    n = os.write(fd, chunk)
+                except OSError:  # ENOSPC: full at this size, try smaller
+                    break
+                written += n
+                if n < len(chunk):
+                    break
         try:
-            while written < free + (1 << 20):
-                written += f.write(chunk)
-                f.flush()
-        except OSError:  # ENOSPC: full, as wanted
-            pass
-        try:
-            os.fsync(f.fileno())
+            os.fsync(fd)
         except OSError:
             pass
+    finally:
+        os.close(fd)
     return written
 
 
