@@ -13,7 +13,8 @@ clients' ledgers). Every round prints one line; the end prints a Markdown table 
 mode: rounds, nemeses applied, confirmed, lost, duplicated (and their bound), unexpected, and the seed to
 replay it with. `--json FILE` also writes every round. Exit status 1 if a mode other than the opt-out
 `ha.min_confirmations: 1` (mode `all+min1`) lost a confirmed message, or any mode showed an unexpected
-message or duplicates above the bound; 2 if the coordinator cannot run here.
+message or duplicates above the bound, or the cluster was not healthy again in time after a round
+(counted in the table's last column; the cluster is then rebuilt); 2 if the coordinator cannot run here.
 """
 from __future__ import annotations
 
@@ -35,6 +36,8 @@ import nemeses  # noqa: E402
 import runner  # noqa: E402
 from pool import Pool, floor_missing, unavailable  # noqa: E402
 
+unhealthy: dict[str, int] = {}  # rounds per mode after which the cluster was not healthy (or served) in time
+
 MODES = {"all": ("all", None), "all_disk": ("all_disk", None), "quorum_mem": ("quorum_mem", None),
          "quorum_disk": ("quorum_disk", None), "all+min1": ("all", 1)}
 
@@ -46,16 +49,24 @@ def log(text: str) -> None:
 def run_mode(pool: Pool, coordinator: str, mode: str, seconds: float, rng: random.Random, per_round: int,
              hold: float, workdir: Path) -> list[runner.Outcome]:
     sync, floor = MODES[mode]
-    cluster = pool.get(coordinator, sync, floor)
     exclude = ("slow-disk",) if disks.blkio_available() else ()
     outcomes: list[runner.Outcome] = []
     deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline or not outcomes:
+    rounds = 0
+    while time.monotonic() < deadline or not rounds:
+        rounds += 1
+        cluster = pool.healthy(coordinator, sync, floor)
         round_seed = rng.randrange(1 << 31)
         plan = nemeses.mixed(random.Random(round_seed), per_round, cluster.backup_timeout, hold, exclude)
         consume = random.Random(round_seed).random() < 0.5
-        queue = f"nemesis-{mode.replace('+', '-')}-{len(outcomes)}"
-        outcome = runner.run(cluster, plan, round_seed, workdir, queue, consume_during=consume, log=log)
+        queue = f"nemesis-{mode.replace('+', '-')}-{rounds}"
+        try:
+            outcome = runner.run(cluster, plan, round_seed, workdir, queue, consume_during=consume, log=log)
+        except AssertionError as e:  # not healthy again in time, or no service after: a finding, not a crash
+            print(f"{coordinator} {mode} round seed {round_seed} [{'+'.join(n.name for n in plan)}]: FAILED: "
+                  f"{str(e).splitlines()[0]}", flush=True)
+            unhealthy[mode] = unhealthy.get(mode, 0) + 1
+            continue
         outcomes.append(outcome)
         print(outcome.line(), flush=True)
     return outcomes
@@ -65,8 +76,8 @@ def table(coordinator: str, seed: int, minutes: float, results: dict[str, list[r
     lines = [f"Nemesis run, {coordinator}, {minutes:g} min, seed {seed} "
              f"(`bench/nemesis.py --minutes {minutes:g} --coordinator {coordinator} --seed {seed} "
              f"--modes {','.join(results)}`), {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC:", "",
-             "| mode | rounds | nemeses | confirmed | lost | duplicated (bound) | unexpected | heal s (max) |",
-             "|---|---|---|---|---|---|---|---|"]
+             "| mode | rounds | nemeses | confirmed | lost | duplicated (bound) | unexpected | heal s (max) | not healed |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for mode, outcomes in results.items():
         applied = Counter(n for o in outcomes for n in o.nemeses)
         heals = [s for o in outcomes for s in o.heal_seconds]
@@ -74,7 +85,7 @@ def table(coordinator: str, seed: int, minutes: float, results: dict[str, list[r
             f"| `{mode}` | {len(outcomes)} | {', '.join(f'{n} {c}' for n, c in sorted(applied.items()))} | "
             f"{sum(o.confirmed for o in outcomes):,} | {sum(o.lost for o in outcomes):,} | "
             f"{sum(o.duplicated for o in outcomes):,} ({sum(o.duplicate_bound for o in outcomes):,}) | "
-            f"{sum(o.unexpected for o in outcomes):,} | {max(heals, default=0):.1f} |")
+            f"{sum(o.unexpected for o in outcomes):,} | {max(heals, default=0):.1f} | {unhealthy.get(mode, 0)} |")
     return "\n".join(lines)
 
 
@@ -116,7 +127,7 @@ def main() -> int:
             args.json.write_text("\n".join(json.dumps(o.as_dict()) for os_ in results.values() for o in os_) + "\n")
         print(table(args.coordinator, seed, args.minutes, results))
         log(f"ledgers in {workdir}; seed {seed}")
-    failed = any((o.lost and o.min_confirmations != 1) or o.unexpected or o.duplicated > o.duplicate_bound
+    failed = bool(unhealthy) or any((o.lost and o.min_confirmations != 1) or o.unexpected or o.duplicated > o.duplicate_bound
                  for outcomes in results.values() for o in outcomes)
     return 1 if failed else 0
 

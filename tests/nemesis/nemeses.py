@@ -34,7 +34,6 @@ def _need_primary(cluster: Any) -> Any:
 class Nemesis:
     name: str
     hold: float
-    needs: str | None = None  # a capability the machine must have: "blkio"
     _state: dict = field(default_factory=dict, repr=False)
 
     def begin(self, cluster: Any, rng: random.Random) -> str:
@@ -169,7 +168,7 @@ def catalogue(backup_timeout: float, hold: float = 12.0) -> dict[str, Callable[[
         "kill-backup": lambda: Kill("kill-backup", 2 * backup_timeout, lambda c, r: [_a_backup(c, r)]),
         "kill-all": lambda: Kill("kill-all", 1.0, lambda c, r: list(c.nodes)),
         "pause-primary": lambda: Pause("pause-primary", 3 * backup_timeout),
-        "slow-disk": lambda: SlowDisk("slow-disk", hold, needs="blkio"),
+        "slow-disk": lambda: SlowDisk("slow-disk", hold),  # needs cgroup v1 blkio (disks.blkio_available)
         "disk-full": lambda: DiskFull("disk-full", hold),
     }
 

@@ -1,7 +1,7 @@
 """At most one nemesis cluster alive at a time (two cores; namespaces shared with other suites).
 
 `Pool.get(coordinator, sync, min_confirmations)` returns the running cluster if it is that one, else
-destroys the current one and builds it. `close()` destroys whatever is left, also after a failure.
+destroys the current one and builds it; `Pool.healthy(...)` also heals it first (or rebuilds it). `close()` destroys whatever is left, also after a failure.
 `unavailable(coordinator)` says why a coordinator cannot run here (root, namespaces, iptables, loop
 devices, Pacemaker's or ZooKeeper's programs), for a clean skip.
 """
@@ -89,6 +89,17 @@ class Pool:
                      + ("" if min_confirmations is None else f", ha.min_confirmations {min_confirmations}"))
             self.cluster, self.key = _make(*key), key
         return self.cluster
+
+    def healthy(self, coordinator: str, sync: str, min_confirmations: int | None = None) -> Any:
+        """`get`, then healed and healthy (a failed test may have left a fault); rebuilt if it cannot be."""
+        cluster = self.get(coordinator, sync, min_confirmations)
+        try:
+            cluster.heal_and_wait(90)
+        except AssertionError as e:
+            self.log(f"nemesis: the cluster did not heal ({e}); building it again")
+            self.close()
+            cluster = self.get(coordinator, sync, min_confirmations)
+        return cluster
 
     def close(self) -> None:
         if self.cluster is None:

@@ -53,7 +53,7 @@ def test_nemesis(nemesis_pool, tmp_path, coordinator, sync, floor, names):
         pytest.skip(floor_missing())
     if "slow-disk" in names and disks.blkio_available():
         pytest.skip(disks.blkio_available())
-    cluster = nemesis_pool.get(coordinator, sync, floor)
+    cluster = nemesis_pool.healthy(coordinator, sync, floor)
     if names == ["mixed"]:
         plan = nemeses.mixed(random.Random(SEED), 3, cluster.backup_timeout,
                              exclude=("slow-disk",) if disks.blkio_available() else ())
