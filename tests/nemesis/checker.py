@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable
 
+from haqueue.audit.ledger import ledger_id
 from haqueue.audit.schema import CONFIRMED, RECEIVED
 
 
@@ -73,3 +74,23 @@ def ranges(ids: list[str]) -> str:
         else:
             runs.append([stem, int(n), int(n)])
     return ", ".join(f"{s}-{a}" + (f"..{b}" if b != a else "") for s, a, b in runs)
+
+
+def quarantined(data_dirs: Iterable[Path]) -> set[tuple[str, str]]:
+    """(queue, id) of every message the brokers set aside at a rejoin (`data_dir/diverged/`, read on the
+    host as `haqueue diverged list` reads it): a lost message found here was kept and can be republished;
+    one not found is gone. Empty with a haqueue that predates the quarantine."""
+    try:
+        from proton import Message
+
+        from haqueue.ha.quarantine import diverged_files, file_queue, read_messages
+    except ImportError:
+        return set()
+    found: set[tuple[str, str]] = set()
+    for data_dir in data_dirs:
+        for path in diverged_files(data_dir):  # not yet republished (nobody republishes during a run)
+            for _, data in read_messages(path):
+                message = Message()
+                message.decode(data)
+                found.add((file_queue(path), ledger_id(message.id)))
+    return found

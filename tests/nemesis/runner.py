@@ -49,6 +49,7 @@ class Outcome:
     heal_seconds: list[float] = field(default_factory=list)
     events: list[str] = field(default_factory=list)
     lost_ids: str = ""
+    quarantined: int = 0  # of the lost, how many a broker kept in data_dir/diverged (recoverable)
 
     @property
     def mode(self) -> str:
@@ -58,7 +59,7 @@ class Outcome:
         return (f"{self.coordinator} {self.mode} [{'+'.join(self.nemeses)}] seed {self.seed}"
                 f"{', consuming' if self.consume_during else ''}: confirmed "
                 f"{self.confirmed}, lost {self.lost}, duplicated {self.duplicated} (bound {self.duplicate_bound}), "
-                f"unexpected {self.unexpected}, left {self.left_on_queue}, {self.seconds:.0f} s, healed in "
+                f"unexpected {self.unexpected}, quarantined {self.quarantined}, left {self.left_on_queue}, {self.seconds:.0f} s, healed in "
                 f"{', '.join(f'{s:.1f}' for s in self.heal_seconds)} s" + (f"; lost ids {self.lost_ids}" if self.lost else ""))
 
     def as_dict(self) -> dict[str, Any]:
@@ -103,6 +104,8 @@ def run(cluster: Any, plan: list[Nemesis], seed: int, workdir: Path, queue: str,
     outcome.__dict__.update(verdict.counts())
     outcome.duplicate_bound = load.duplicate_bound()
     outcome.lost_ids = checker.ranges(verdict.lost)
+    kept = checker.quarantined(cluster.store(n) for n in cluster.nodes)
+    outcome.quarantined = sum(1 for key in verdict.lost if tuple(key.split("/", 1)) in kept)
     outcome.seconds = time.monotonic() - started
     log(f"nemesis: {outcome.line()}")
     return outcome
