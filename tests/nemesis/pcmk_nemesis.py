@@ -16,7 +16,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "pacemaker"))
 
 import disks  # noqa: E402
 import netfilter  # noqa: E402
-from clients import VipLoad  # noqa: E402
+from ledger_clients import VipLoad  # noqa: E402
 from pcmk_cluster import BACKUP_TIMEOUT, PREFIX, VIP_ADDRESS, Node, PacemakerCluster  # noqa: E402
 
 STORE_MB = 256

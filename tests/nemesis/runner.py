@@ -2,7 +2,7 @@
 
     outcome = run(cluster, plan, seed=7, workdir=tmp, queue="nemesis-1")
 
-The producer (clients.py) runs throughout; the consumer too with `consume_during`, else only after the
+The producer (ledger_clients.py) runs throughout; the consumer too with `consume_during`, else only after the
 plan, to drain. Without it every confirmed message is still queued when the nemesis strikes, which is
 what exposes a loss at a failover (a consumer on the isolated primary's side would take the messages
 it confirmed alone before they could be discarded: issue 27's loss then does not show). After a warm-up of WARMUP confirmed publishes,

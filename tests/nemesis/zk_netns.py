@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "zookeeper"))
 import disks  # noqa: E402
 import netfilter  # noqa: E402
 import zk_harness  # noqa: E402
-from clients import RotatingLoad  # noqa: E402
+from ledger_clients import RotatingLoad  # noqa: E402
 from harness import BrokerProcess, can_connect, split_address, wait_for  # noqa: E402
 from pcmk_cluster import _kill_namespace, run  # noqa: E402
 from zk_cluster import ZkCluster  # noqa: E402
