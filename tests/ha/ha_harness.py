@@ -434,6 +434,15 @@ def send_all(address: str, queue: str, messages: Iterable[Message | Any], timeou
                              f"{handler.refused} refused, error {handler.error}")
 
 
+def send_unconfirmed(address: str, queue: str, messages: Iterable[Message | Any], wait: float = 1.0) -> int:
+    """Send every message and keep the connection `wait` seconds without needing their confirmation (a primary
+    alone withholds it: the floor); returns how many were accepted meanwhile."""
+    msgs = [m if isinstance(m, Message) else Message(body=m, durable=True) for m in messages]
+    handler = _BulkSender(f"amqp://{address}", queue, msgs, wait)
+    Container(handler).run()
+    return handler.accepted
+
+
 def receive(address: str, queue: str, n: int, timeout: float = 10.0, accept: bool = True) -> list[Message]:
     """Receive (and accept) exactly n messages from queue."""
     conn = connect(address, timeout)
