@@ -15,11 +15,6 @@ from metrics_scrape import scrape, value
 pytestmark = pytest.mark.timeout(120)
 
 
-def _publish(client: Client, queue: str, bodies: range) -> list:
-    sender = client.sender(queue)
-    return [sender.link.send(Message(body=i, durable=True)) for i in bodies]
-
-
 @pytest.mark.parametrize("sync", ["all", "quorum_mem"])
 def test_a_primary_left_alone_confirms_nothing_until_a_backup_is_back(ha_cluster, sync):
     c = ha_cluster(backup_timeout=1.0, ha_extra={"sync": sync})
@@ -30,7 +25,7 @@ def test_a_primary_left_alone_confirms_nothing_until_a_backup_is_back(ha_cluster
 
     c.sigstop(c[2])  # one backup gone: a majority remains, publishes go on once it is dropped
     with Client(c.public) as client:
-        first = _publish(client, "q", range(50))
+        first = client.publish("q", [Message(body=i, durable=True) for i in range(50)])
         client.wait(lambda: all(d.settled for d in first), 10, "confirmation by the majority left")
         assert all(d.remote_state == d.ACCEPTED for d in first)
     wait_for(lambda: c.status(p)["holders"] == 2, 10, message="b2 dropped")
@@ -38,7 +33,7 @@ def test_a_primary_left_alone_confirms_nothing_until_a_backup_is_back(ha_cluster
 
     c.sigstop(c[1])  # the last backup gone too: the primary alone must not confirm
     with Client(c.public) as client:
-        held = _publish(client, "q", range(50, 100))
+        held = client.publish("q", [Message(body=i, durable=True) for i in range(50, 100)])
         client.idle(2.5)  # longer than backup_timeout: b1 is dropped, and its holds go with it
         assert not any(d.settled for d in held), "confirmed by the primary alone"
         status = c.status(p)
@@ -65,7 +60,7 @@ def test_the_opt_out_confirms_alone_as_documented(ha_cluster):
     c.sigstop(c[1])
     c.sigstop(c[2])
     with Client(c.public) as client:
-        sent = _publish(client, "q", range(20))
+        sent = client.publish("q", [Message(body=i, durable=True) for i in range(20)])
         client.wait(lambda: all(d.settled for d in sent), 10, "confirmation by the primary alone, once its backups "
                                                              "are dropped")
     assert c.status(p)["confirming"]

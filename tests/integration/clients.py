@@ -305,19 +305,26 @@ class Client:
             r.flow(credit)
         return r
 
-    def send(self, address: str | None, messages: Iterable[Message | Any], check: bool = True,
-             timeout: float | None = None) -> list[Delivery]:
-        """Send each message (non-Message values become bodies) on one link to `address`; wait until
-        the broker has settled all of them. With `check`, a reject/release raises AssertionError."""
+    def _sender_to(self, address: str | None) -> BlockingSender:
+        """This client's one open link to `address`."""
         key = address or ""
         snd = self._senders.get(key)
         if snd is None or not (snd.link.state & Endpoint.LOCAL_ACTIVE):
             snd = self._senders[key] = self.sender(address)
-        deliveries = []
-        for m in messages:
-            if not isinstance(m, Message):
-                m = Message(body=m)
-            deliveries.append(snd.link.send(m))
+        return snd
+
+    def publish(self, address: str | None, messages: Iterable[Message | Any]) -> list[Delivery]:
+        """Send each message (non-Message values become bodies) on one link to `address` and return its
+        deliveries, unsettled: for publishes whose confirmation a test watches for (or must never see)."""
+        snd = self._sender_to(address)
+        return [snd.link.send(m if isinstance(m, Message) else Message(body=m)) for m in messages]
+
+    def send(self, address: str | None, messages: Iterable[Message | Any], check: bool = True,
+             timeout: float | None = None) -> list[Delivery]:
+        """Send each message (non-Message values become bodies) on one link to `address`; wait until
+        the broker has settled all of them. With `check`, a reject/release raises AssertionError."""
+        snd = self._sender_to(address)
+        deliveries = self.publish(address, messages)
         self.wait(lambda: all(d.settled for d in deliveries) or snd.link.state & Endpoint.REMOTE_CLOSED,
                   timeout, f"settlement of {len(deliveries)} messages to {address}")
         for d in deliveries:

@@ -17,11 +17,6 @@ from harness import BrokerProcess, run_haqueue, wait_for
 BENCH_JS = Path(__file__).resolve().parents[2] / "bench" / "js"
 
 
-def _publish(client: Client, queue: str, bodies: range) -> list:
-    sender = client.sender(queue)
-    return [sender.link.send(Message(body=i, durable=True)) for i in bodies]
-
-
 @pytest.mark.slow
 def test_quorum_disk_confirms_with_a_majority_and_survives_losing_the_primary_and_a_backup(ha_cluster):
     """5 brokers: with two backups hung, a majority (the primary and two backups) still confirms at
@@ -33,7 +28,7 @@ def test_quorum_disk_confirms_with_a_majority_and_survives_losing_the_primary_an
     c.sigstop(c[3])
     c.sigstop(c[4])
     with Client(c.public) as client:
-        sent = _publish(client, "q", range(200))
+        sent = client.publish("q", [Message(body=i, durable=True) for i in range(200)])
         client.wait(lambda: all(d.settled for d in sent), 0.8, "confirmation by a majority, before "
                                                                "the hung backups are dropped")
         assert all(d.remote_state == d.ACCEPTED for d in sent)
@@ -47,7 +42,7 @@ def test_quorum_disk_confirms_with_a_majority_and_survives_losing_the_primary_an
     c.sigstop(c[3])  # now only b4 of the backups answers: no majority (3 of 5 alive would be needed)
     c.wait_ready(c[4], queues=["q"])
     with Client(c.public) as client:
-        held = _publish(client, "q", range(200, 210))
+        held = client.publish("q", [Message(body=i, durable=True) for i in range(200, 210)])
         client.idle(2.5)  # longer than backup_timeout: b3 is dropped, and a dropped backup is no vote
         assert not any(d.settled for d in held), "confirmed without a majority"
         c.sigcont(c[3])  # b3 comes back, catches up and votes
