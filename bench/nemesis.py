@@ -34,7 +34,7 @@ sys.path[:0] = [str(REPO / "tests" / "nemesis"), str(REPO / "tests"), str(REPO /
 import disks  # noqa: E402
 import nemeses  # noqa: E402
 import runner  # noqa: E402
-from pool import Pool, floor_missing, unavailable  # noqa: E402
+from pool import Pool, unavailable  # noqa: E402
 
 unhealthy: dict[str, int] = {}  # rounds per mode after which the cluster was not healthy (or served) in time
 
@@ -105,9 +105,6 @@ def main() -> int:
     bad = [m for m in modes if m not in MODES]
     if bad:
         parser.error(f"unknown mode {', '.join(bad)}")
-    if any(MODES[m][1] is not None for m in modes) and floor_missing():
-        log(f"leaving out {', '.join(m for m in modes if MODES[m][1] is not None)}: {floor_missing()}")
-        modes = [m for m in modes if MODES[m][1] is None]
     why = unavailable(args.coordinator)
     if why:
         print(f"bench/nemesis.py: cannot run {args.coordinator} here: {why}", file=sys.stderr)

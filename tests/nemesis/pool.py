@@ -41,32 +41,21 @@ def unavailable(coordinator: str) -> str | None:
     return None
 
 
-def floor_missing() -> str | None:
-    """Why `ha.min_confirmations` cannot be set yet (the broker under test predates it), or None."""
-    from haqueue.config import HaConfig
-    if "min_confirmations" in HaConfig.__dataclass_fields__:
-        return None
-    return "this haqueue has no ha.min_confirmations yet (issue 27's floor)"
-
-
 def _make(coordinator: str, sync: str, min_confirmations: int | None) -> Any:
     if coordinator == "pacemaker":
         from pcmk_nemesis import NemesisPacemakerCluster, clean_leftovers
         clean_leftovers()
-        cluster = NemesisPacemakerCluster(sync, min_confirmations)
-        try:
-            cluster.create()
-            cluster.wait_healthy(90)
-        except BaseException:
-            print(cluster.describe())
-            cluster.destroy()
-            cluster.remove_files()
-            raise
-        return cluster
+        return _built(NemesisPacemakerCluster(sync, min_confirmations), lambda c: c.wait_healthy(90))
     from zk_netns import ZkNetnsCluster
-    cluster = ZkNetnsCluster(Path(tempfile.mkdtemp(prefix="zk-nemesis-")), sync, min_confirmations)
+    return _built(ZkNetnsCluster(Path(tempfile.mkdtemp(prefix="zk-nemesis-")), sync, min_confirmations),
+                  lambda c: None)
+
+
+def _built(cluster: Any, ready: Callable[[Any], object]) -> Any:
+    """The cluster created and `ready`; on any failure described, destroyed and its files gone."""
     try:
         cluster.create()
+        ready(cluster)
     except BaseException:
         print(cluster.describe())
         cluster.destroy()

@@ -19,7 +19,7 @@ import pytest
 import disks
 import nemeses
 import runner
-from pool import floor_missing, unavailable
+from pool import unavailable
 
 pytestmark = pytest.mark.slow
 
@@ -49,8 +49,6 @@ def test_nemesis(nemesis_pool, tmp_path, coordinator, sync, floor, names):
     why = unavailable(coordinator)
     if why:
         pytest.skip(why)
-    if floor is not None and floor_missing():
-        pytest.skip(floor_missing())
     if "slow-disk" in names and disks.blkio_available():
         pytest.skip(disks.blkio_available())
     cluster = nemesis_pool.healthy(coordinator, sync, floor)
