@@ -30,7 +30,7 @@ import netfilter  # noqa: E402
 import zk_harness  # noqa: E402
 from ledger_clients import RotatingLoad  # noqa: E402
 from harness import BrokerProcess, can_connect, split_address, wait_for  # noqa: E402
-from pcmk_cluster import _kill_namespace, run  # noqa: E402
+from pcmk_cluster import _kill_namespace, bridge_namespaces, run  # noqa: E402
 from zk_cluster import ZkCluster  # noqa: E402
 
 PREFIX = "hqzk"
@@ -151,16 +151,7 @@ class ZkNetnsCluster(ZkCluster):
     # ---- building and tearing down ---------------------------------------------------------------
     def create(self) -> None:
         clean_leftovers()
-        run(["ip", "link", "add", BRIDGE, "type", "bridge"])
-        run(["ip", "addr", "add", f"{HOST_ADDRESS}/24", "dev", BRIDGE])
-        run(["ip", "link", "set", BRIDGE, "up"])
-        for n in self.ns_nodes:
-            run(["ip", "netns", "add", n.ns])
-            run(["ip", "link", "add", n.veth, "type", "veth", "peer", "name", "eth0", "netns", n.ns])
-            run(["ip", "link", "set", n.veth, "master", BRIDGE, "up"])
-            for cmd in (["ip", "addr", "add", f"{n.ip}/24", "dev", "eth0"], ["ip", "link", "set", "eth0", "up"],
-                        ["ip", "link", "set", "lo", "up"]):
-                run(["ip", "netns", "exec", n.ns, *cmd])
+        bridge_namespaces(BRIDGE, HOST_ADDRESS, self.ns_nodes)
         for b in self.brokers:
             disks.mount_store(b.directory / "store.img", self.store(b), STORE_MB)
             self.mounted.append(self.store(b))

@@ -36,6 +36,7 @@ import time
 import xml.etree.ElementTree as ET
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterable, Protocol
 
 import yaml
 
@@ -158,6 +159,34 @@ def _delete_links() -> None:
             run(["ip", "link", "del", name], timeout=10, check=False)
 
 
+class Namespaced(Protocol):
+    """A node with a network namespace of its own, reached over a veth on the bridge."""
+
+    @property
+    def ns(self) -> str: ...
+
+    @property
+    def veth(self) -> str: ...
+
+    @property
+    def ip(self) -> str: ...
+
+
+def bridge_namespaces(bridge: str, host_address: str, nodes: Iterable[Namespaced]) -> None:
+    """A bridge in the root namespace at host_address/24, and each node's namespace on it: veth eth0 at its ip."""
+    run(["ip", "link", "add", bridge, "type", "bridge"])
+    run(["ip", "addr", "add", f"{host_address}/24", "dev", bridge])
+    run(["ip", "link", "set", bridge, "up"])
+    for node in nodes:
+        run(["ip", "netns", "add", node.ns])
+        run(["ip", "link", "add", node.veth, "type", "veth", "peer", "name", "eth0", "netns", node.ns])
+        run(["ip", "link", "set", node.veth, "master", bridge, "up"])
+        inside = ["ip", "netns", "exec", node.ns]
+        run([*inside, "ip", "addr", "add", f"{node.ip}/24", "dev", "eth0"])
+        run([*inside, "ip", "link", "set", "eth0", "up"])
+        run([*inside, "ip", "link", "set", "lo", "up"])
+
+
 @dataclass
 class Node:
     index: int
@@ -218,17 +247,7 @@ class PacemakerCluster:
         self.setup_resources()
 
     def _network(self) -> None:
-        run(["ip", "link", "add", BRIDGE, "type", "bridge"])
-        run(["ip", "addr", "add", f"{HOST_ADDRESS}/24", "dev", BRIDGE])
-        run(["ip", "link", "set", BRIDGE, "up"])
-        for node in self.nodes:
-            run(["ip", "netns", "add", node.ns])
-            run(["ip", "link", "add", node.veth, "type", "veth", "peer", "name", "eth0", "netns", node.ns])
-            run(["ip", "link", "set", node.veth, "master", BRIDGE, "up"])
-            inside = ["ip", "netns", "exec", node.ns]
-            run([*inside, "ip", "addr", "add", f"{node.ip}/24", "dev", "eth0"])
-            run([*inside, "ip", "link", "set", "eth0", "up"])
-            run([*inside, "ip", "link", "set", "lo", "up"])
+        bridge_namespaces(BRIDGE, HOST_ADDRESS, self.nodes)
 
     def _mount_points(self) -> None:
         for path in MOUNT_POINTS:
