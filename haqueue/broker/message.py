@@ -8,6 +8,7 @@ header, when a redelivery raises the delivery-count.
 from __future__ import annotations
 
 import struct
+import time
 from typing import Any, Final
 
 # Section descriptors (smallulong codes 0x70..0x78 after 0x00 0x53).
@@ -179,6 +180,12 @@ def ttl_ms(data: bytes) -> int | None:
             or (code == 0xD0 and len(data) >= 12 and _U32.unpack_from(data, 8)[0] < 3):
         return None
     return _list_fields(data, 3, 3)[2]
+
+
+def expiry(data: bytes) -> float:
+    """The monotonic deadline the header's ttl gives a message, 0.0 for none (cold paths: the hot path inlines it)."""
+    ttl = ttl_ms(data)
+    return time.monotonic() + ttl / 1000.0 if ttl else 0.0
 
 
 class Routing:

@@ -26,7 +26,7 @@ from proton import Described, Message, symbol, ulong
 from .completion import Completion
 from .connection import Connection
 from .errors import DECODE, NOT_IMPLEMENTED, TXN_ROLLBACK, TXN_UNKNOWN, BrokerError
-from .message import MalformedMessage, is_durable, is_message, ttl_ms
+from .message import MalformedMessage, expiry, is_durable, is_message
 from .proton_adapter import ACCEPTED, DECLARED, REJECTED, RELEASED, TRANSACTIONAL, Link, LinkHandler
 from .queue import ConfirmHook, Entry, Queue
 
@@ -159,8 +159,7 @@ class Transactions:
                 txn.doomed = txn.doomed or f"a message sent in it was refused ({condition}: {description})"
             link.settle(delivery, REJECTED, condition, description)
             return
-        ttl = ttl_ms(data)
-        txn.publishes.append((queues, data, time.monotonic() + ttl / 1000.0 if ttl else 0.0, durable))
+        txn.publishes.append((queues, data, expiry(data), durable))
         if settled:
             link.settle(delivery, 0)
         else:
@@ -193,10 +192,10 @@ class Transactions:
         for observer in self.observers:
             observer.committing(txn.number, touched)
         with self.broker.atomically():
-            for queues, data, expiry, durable in txn.publishes:
+            for queues, data, deadline, durable in txn.publishes:
                 for queue in queues:
                     if not queue.deleted:
-                        enqueued.append((queue, queue.enqueue(data, expiry, completion, durable=durable)))
+                        enqueued.append((queue, queue.enqueue(data, deadline, completion, durable=durable)))
             for consumer, delivery, outcome in txn.outcomes:
                 consumer.on_outcome(delivery, outcome, False, False)
                 if not consumer.link.closed:

@@ -222,6 +222,9 @@ class Backup:
             replicator.close()
         self.acquired.pop(queue.name, None)  # the queue is gone: nothing of it to redeliver
 
+    def numbered_here(self, seq: int) -> bool:
+        return seq >> protocol.EPOCH_SEQ_SHIFT in self.ha.epoch.led
+
     def caught_up(self, replicator: QueueReplicator) -> None:
         self.refused.pop(replicator.queue.name, None)
         self.check_ready()

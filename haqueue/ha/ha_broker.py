@@ -30,9 +30,6 @@ from .role import ACTIVE, BACKUP, JOINING, PRIMARY, READY, RECOVERING, WAS_PRIMA
 
 log = logging.getLogger("haqueue.ha")
 
-# Each epoch's queue seqs start here, so a message numbered by a new primary never takes the seq
-# of one its predecessor numbered but never replicated.
-
 # The peer user (ha.username) opens HA links and runs admin operations (the supervisor and the OCF agent
 # use it); it may not send, receive or manage queues.
 PEER_PERMISSIONS = Permissions(AllowConfig(admin=True))
@@ -79,6 +76,7 @@ class HaBroker:
         broker.endpoints[protocol.WIRING] = self._endpoint(lambda p, link: p.wiring_endpoint(link))
         broker.endpoints[protocol.QUEUE] = self._endpoint(lambda p, link: p.queue_endpoint(link))
         broker.endpoints[protocol.REPORT] = self._endpoint(lambda p, link: p.report_endpoint(link))
+        broker.endpoints[protocol.ADOPT] = self._endpoint(lambda p, link: p.adopt_endpoint(link))
         broker.status_hooks.append(self._broker_status)
         broker.management.register("ha", "READ", lambda name, body: (200, self.status()))
         broker.management.register("ha", "PROMOTE", lambda name, body: (200, self.promote(bool(body.get("force")))))
@@ -153,12 +151,9 @@ class HaBroker:
         self.backup.stop()
         # Above every epoch seen, ours or a peer's, so no two primaries ever share one.
         self.hold_epoch(max(self.epoch.epoch, self.backup.max_peer_epoch) + 1 if epoch is None else epoch)
-        floor = self.epoch.epoch << protocol.EPOCH_SEQ_SHIFT
-        inherited = {}
-        for queue in self.broker.registry.queues():
-            inherited[queue] = queue.next_seq
-            queue.next_seq = max(queue.next_seq, floor)
+        inherited = {queue: queue.next_seq for queue in self.broker.registry.queues()}  # the Primary moves them on
         self.epoch.stand(WAS_PRIMARY)
+        self.epoch.lead()
         self.primary = Primary(self, expected, inherited)
         log.info("%s promoted to primary, epoch %d", self.broker.name, self.epoch.epoch)
         for hook in self.promotion_hooks:

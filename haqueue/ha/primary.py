@@ -19,6 +19,7 @@ from ..broker.queue import Queue
 from ..broker.server import Broker
 from ..config import HaConfig
 from . import protocol
+from .adoption import Adoptions, Taker
 from .policy import Policy
 from .queue_guard import QueueGuard
 from .quorum import Quorums, confirmations_needed, from_disk, is_quorum
@@ -157,6 +158,9 @@ class RemoteBackup:
     def never_here(self, queue: Queue) -> tuple[int, int]:
         return self.primary.inherited.get(queue, 0), self.primary.ha.epoch.epoch << protocol.EPOCH_SEQ_SHIFT
 
+    def adopted(self, queue: Queue) -> list[tuple[int, int]]:
+        return self.primary.adoptions.confirmed(queue)
+
     def caught_up(self, sub: ReplicatingSubscription) -> None:
         """What a guard held for this backup on the queue, the backup received in catch-up."""
         guard = self.pending.pop(sub.queue.name, None)
@@ -227,6 +231,7 @@ class Primary:
         # Per queue, the seq above the last this broker held when promoted: a rejoining backup's seqs from there
         # up to this epoch's first were never here (it was a primary cut off from the cluster): it keeps them aside.
         self.inherited = inherited
+        self.adoptions = Adoptions()  # what backups brought of those seqs: adopted as new messages
         self.broker = ha.broker
         self.backups: dict[str, RemoteBackup] = {}
         self.counters: dict[str, BackupCounters] = {}  # every backup seen while primary, by name
@@ -295,11 +300,16 @@ class Primary:
     def deleted(self, node: Queue | Exchange | Binding) -> None:
         if isinstance(node, Queue):
             self.inherited.pop(node, None)
+            self.adoptions.forget(node)
         if self.ha.policy.replicates_wiring(node):
             self._broadcast({"event": "delete", **describe(node, "")})
 
     def _guard_new_queue(self, queue: Queue) -> None:
         if self.ha.policy.replicates_messages(queue):
+            # Numbered from this epoch's first seq: a message numbered here never takes the seq of one a
+            # predecessor numbered but never replicated, and a backup tells by a seq which epoch's primary
+            # numbered it (adoption.py).
+            queue.next_seq = max(queue.next_seq, self.ha.epoch.epoch << protocol.EPOCH_SEQ_SHIFT)
             if self.quorums is not None:
                 self.quorums.guard(queue)
             if not self.holds:  # votes from any majority, not each backup's own guard
@@ -451,6 +461,15 @@ class Primary:
         backup.subscriptions[name] = sub
         return sub
 
+    def adopt_endpoint(self, link: Link) -> Taker:
+        backup = self._backup_for(link, wiring=False)
+        name = (link.address or "")[len(protocol.ADOPT) + 1:]
+        queue = self.broker.registry.lookup(name)
+        if not isinstance(queue, Queue) or not self.ha.policy.replicates_messages(queue) \
+                or link.properties.get(protocol.UID) != queue.uid:
+            raise BrokerError(NOT_FOUND, f"no queue '{name}' replicated with its messages")
+        return Taker(self.adoptions, backup.name, queue, link)
+
     def confirming(self) -> bool:
         """Can a publish be confirmed now (enough brokers hold new messages, and no coordinator holds them)?"""
         return not self.short and not (self.quorums is not None and self.quorums.suspended)
@@ -467,7 +486,8 @@ class Primary:
                          "reported_seconds_ago": round(now - b.reported, 1) if b.reported else None}
                         for b in self.backups.values()],
             "expected": sorted(self.expected),
-            "min_confirmations": self.needed, "holders": self.holders(), "confirming": self.confirming()}
+            "min_confirmations": self.needed, "holders": self.holders(), "confirming": self.confirming(),
+            "adopted": self.adoptions.total}
         if self.quorums is not None:
             status["quorum"] = self.quorums.status()
         return status

@@ -15,6 +15,7 @@ from proton import Message
 WIRING: Final = "$ha.wiring"
 QUEUE: Final = "$ha.queue"  # a queue's replication link: "$ha.queue/<name>"
 REPORT: Final = "$ha.report"  # a backup's reports to its primary: what it holds in memory and on disk
+ADOPT: Final = "$ha.adopt"  # a backup gives its primary the messages it holds that the primary never had: "$ha.adopt/<queue>"
 REPORT_INTERVAL: Final = 1.0  # seconds between a backup's reports
 EPOCH_SEQ_SHIFT: Final = 40  # each epoch numbers queue messages from epoch << 40: no two primaries share a seq
 
@@ -37,7 +38,8 @@ COMMIT: Final = b"K"  # a transaction's commit marker on each queue it touches (
 # map {queues, dequeues}); settled once the backup has every queue's marker and applied it all
 CATCHUP: Final = b"C"  # a message that was on the queue before the backup subscribed (sent newest first)
 DEQUEUE: Final = b"D"  # body: seq ranges dequeued on the primary
-DIVERGED: Final = b"V"  # body: seq ranges the backup holds that the primary never had: it keeps them aside (quarantine.py)
+DIVERGED: Final = b"V"  # body: seq ranges the backup holds that the primary never had: it adopts them or keeps them aside
+ADOPTED: Final = b"O"  # on `$ha.adopt`: one such message, tagged with its old seq; settled once the primary's copy is safe
 ACQUIRE: Final = b"A"  # body: seq ranges delivered to a consumer and not yet settled there
 CAUGHT_UP: Final = b"M"  # the backup now has everything; settling it tells the primary
 

@@ -8,17 +8,17 @@ a 100k-message catch-up costs one sort of two sorted runs rather than 100k list 
 from __future__ import annotations
 
 import bisect
-import time
 from collections import deque
 from typing import Any, Callable, Final, Protocol
 
 from ..broker.completion import Completion
 from ..broker.connection import Connection
-from ..broker.message import ttl_ms
+from ..broker.message import expiry
 from ..broker.proton_adapter import ACCEPTED, Link, LinkHandler
 from ..broker.queue import Entry, Queue, seq_ranges
 from ..broker.server import Durability
 from . import protocol
+from .adoption import Giver
 from .quarantine import Quarantine
 from .test_hooks import replica_to_drop
 from .transaction_replicator import TransactionReplicator
@@ -47,6 +47,9 @@ class ReplicaHost(Protocol):
         """What the backup says of itself on each link it attaches (its name, the highest epoch it has seen)."""
 
     def caught_up(self, replicator: QueueReplicator) -> None: ...
+
+    def numbered_here(self, seq: int) -> bool:
+        """Did this broker number the message itself, as the primary of its epoch?"""
 
     def replicator_refused(self, replicator: QueueReplicator, error: str) -> None: ...
 
@@ -81,19 +84,19 @@ class QueueReplicator(LinkHandler):
         self.received[kind] = self.received.get(kind, 0) + 1
         self.backup.applied += 1
         if kind == protocol.TXN_PART:  # the tag's third field is the transaction's number
-            self.backup.transactions.part(self, seq, enqueued_us, data, self._expiry(data))
+            self.backup.transactions.part(self, seq, enqueued_us, data, expiry(data))
         elif kind == protocol.COMMIT:  # settled once the whole transaction is applied
             self.backup.transactions.marker(self, delivery, seq, protocol.decode_map(data))
             return
         elif kind == protocol.CATCHUP:
-            self.catchup[seq] = Entry(seq, data, self._expiry(data))
+            self.catchup[seq] = Entry(seq, data, expiry(data))
             if len(self.catchup_first) < 5:
                 self.catchup_first.append(seq)
             self.catchup_last.append(seq)
         elif kind == protocol.DEQUEUE:
             self.apply_dequeues(protocol.decode_ranges(data))
         elif kind == protocol.DIVERGED:
-            self.apply_dequeues(protocol.decode_ranges(data), diverged=True)
+            self._diverged(protocol.decode_ranges(data))
         elif kind == protocol.ACQUIRE:
             for first, last in protocol.decode_ranges(data):
                 self.acquired.update(range(first, last + 1))
@@ -119,7 +122,7 @@ class QueueReplicator(LinkHandler):
         completion = Completion(lambda: self.settle(delivery)) if self.backup.from_disk and not settled else None
         queue, hooks = self.queue, self.hooks
         for seq, data in messages:
-            queue.enqueue(data, self._expiry(data), completion, seq=seq)
+            queue.enqueue(data, expiry(data), completion, seq=seq)
             for hook in hooks:
                 hook(queue, protocol.ENQUEUE, seq, enqueued_us, data)
         if completion is not None:
@@ -136,19 +139,36 @@ class QueueReplicator(LinkHandler):
         if not self.link.closed:
             self.link.settle(delivery, ACCEPTED)
 
-    @staticmethod
-    def _expiry(data: bytes) -> float:
-        ttl = ttl_ms(data)
-        return time.monotonic() + ttl / 1000.0 if ttl else 0.0
+    def _diverged(self, runs: list[tuple[int, int]]) -> None:
+        """Messages this broker holds that the primary never had (cold: once at a rejoin). Those it received as a
+        backup it gives the primary to adopt (adoption.py), each removed here once the primary's copy is safe;
+        those it numbered itself, as a primary cut off from the cluster, it keeps aside."""
+        own: list[tuple[int, int]] = []
+        given: list[tuple[int, int]] = []
+        for first, last in runs:
+            while first <= last:  # a range may span epochs: split it at their bounds
+                end = min(last, (((first >> protocol.EPOCH_SEQ_SHIFT) + 1) << protocol.EPOCH_SEQ_SHIFT) - 1)
+                (own if self.backup.numbered_here(first) else given).append((first, end))
+                first = end + 1
+        if own:
+            self.apply_dequeues(own, diverged=True)
+        messages = self._held(given)
+        if messages:
+            Giver(self.link.conn, self.queue, messages, self.backup.link_properties(),
+                  lambda seq: self.apply_dequeues([(seq, seq)]))
+
+    def _held(self, runs: list[tuple[int, int]]) -> list[tuple[int, bytes]]:
+        """(seq, message) of what this broker holds in these seq ranges; entries() reads paged messages back."""
+        starts = [first for first, _ in runs]
+        return [(e.seq, e.data) for e in [*self.queue.entries(), *self.catchup.values()]
+                if (i := bisect.bisect_right(starts, e.seq) - 1) >= 0 and e.seq <= runs[i][1]]
 
     def apply_dequeues(self, runs: list[tuple[int, int]], diverged: bool = False) -> None:
         """Remove the messages of these seq ranges; `diverged`: the primary never had them, keep them aside first
         (they leave the queue only once their file is on disk)."""
         catchup = self.catchup
-        if diverged:  # cold: once at a rejoin; entries() reads paged messages back
-            starts = [first for first, _ in runs]
-            kept = [(e.seq, e.data) for e in [*self.queue.entries(), *catchup.values()]
-                    if (i := bisect.bisect_right(starts, e.seq) - 1) >= 0 and e.seq <= runs[i][1]]
+        if diverged:
+            kept = self._held(runs)
             if kept:
                 self.backup.quarantine.keep(self.queue.name, kept)
         for first, last in runs:

@@ -72,6 +72,9 @@ class SubscriptionHost(Protocol):
         """The seqs [start, end) of the queue that the primary never had: above what it held when promoted, below
         its own epoch's first."""
 
+    def adopted(self, queue: Queue) -> list[tuple[int, int]]:
+        """Runs of those seqs that the primary adopted from another backup and has confirmed (adoption.py)."""
+
     def subscription_closed(self, sub: ReplicatingSubscription) -> None: ...
 
     def drop(self, reason: str) -> None:
@@ -149,7 +152,11 @@ class ReplicatingSubscription(LinkHandler):
         self.catchup_total = len(self.catchup)  # what the catch-up started with (its progress: status)
         gone = _missing(have, [e.seq for e in live])
         if gone:  # the backup holds messages the primary no longer has
-            self._diverged(*_split(gone, *backup.never_here(queue)))
+            never_here, consumed = _split(gone, *backup.never_here(queue))
+            for first, last in backup.adopted(queue) if never_here else ():  # here now, under new seqs
+                here, never_here = _split(never_here, first, last + 1)
+                consumed += here
+            self._diverged(never_here, consumed)
         self.quorums = backup.quorums  # this backup's confirmations are votes
         if backup.holds:  # and under `all`, holds too
             queue.guards.append(self)
@@ -157,11 +164,13 @@ class ReplicatingSubscription(LinkHandler):
         self.backup.schedule(self)
 
     def _diverged(self, never_here: list[tuple[int, int]], consumed: list[tuple[int, int]]) -> None:
-        """Messages the backup holds that this primary never had, it keeps aside (it was a primary cut off from
-        the cluster: they were published to it alone); those consumed here since it left, it removes."""
+        """Messages the backup holds that this primary never had: it gives them to be adopted (adoption.py) or, those
+        it published to alone as a primary cut off from the cluster, keeps them aside; those consumed here since it
+        left (or adopted from another backup), it removes."""
         if never_here:
             log.warning("backup %s holds messages of queue '%s' that this primary never had (seqs %s, at most %d "
-                        "messages): it keeps them aside, in its diverged files", self.backup.name, self.queue.name,
+                        "messages): it gives them to be adopted, or keeps them aside in its diverged files",
+                        self.backup.name, self.queue.name,
                         protocol.show_ranges(never_here), sum(last - first + 1 for first, last in never_here))
             self.link.send(protocol.encode_ranges(never_here), settled=True,
                            tag=protocol.message_tag(protocol.DIVERGED, 0, 0))

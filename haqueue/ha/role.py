@@ -11,6 +11,7 @@ JOINING, CATCHUP, READY = "joining", "catchup", "ready"
 RECOVERING, ACTIVE = "recovering", "active"
 # A broker's standing in its epoch, persisted: how complete its store was when last it knew.
 OUTSIDE, WAS_READY, WAS_PRIMARY = 0, 1, 2
+LED_KEPT = 16  # epochs led that a broker remembers (an older one's messages would be adopted: a duplicate at worst)
 
 
 class EpochStore:
@@ -26,6 +27,9 @@ class EpochStore:
         self.had_primary = False  # has this broker ever followed or been a primary?
         self.held = 0  # the latest epoch this broker served in or followed
         self.standing = OUTSIDE  # in `held`
+        # Epochs this broker was the primary of (the latest few): it numbered their messages itself, so one of
+        # them that a later primary never had was never replicated (a rejoin keeps it aside, does not adopt it).
+        self.led: list[int] = []
         if os.path.exists(self.path):
             with open(self.path, encoding="utf-8") as f:
                 saved = json.load(f)
@@ -33,6 +37,7 @@ class EpochStore:
             self.had_primary = bool(saved.get("had_primary", self.epoch > 0))
             self.held = int(saved.get("held", self.epoch))
             self.standing = int(saved.get("standing", OUTSIDE))
+            self.led = [int(e) for e in saved.get("led", [])]
 
     def raise_to(self, epoch: int) -> None:
         """A newer epoch seen: primaries of older ones are refused from now on."""
@@ -49,6 +54,12 @@ class EpochStore:
             self.standing = OUTSIDE
             self._save()
 
+    def lead(self) -> None:
+        """This broker is the primary of the epoch it holds."""
+        if self.held not in self.led:
+            self.led = [*self.led, self.held][-LED_KEPT:]
+            self._save()
+
     def stand(self, standing: int) -> None:
         if standing != self.standing:
             self.standing = standing
@@ -58,7 +69,7 @@ class EpochStore:
         tmp = self.path + ".tmp"
         with open(tmp, "w", encoding="utf-8") as f:
             json.dump({"epoch": self.epoch, "had_primary": self.had_primary, "held": self.held,
-                       "standing": self.standing}, f)
+                       "standing": self.standing, "led": self.led}, f)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, self.path)

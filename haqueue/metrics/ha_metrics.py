@@ -35,7 +35,8 @@ class HaSample:
     failovers_seen: int
     brokers: int
     backups: list[BackupSample]  # on a primary: every backup seen while primary
-    floor: tuple[int, int, bool, int] | None = None  # on a primary: min_confirmations, holders, confirming, waiting
+    # on a primary: min_confirmations, holders, confirming, waiting, messages adopted from rejoining backups
+    floor: tuple[int, int, bool, int, int] | None = None
     diverged: tuple[int, int] = (0, 0)  # messages kept aside since start, and in diverged files now
 
 
@@ -49,7 +50,7 @@ class HaSource:
         floor = None
         if primary is not None:
             waiting = primary.quorums.waiting() if primary.quorums is not None else 0
-            floor = (primary.needed, primary.holders(), primary.confirming(), waiting)
+            floor = (primary.needed, primary.holders(), primary.confirming(), waiting, primary.adoptions.total)
             now = time.monotonic()
             for name, counters in sorted(primary.counters.items()):
                 b = primary.backups.get(name)
@@ -71,7 +72,7 @@ class HaSource:
         yield GaugeMetricFamily("haqueue_ha_diverged_messages", "Messages in this broker's diverged files, not yet "
                                 "republished (haqueue diverged list)", value=s.diverged[1])
         if s.floor is not None:
-            needed, holders, confirming, waiting = s.floor
+            needed, holders, confirming, waiting, adopted = s.floor
             yield GaugeMetricFamily("haqueue_ha_min_confirmations", "On the primary: brokers that must hold a "
                                     "message before it is confirmed (ha.min_confirmations)", value=needed)
             yield GaugeMetricFamily("haqueue_ha_holders", "On the primary: brokers holding every new message "
@@ -80,6 +81,8 @@ class HaSource:
                                     "0 while they wait for enough brokers to hold them", value=int(confirming))
             yield GaugeMetricFamily("haqueue_ha_publishes_waiting", "On the primary: publishes waiting for enough "
                                     "brokers to hold them", value=waiting)
+            yield CounterMetricFamily("haqueue_ha_adopted", "On the primary: messages rejoining backups held that "
+                                      "it never had, adopted since it was promoted", value=adopted)
         yield state_set("haqueue_backup_state", "On the primary, per backup: 1 for its state (catchup, ready, "
                         "disconnected), 0 for the others", ["backup"], [[b.name] for b in s.backups], "state",
                         BACKUP_STATES, [b.state for b in s.backups])

@@ -60,3 +60,36 @@ def test_a_rejoining_primary_keeps_aside_what_the_new_primary_never_had(ha_clust
     assert run_haqueue(["diverged", "list", str(p.directory / "data")]).stdout == ""
     assert run_haqueue(["diverged", "republish", str(p.directory / "data"), "--to", c.public]).stdout == ""
     assert sorted(m.body for m in receive(c.public, "q", 35)) == [*range(30), *range(100, 105)]
+
+
+def test_a_new_primary_adopts_what_only_another_backup_holds(ha_cluster):
+    """quorum_mem: what the primary and b2 confirmed while b1 was stopped, b1 lacks; b1 is promoted when the primary
+    dies, and b2's rejoin gives it those messages (adopted, not kept aside); the old primary's own copies, rejoining
+    after that, are removed as adopted."""
+    c = ha_cluster(backup_timeout=1.0, ha_extra={"sync": "quorum_mem"})
+    p = c.start_cluster()
+    send_all(c.public, "q", [Message(body=i, durable=True) for i in range(10)])
+    for b in c.brokers[1:]:
+        c.wait_depth(b, "q", 10)
+
+    c.sigstop(c[1])
+    send_all(c.public, "q", [Message(body=10, durable=True)])  # confirmed by b0 and b2; b1 is dropped for it
+    wait_for(lambda: [b["name"] for b in c.status(p)["backups"]] == ["b2"], 10, message="b1 dropped")
+    send_all(c.public, "q", [Message(body=i, durable=True) for i in range(11, 30)])
+    c.wait_depth(c[2], "q", 30)
+    c.kill(p)
+    c.sigcont(c[1])
+    held = c.status(c[1])
+    assert held["state"] == "ready" and c.depth(c[1], "q") < 30
+    c.promote(c[1])
+    c.wait_backups_ready(c[1], ["b2"])
+    assert sorted(c.bodies(c[1], "q")) == list(range(30))
+    assert c.status(c[1])["adopted"] >= 19 and "adopting them" in c[1].log()
+    assert c.status(c[2])["diverged"]["files"] == 0
+
+    c.start(0)  # the old primary rejoins: it numbered them, b1 adopted them from b2: removed, not kept aside
+    c.wait_backups_ready(c[1], ["b0", "b2"])
+    assert c.bodies(p, "q") == c.bodies(c[2], "q") == c.bodies(c[1], "q")
+    assert c.status(p)["diverged"]["files"] == 0
+    assert sorted(m.body for m in receive(c.public, "q", 30)) == list(range(30))
+    assert c.depth(c[1], "q") == 0
