@@ -57,7 +57,7 @@ run: setup
 	$(VENV)/bin/haqueue cluster up --size 3 --dir ./cluster --public 127.0.0.1:5672
 
 test: setup
-	$(VENV)/bin/pytest -q
+	$(VENV)/bin/pytest -q --durations=40
 
 quick: setup
 	$(VENV)/bin/pytest -q -m "not slow"
