@@ -268,6 +268,11 @@ def test_promotion_scores_follow_the_broker_state(agents, tmp_path):
         assert a.scores() == ["v 10000"]
         assert a.rc("monitor") == OCF_RUNNING_PROMOTED
         assert a.scores() == ["v 10000"]
+        # a warning on the helper's stderr (Python's, with quotes a shell cannot read) is not read as the status
+        a.env["PYTHONWARNINGS"] = "always::No'Su\"ch"
+        assert a.rc("monitor") == OCF_RUNNING_PROMOTED
+        del a.env["PYTHONWARNINGS"]
+        assert a.scores() == ["v 10000"]
         # b joins as a backup and becomes ready
         b.start()
         wait_for(lambda: _ha(b, password)["state"] == "ready", 20, message="b ready")
