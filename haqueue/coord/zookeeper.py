@@ -16,6 +16,7 @@ from __future__ import annotations
 import atexit
 import json
 import logging
+import os
 import signal
 import threading
 import time
@@ -28,7 +29,7 @@ from kazoo.recipe.watchers import DataWatch
 from kazoo.retry import KazooRetry
 
 from ..broker.errors import BrokerError, NOT_ALLOWED
-from ..ha.role import BACKUP, JOINING, PRIMARY, READY
+from ..ha.role import BACKUP, JOINING, PRIMARY, READY, RESTARTED_ENV
 
 if TYPE_CHECKING:
     from ..ha.ha_broker import HaBroker
@@ -258,11 +259,17 @@ class _Worker:
     # -- start: fail clearly rather than hang ----------------------------------------------------
     def start(self) -> None:
         wait = max(START_TIMEOUT_MIN, 2 * self.coordinator.config.session_timeout)
-        try:
-            self.client.start(timeout=wait)
-        except KazooTimeoutError:
-            raise ZooKeeperUnusable(f"ZooKeeper not reachable at {self.hosts} within {wait:g}s "
-                                    f"(ha.zookeeper.hosts)") from None
+        while True:
+            try:
+                self.client.start(timeout=wait)
+                break
+            except KazooTimeoutError:
+                if not os.environ.get(RESTARTED_ENV):
+                    raise ZooKeeperUnusable(f"ZooKeeper not reachable at {self.hosts} within {wait:g}s "
+                                            f"(ha.zookeeper.hosts)") from None
+                # Fenced or resigned under a partition: exiting would leave the node without a broker.
+                log.warning("ZooKeeper not reachable at %s within %gs; this broker restarted as a backup and "
+                            "keeps trying", self.hosts, wait)
         try:
             self.client.ensure_path(f"{self.path}/members")
             try:

@@ -26,7 +26,7 @@ from . import protocol, test_hooks
 from .backup import Backup
 from .policy import Policy
 from .primary import Primary
-from .role import ACTIVE, BACKUP, JOINING, PRIMARY, READY, RECOVERING, WAS_PRIMARY, EpochStore
+from .role import ACTIVE, BACKUP, JOINING, PRIMARY, READY, RECOVERING, RESTARTED_ENV, WAS_PRIMARY, EpochStore
 
 log = logging.getLogger("haqueue.ha")
 
@@ -256,6 +256,7 @@ class HaBroker:
 
     @staticmethod
     def _exec() -> None:
+        os.environ[RESTARTED_ENV] = "1"
         os.execv(sys.executable, [sys.executable, "-m", "haqueue", *sys.argv[1:]])
 
     # -- status ---------------------------------------------------------------------------------

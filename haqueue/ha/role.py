@@ -11,6 +11,9 @@ JOINING, CATCHUP, READY = "joining", "catchup", "ready"
 RECOVERING, ACTIVE = "recovering", "active"
 # A broker's standing in its epoch, persisted: how complete its store was when last it knew.
 OUTSIDE, WAS_READY, WAS_PRIMARY = 0, 1, 2
+# Set in its environment by a broker that re-executes itself as a backup (fenced, or resigned): it is a member
+# of a running cluster, so a coordinator out of reach is waited for, not a reason to exit as at a first start.
+RESTARTED_ENV = "HAQUEUE_HA_RESTARTED"
 LED_KEPT = 16  # epochs led that a broker remembers (an older one's messages would be adopted: a duplicate at worst)
 
 

@@ -1,5 +1,5 @@
 """packaging/pcs-shard-setup.sh without a live cluster: the script writes into a CIB file (`PCS="pcs -f FILE"`)
-from a cluster file of 3 nodes in 2 racks and 6 shards of 2 replicas with its pacemaker: VIPs (the placement
+from a cluster file of 3 nodes in 2 racks and 3 shards of 2 replicas with its pacemaker: VIPs (the placement
 `haqueue place --config` derives from it); the test reads the clones (the agent's `shard` parameter on the
 file), VIPs and constraints back from the CIB's XML, then lets Pacemaker's own scheduler (`crm_simulate`) run
 that CIB on three simulated nodes: every shard promoted on its preferred primary's node with its VIP there,
@@ -25,7 +25,7 @@ REPO = Path(__file__).resolve().parents[2]
 NODES = ["n1", "n2", "n3"]
 RACKS = {"n1": "r1", "n2": "r1", "n3": "r2"}
 VIPS = {"n1": "192.0.2.101", "n2": "192.0.2.102", "n3": "192.0.2.103"}
-SHARD_VIPS = [f"192.0.2.{110 + i}" for i in range(6)]
+SHARD_VIPS = [f"192.0.2.{110 + i}" for i in range(3)]
 BINARY = Path(sys.executable).with_name("haqueue")  # this tree's, which derives the placement
 # the agent's promotion scores (agents/haqueue; design/pacemaker.md)
 PRIMARY_SCORE, READY_SCORE, CATCHING_UP_SCORE, FRESHEST_SCORE = 10000, 1000, 10, 1
@@ -75,11 +75,11 @@ def nvpairs(element: ET.Element, tag: str) -> dict[str, str]:
     return {p.get("name"): p.get("value") for block in element.findall(tag) for p in block.findall("nvpair")}
 
 
-@pytest.mark.slow  # about 40 s: two dozen pcs calls
+@pytest.mark.slow  # about 15 s: a dozen pcs calls
 def test_pcs_shard_setup_makes_one_promotable_clone_per_shard_as_placed(tmp_path):
     cluster = tmp_path / "cluster.yaml"
     cluster.write_text(yaml.safe_dump({
-        "shards": 6, "replicas": 2, "nodes": {n: {"address": f"10.0.0.{i}", "rack": RACKS[n]}
+        "shards": 3, "replicas": 2, "nodes": {n: {"address": f"10.0.0.{i}", "rack": RACKS[n]}
                                               for i, n in enumerate(NODES, 1)},
         "pacemaker": {"node_vips": VIPS, "shard_vips": SHARD_VIPS}, "ha": {"username": "ha", "password": "p"}}))
     r = run_haqueue(["place", "--config", str(cluster), "--format", "json"])

@@ -59,7 +59,7 @@ def test_under_a_flood_healthy_backups_show_their_true_lag_and_are_never_dropped
     c = ha_cluster(size=3, backup_timeout=1.0, ha_extra={"sync": "quorum_disk"})
     p = c.start_cluster()
     host, port = split_address(c.public)
-    rate, seconds = 4000, 15
+    rate, seconds = 4000, 8
     common = ["--host", host, "--port", str(port), "--address", "flood", "--timeout", "60"]
     consumer = subprocess.Popen(["node", "consumer.js", *common, "--messages", str(rate * seconds)],
                                 cwd=BENCH_JS, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
