@@ -444,10 +444,8 @@ class Primary:
 
     def queue_endpoint(self, link: Link) -> ReplicatingSubscription:
         backup = self._backup_for(link, wiring=False)
-        name = (link.address or "")[len(protocol.QUEUE) + 1:]
-        queue = self.broker.registry.lookup(name)
-        if not isinstance(queue, Queue) or not self.ha.policy.replicates_messages(queue):
-            raise BrokerError(NOT_FOUND, f"no queue '{name}' replicated with its messages")
+        queue = self._replicated_queue(link, protocol.QUEUE)
+        name = queue.name
         if link_refused(name):  # a test hook (test_hooks.py)
             raise BrokerError(RESOURCE_LIMIT, f"queue '{name}' refused by a test hook")
         props = link.properties
@@ -463,12 +461,18 @@ class Primary:
 
     def adopt_endpoint(self, link: Link) -> Taker:
         backup = self._backup_for(link, wiring=False)
-        name = (link.address or "")[len(protocol.ADOPT) + 1:]
-        queue = self.broker.registry.lookup(name)
-        if not isinstance(queue, Queue) or not self.ha.policy.replicates_messages(queue) \
-                or link.properties.get(protocol.UID) != queue.uid:
-            raise BrokerError(NOT_FOUND, f"no queue '{name}' replicated with its messages")
+        queue = self._replicated_queue(link, protocol.ADOPT)
+        if link.properties.get(protocol.UID) != queue.uid:  # the backup held another queue of that name
+            raise BrokerError(NOT_FOUND, f"no queue '{queue.name}' replicated with its messages")
         return Taker(self.adoptions, backup.name, queue, link)
+
+    def _replicated_queue(self, link: Link, prefix: str) -> Queue:
+        """The queue a `<prefix>/<name>` link is for, if its messages are replicated."""
+        name = (link.address or "")[len(prefix) + 1:]
+        queue = self.broker.registry.lookup(name)
+        if not isinstance(queue, Queue) or not self.ha.policy.replicates_messages(queue):
+            raise BrokerError(NOT_FOUND, f"no queue '{name}' replicated with its messages")
+        return queue
 
     def confirming(self) -> bool:
         """Can a publish be confirmed now (enough brokers hold new messages, and no coordinator holds them)?"""
