@@ -9,7 +9,7 @@ running in this process, and stops it at its end, as it does in a process of its
 starts in the same JVM in under a second (tests/audit/conftest.py's `spark` fixture gets it).
 
 One test per command still runs it as a process of its own (test_lag's long audit, test_watch's live
-watch, the notebook's watch): that a fresh process starts Spark, keeps Spark's own output off stdout
+watch): that a fresh process starts Spark, keeps Spark's own output off stdout
 and exits with the code main returned is checked there.
 """
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """The notebook shipped with the package runs headless (nbclient) on a small event set and shows
-the same figures as the command, and its live section runs `haqueue audit watch`."""
+the same figures as the command, and its live section runs the job of `haqueue audit watch` in the kernel's Spark session."""
 from __future__ import annotations
 
 from pathlib import Path
