@@ -25,8 +25,8 @@ from pyspark.sql import functions as F
 
 from haqueue.audit import measures, schema
 from haqueue.audit.command import EXIT_CANNOT_TELL, EXIT_LOSS, EXIT_OK, EXIT_USAGE
-from haqueue.audit.progress import Progress, describe_input
-from haqueue.audit.sources import read_events, read_ledgers, session
+from haqueue.audit.progress import Progress
+from haqueue.audit.sources import input_size, read_events, read_ledgers, session, tune_for
 
 # A primary's dequeue counts as not mirrored on a backup only if that backup kept logging at least
 # this long afterwards (µs): otherwise its log may just have ended first (crash, or still running).
@@ -93,6 +93,7 @@ def analyse(spark: SparkSession, directory: str, since: int | None = None, until
     """The whole audit of the events under `directory`; since/until (µs) bound the events judged (the
     ledgers, if any, are judged whole); `bound`: how long after a confirmation a copy may come
     (measures.absent_copies)."""
+    tune_for(spark, input_size(directory)[1])
     events, bad = read_events(spark, directory)
     events = measures.timed(events).withColumn("judged", _window(F.col("t"), since, until)).persist()
     try:
@@ -456,7 +457,8 @@ def run_audit(events: str, out: str, master: str | None, since: int | None, unti
         return EXIT_USAGE
     spark = session(master)
     try:
-        with Progress(spark.sparkContext, describe_input(events)):
+        files, size = input_size(events)
+        with Progress(spark.sparkContext, f"{files:,} event files, {size / 1e6:,.1f} MB"):
             audit = analyse(spark, events, since, until, ledgers, bound)
     finally:
         spark.stop()

@@ -7,7 +7,6 @@ line each time it changed, at most every PERIOD seconds.
 """
 from __future__ import annotations
 
-import os
 import sys
 import threading
 from typing import TextIO
@@ -15,17 +14,6 @@ from typing import TextIO
 from pyspark import SparkContext
 
 PERIOD = 1.0  # seconds between looks at Spark's status
-
-
-def describe_input(directory: str) -> str:
-    """`N event files, X MB` for the *.jsonl files under `directory` (as the audit reads them)."""
-    count = size = 0
-    for root, _, names in os.walk(directory):
-        for name in names:
-            if name.endswith(".jsonl"):
-                count += 1
-                size += os.stat(os.path.join(root, name)).st_size
-    return f"{count:,} event files, {size / 1e6:,.1f} MB"
 
 
 class Progress:

@@ -12,6 +12,12 @@ from pyspark.sql import functions as F
 from haqueue.audit import schema
 
 
+# Bytes of event files per shuffle partition (tune_for). Under it the whole audit takes one, and runs without
+# adaptive execution, whose extra job per query stage cost more than it saved on small sets: an audit of
+# a few hundred events took 26 s in a fresh JVM with 8 partitions and it, 17.5 s without (issue 27's trims).
+BYTES_PER_PARTITION = 64 << 20
+
+
 def session(master: str | None = None) -> SparkSession:
     """A Spark session: `master`, else spark-submit's, else local[*] (tuned for one small machine)."""
     if master is None and "PYSPARK_GATEWAY_PORT" not in os.environ:  # not launched by spark-submit
@@ -21,12 +27,33 @@ def session(master: str | None = None) -> SparkSession:
     if master is not None:
         builder = builder.master(master)
     if master is not None and master.startswith("local"):
-        builder = (builder.config("spark.ui.enabled", "false")
-                   .config("spark.sql.shuffle.partitions", str(4 * (os.cpu_count() or 2)))
-                   .config("spark.driver.memory", "4g"))
+        builder = builder.config("spark.ui.enabled", "false").config("spark.driver.memory", "4g")
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     return spark
+
+
+def input_size(directory: str) -> tuple[int, int]:
+    """(files, bytes) of the *.jsonl files under `directory`, as the audit reads them."""
+    count = size = 0
+    for root, _, names in os.walk(directory):
+        for name in names:
+            if name.endswith(".jsonl"):
+                count += 1
+                size += os.stat(os.path.join(root, name)).st_size
+    return count, size
+
+
+def tune_for(spark: SparkSession, size: int) -> None:
+    """Size the session's shuffles from its input's `size` in bytes: a partition per BYTES_PER_PARTITION, up
+    to four per core. What the user set (--conf, spark-defaults.conf) stays."""
+    context = spark.sparkContext
+    given = context.getConf()
+    if not given.contains("spark.sql.shuffle.partitions"):
+        partitions = min(max(1, size // BYTES_PER_PARTITION), 4 * context.defaultParallelism)
+        spark.conf.set("spark.sql.shuffle.partitions", str(partitions))
+    if size < BYTES_PER_PARTITION and not given.contains("spark.sql.adaptive.enabled"):
+        spark.conf.set("spark.sql.adaptive.enabled", "false")
 
 
 # ---- reading -----------------------------------------------------------------------------------
