@@ -120,6 +120,10 @@ class HaConfig:
     # majority of `brokers`. 1 lets a primary cut off from its backups confirm alone: it may lose data under a
     # network partition (design/replication.md).
     min_confirmations: int = 0
+    # How a backup closes a client's connection: amqp:connection:forced (false), which the reconnect of proton
+    # Python, proton C++ and rhea take as "try the next address", or amqp:connection:redirect (true), which ends
+    # theirs and only redirect-aware clients follow. Both carry the primary's client address in their info.
+    client_redirect: bool = False
     # After a total outage, how long coordinators wait for every broker before promoting the freshest of
     # those that answered (a staler store than one still on its way loses what only that one has).
     recovery_wait: float = 10.0
@@ -482,6 +486,7 @@ _HA: dict[str, Check] = {
     "sync": _choice(*SYNC_MODES),
     "backup_timeout": _seconds,
     "min_confirmations": _int(1),
+    "client_redirect": _bool,
     "recovery_wait": _seconds,
     "coordinator": _choice("external", "zookeeper"),
     "zookeeper": _record(ZooKeeperConfig, _ZOOKEEPER, ("hosts",)),

@@ -12,6 +12,7 @@ import socket
 import ssl
 from typing import Any, Final, Protocol, TYPE_CHECKING
 
+from .errors import BrokerError
 from .preamble import Preamble
 from .proton_adapter import WRITE_CLOSED, WRITE_FAILED, WRITE_FULL, WRITTEN, Link, LinkHandler, ProtonConnection
 from .sasl import SaslClient
@@ -62,7 +63,7 @@ class Connection:
         self.writing = False  # registered for EPOLLOUT
         self.closing = False
         self.closed = False
-        self.refusal: tuple[str, str] | None = None  # (condition, description) to close with at open
+        self.refusal: BrokerError | None = None  # what to close with at open
         self.next_tick = 0
         self.sessions = 0
         self.links: dict[int, Link] = {}  # by address
@@ -236,14 +237,14 @@ class Connection:
         self.closing = True
         self.engine.dirty.add(self)
 
-    def close(self, condition: str | None = None, description: str = "") -> None:
-        """Close the AMQP connection (with an error if given), then the socket once written."""
+    def close(self, condition: str | None = None, description: str = "", info: dict[str, Any] | None = None) -> None:
+        """Close the AMQP connection (with an error, and its info map, if given), then the socket once written."""
         if self.closed:
             return
         if self.phase != "amqp":
             self.close_after_write()
             return
-        self.proton.close(condition, description)
+        self.proton.close(condition, description, info)
         self.closing = True
         self.engine.dirty.add(self)
 

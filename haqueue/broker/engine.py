@@ -17,7 +17,7 @@ from ..config import LimitsConfig
 from . import heap
 from .connection import EPOLL_IN, EPOLL_OUT, Connection, ConnectionHandler
 from .connection_limits import PEER_ROOM, ConnectionLimits, raise_descriptor_limit
-from .errors import RESOURCE_LIMIT
+from .errors import RESOURCE_LIMIT, BrokerError
 from .listener import Listener
 from .loop import Loop
 from .password_checks import Logins, PasswordChecks
@@ -166,7 +166,7 @@ class Engine(Loop):
             conn = Connection(self, sock, peer, listener)
             refusal = self.connection_limits.accepted(conn.host)
             if refusal is not None:
-                conn.refusal = (RESOURCE_LIMIT, refusal)
+                conn.refusal = BrokerError(RESOURCE_LIMIT, refusal)
             self.connections[conn.fd] = conn
             self.events.by_ptr[conn.proton.ptr] = conn
             self.epoll.register(conn.fd, EPOLL_IN)

@@ -15,6 +15,7 @@ NOT_IMPLEMENTED = "amqp:not-implemented"
 INTERNAL = "amqp:internal-error"
 DECODE = "amqp:decode-error"
 CONNECTION_FORCED = "amqp:connection:forced"
+CONNECTION_REDIRECT = "amqp:connection:redirect"  # its info says where to connect instead (AMQP 1.0, 2.8.16)
 LINK_REDIRECT = "amqp:link:redirect"  # its info says where the link's terminus is (AMQP 1.0, 2.8.17)
 TXN_UNKNOWN = "amqp:transaction:unknown-id"
 TXN_ROLLBACK = "amqp:transaction:rollback"

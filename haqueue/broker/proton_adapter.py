@@ -155,9 +155,12 @@ def _remote_state_fields(handle: int) -> Any:
     return _data_object(lib.pn_disposition_data(lib.pn_delivery_remote(_delivery(handle))))
 
 
-def _set_condition(cond: Any, name: str, description: str) -> None:
+def _set_condition(cond: Any, name: str, description: str, info: dict[str, Any] | None = None) -> None:
+    """`info`: the condition's info map; its keys are sent as symbols (a redirect's network-host, port...)."""
     lib.pn_condition_set_name(cond, name.encode())
     lib.pn_condition_set_description(cond, description.encode())
+    if info:
+        Data(lib.pn_condition_info(cond)).put_object({symbol(k): v for k, v in info.items()})
 
 
 
@@ -503,10 +506,10 @@ class ProtonConnection:
         return lib.pn_transport_tick(self.transport, now_ms)
 
     # -- the connection ----------------------------------------------------------------------
-    def close(self, condition: str | None, description: str) -> None:
-        """Close the AMQP connection (with an error if given), opening it first if it was not."""
+    def close(self, condition: str | None, description: str, info: dict[str, Any] | None = None) -> None:
+        """Close the AMQP connection (with an error and its info map if given), opening it first if it was not."""
         if condition:
-            _set_condition(lib.pn_connection_condition(self.ptr), condition, description)
+            _set_condition(lib.pn_connection_condition(self.ptr), condition, description, info)
         if not lib.pn_connection_state(self.ptr) & lib.PN_LOCAL_ACTIVE:
             lib.pn_connection_open(self.ptr)
         lib.pn_connection_close(self.ptr)
@@ -669,19 +672,20 @@ class ProtonEvents:
         conn.handshake_deadline = 0
         lib.pn_connection_set_container(conn.proton.ptr, self.engine.container_id)
         if conn.user is not None:  # the refusal so far is the engine's at accept, which an exempt user is spared
-            refusal = self.engine.connection_limits.opened(conn.host, conn.user,
-                                                           None if conn.refusal is None else conn.refusal[1])
-            conn.refusal = None if refusal is None else (RESOURCE_LIMIT, refusal)
-            conn.logged_in = refusal is None
+            limited = self.engine.connection_limits.opened(conn.host, conn.user,
+                                                           None if conn.refusal is None else conn.refusal.description)
+            conn.refusal = None if limited is None else BrokerError(RESOURCE_LIMIT, limited)
+            conn.logged_in = limited is None
         if conn.refusal is None:
             try:
                 self.engine.handler.connection_opened(conn)
             except BrokerError as e:
-                conn.refusal = (e.condition, e.description)
-        if conn.refusal is not None:
-            self.engine.refusal_log(INFO, conn.peer, conn.refusal[1], "connection %s (%s, user %s) refused: %s", conn.peer,
-                             conn.remote_container, conn.user, conn.refusal[1])
-            conn.close(*conn.refusal)
+                conn.refusal = e
+        refusal = conn.refusal
+        if refusal is not None:
+            self.engine.refusal_log(INFO, conn.peer, refusal.description, "connection %s (%s, user %s) refused: %s",
+                                    conn.peer, conn.remote_container, conn.user, refusal.description)
+            conn.close(refusal.condition, refusal.description, refusal.info)
             return
         lib.pn_connection_open(conn.proton.ptr)
         self.engine.dirty.add(conn)
@@ -749,10 +753,7 @@ class ProtonEvents:
             lib.pn_terminus_set_type(lib.pn_link_source(ptr) if link.is_sender else lib.pn_link_target(ptr),
                                      lib.PN_UNSPECIFIED)
             lib.pn_link_open(ptr)
-            condition = lib.pn_link_condition(ptr)
-            _set_condition(condition, e.condition, e.description)
-            if e.info:
-                Data(lib.pn_condition_info(condition)).put_object({symbol(k): v for k, v in e.info.items()})
+            _set_condition(lib.pn_link_condition(ptr), e.condition, e.description, e.info)
             lib.pn_link_close(ptr)
             return
         if link.dynamic and link.address:

@@ -17,7 +17,7 @@ from ..broker.proton_adapter import LinkHandler
 from ..broker.queue import Queue
 from ..broker.registry import Registry
 from ..broker.server import Broker, Durability
-from ..config import HaConfig, ListenerConfig
+from ..config import HaConfig, ListenerConfig, parse_address
 from . import protocol
 from .quarantine import Quarantine
 from .queue_replicator import QueueReplicator
@@ -53,6 +53,7 @@ class Backup:
         self.state = JOINING
         self.conn: Connection | None = None
         self.primary: str | None = None
+        self.primary_client: tuple[str, int] | None = None  # where the primary followed serves clients, if it said
         self.members: dict[str, str] = {}
         self.replicators: dict[str, QueueReplicator] = {}
         self.refused: dict[str, str] = {}  # queue -> why the primary refused its link, until it replicates
@@ -144,6 +145,7 @@ class Backup:
             log.warning("lost primary %s: %s", self.primary, reason)
         self.conn = None
         self.primary = None
+        self.primary_client = None
         self.wiring = None
         self.reporter = None
         self.replicators.clear()
@@ -198,6 +200,8 @@ class Backup:
         if self.primary != name:
             log.info("following primary %s (epoch %d)", name, epoch)
         self.primary = name
+        if self.conn is not None:
+            self.primary_client = _client_address(self.conn.remote_properties)
         if self.reporter is None and self.conn is not None:
             self.reporter = Reporter(self, self.conn)
         return True
@@ -311,3 +315,11 @@ class Reporter(LinkHandler):
         if self.link.credit() > 0:
             self.link.send(protocol.encode_map(self.backup.held()), settled=True)
         self.backup.ha.broker.engine.call_later(protocol.REPORT_INTERVAL, self._report)
+
+
+def _client_address(properties: dict[str, Any]) -> tuple[str, int] | None:
+    """Where a primary said (in its open) it serves clients; None if it named none or nothing usable."""
+    try:
+        return parse_address(str(properties.get(protocol.CLIENT_ADDRESS) or ""))
+    except ValueError:
+        return None

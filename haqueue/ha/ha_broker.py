@@ -13,10 +13,12 @@ import ssl
 import sys
 from typing import Any, Callable
 
+from proton import int32
+
 from ..admin import ADMIN_TOOL
 from ..broker.access import ADMIN, Permissions
 from ..broker.connection import Connection
-from ..broker.errors import BrokerError, CONNECTION_FORCED, NOT_ALLOWED, UNAUTHORIZED
+from ..broker.errors import BrokerError, CONNECTION_FORCED, CONNECTION_REDIRECT, NOT_ALLOWED, UNAUTHORIZED
 from ..broker.proton_adapter import Link, LinkHandler
 from ..broker.queue import Queue
 from ..broker.server import Broker
@@ -102,7 +104,8 @@ class HaBroker:
         if self.is_peer(conn):  # tell a peer where this broker stands: it decides if the cluster is new
             conn.set_properties({protocol.EPOCH: self.epoch.epoch, protocol.HAD_PRIMARY: self.epoch.had_primary,
                                  protocol.ROLE: self.role, protocol.STATE: self.state,
-                                 protocol.FRESHNESS: list(self.freshness())})
+                                 protocol.FRESHNESS: list(self.freshness()),
+                                 protocol.CLIENT_ADDRESS: self._client_address()})
             return
         if self.primary is None:
             if self._admin_tool(conn):
@@ -112,8 +115,40 @@ class HaBroker:
             listener = conn.listener.options if conn.listener is not None else None
             if listener is not None and (listener.host, listener.port) in self.client_listeners:
                 return
+            raise self._refusal(conn)
+
+    def _refusal(self, conn: Connection) -> BrokerError:
+        """How a client on this backup is sent away: with the client address of the primary it follows in the
+        condition's info (network-host, port), where that primary named one; as amqp:connection:redirect under
+        ha.client_redirect, else as amqp:connection:forced, the one condition after which the stock clients'
+        reconnect goes on to their next address (design/replication.md)."""
+        primary, address = self.backup.primary, self.backup.primary_client
+        if primary is None or address is None:
             log.info("refused client %s (%s): this broker is a backup", conn.peer, conn.remote_container)
-            raise BrokerError(CONNECTION_FORCED, f"{self.broker.name} is a backup; connect to the primary")
+            return BrokerError(CONNECTION_FORCED, f"{self.broker.name} is a backup; connect to the primary")
+        host, port = address
+        condition = CONNECTION_REDIRECT if self.config.client_redirect else CONNECTION_FORCED
+        log.info("refused client %s (%s) with %s: the primary %s serves clients at %s:%d", conn.peer,
+                 conn.remote_container, condition, primary, host, port)
+        # the port an int, as Artemis sends it and proton-C's pn_condition_redirect_port reads it
+        return BrokerError(condition, f"{self.broker.name} is a backup; the primary {primary} serves clients "
+                                      f"at {host}:{port}", {"network-host": host, "port": int32(port)})
+
+    def _client_address(self) -> str:
+        """Where this broker serves clients as primary, for its backups' redirects: ha.public; else its address in
+        ha.brokers (clients that list every broker use it) unless ha.tls keeps that listener for peers, then its
+        first other listener; "" if it has none."""
+        if self.config.public is not None:
+            return "%s:%d" % self.config.public
+        own = self.config_address
+        if own is None:
+            return ""
+        if self.peer_tls is None:
+            return f"{own.host}:{own.port}"
+        other = next((l for l in self.broker.config.listen if l is not own), None)
+        if other is None:
+            return ""
+        return f"{own.host if other.host in ('', '0.0.0.0', '::') else other.host}:{other.port}"
 
     def _admin_tool(self, conn: Connection) -> bool:
         """A connection that says it is an admin tool (haqueue.admin.AdminClient does), whose user may run admin

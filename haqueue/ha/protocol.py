@@ -29,6 +29,7 @@ HAD_PRIMARY: Final = "x-ha-had-primary"  # has it ever followed or been a primar
 ROLE: Final = "x-ha-role"
 STATE: Final = "x-ha-state"
 FRESHNESS: Final = "x-ha-freshness"  # how complete its store is: [epoch, standing, stream] (design/store.md)
+CLIENT_ADDRESS: Final = "x-ha-client-address"  # "HOST:PORT" it serves clients on as primary ("": none it can name)
 
 # Transfer kinds on a queue link (the tag's first byte).
 ENQUEUE: Final = b"E"  # a live enqueue: the backup's settlement is its confirmation

@@ -167,7 +167,8 @@ class HaCluster:
 
     def promote(self, b: BrokerProcess, force: bool = False) -> dict[str, Any]:
         answer = self.request(b, "PROMOTE", "ha", body={"force": force}, user=HA_USER)
-        wait_for(lambda: can_connect(*split_address(self.public)), 10, message=f"public address {self.public}")
+        if self.public is not None:
+            wait_for(lambda: can_connect(*split_address(self.public)), 10, message=f"public address {self.public}")
         return answer
 
     def cli(self, b: BrokerProcess | str, *args: str, timeout: float = 30.0, user: str = OPS_USER):
