@@ -81,6 +81,8 @@ def _broker(args: argparse.Namespace) -> int:
     from haqueue.broker.server import Broker, run  # lazily: admin commands need none of the broker
 
     def plugins(broker: Broker) -> None:
+        from haqueue.messaging import install as install_messaging
+        install_messaging(broker)  # first: queues the store recovers get their delivery rules too
         store = None
         if config.store.enabled:
             from haqueue.store import Store

@@ -63,6 +63,10 @@ Returned = tuple[int, int, Entry]
 # What the broker's completion_hooks are: called once a publisher's message on a queue is confirmed.
 ConfirmHook = Callable[["Queue", Entry], None]
 
+# A queue's redelivery_hook: called when a failed delivery has raised an entry's delivery-count, before the entry
+# is made available again; True if it took the entry instead (dequeued it: a plug-in's delivery limit).
+RedeliveryHook = Callable[["Queue", Entry], bool]
+
 
 # Messages a queue's selector consumers and browsers may look at in one dispatch pass (each costs a
 # decode of its properties, once per pass, and an evaluation per selector); past it, the next pass goes on.
@@ -181,6 +185,7 @@ class Queue:
         self.dequeued = 0  # messages that left, for any reason: consumed, expired, dropped, dead-lettered, purged
         self.expired = 0  # messages whose time to live ran out here
         self.dead_lettered = 0  # rejected messages sent on to the dead-letter address
+        self.poisoned = 0  # messages a redelivery_hook took out after too many failed deliveries
         self.expiring = 0  # entries with an expiry, so the TTL sweep can skip queues without
         self.consumers: list[Subscriber] = []
         self.browsers: list[Subscriber] = []
@@ -197,6 +202,7 @@ class Queue:
         self.deleted = False
         self.temporary = False  # made for one link (dynamic or an exchange subscription); goes with it
         self.pager: Pager | None = None  # set by a store for a durable queue
+        self.redelivery_hook: RedeliveryHook | None = None  # set by a plug-in (messaging/poison.py)
 
     # -- enqueue -------------------------------------------------------------------------
     def fits(self, size: int) -> bool:
@@ -332,6 +338,9 @@ class Queue:
             return
         if failed:
             self._raise_delivery_count(entry)
+            hook = self.redelivery_hook
+            if hook is not None and hook(self, entry):
+                return
         entry.state = AVAILABLE
         self._pushes += 1
         if self._scattered:
@@ -748,5 +757,5 @@ class Queue:
     def info(self) -> dict[str, Any]:
         return {"name": self.name, "depth": self.depth, "bytes": self.bytes, "dropped": self.dropped,
                 "enqueued": self.enqueued, "dequeued": self.dequeued, "expired": self.expired,
-                "dead_lettered": self.dead_lettered, "consumers": len(self.consumers) + len(self.browsers),
+                "dead_lettered": self.dead_lettered, "poisoned": self.poisoned, "consumers": len(self.consumers) + len(self.browsers),
                 "temporary": self.temporary, "args": dict(self.args)}
