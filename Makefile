@@ -57,7 +57,7 @@ run: setup
 	$(VENV)/bin/haqueue cluster up --size 3 --dir ./cluster --public 127.0.0.1:5672
 
 test: setup
-	$(VENV)/bin/pytest -q --durations=40
+	$(VENV)/bin/pytest -q -n 2 --dist loadgroup --durations=40
 
 quick: setup
 	$(VENV)/bin/pytest -q -m "not slow"

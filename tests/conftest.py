@@ -15,6 +15,13 @@ with SPARK_JVM_OPTIONS unless PYSPARK_SUBMIT_ARGS is already set.
 Every test of a directory in CLUSTER_SUITES is marked `slow`: they run several broker processes, a
 ZooKeeper ensemble, Pacemaker or Spark, seconds each, so `pytest -m "not slow"` (`make quick`) keeps
 the unit tests and the single-broker ones, the subset to run while working.
+
+`make test` runs the suite on two pytest-xdist workers (`-n 2 --dist loadgroup`), a module's tests on
+one worker in order (some share a module-scoped broker and build on each other). The tests of the
+directories in ONE_WORKER all run on one worker, one after another: Pacemaker's network namespaces
+and ZooKeeper's ensembles have fixed names and ports, the nemesis suite times partitions, and the
+Spark tests share one JVM per worker (`local_spark`). The other modules spread over both workers
+(ports are chosen free at run time, directories are per test).
 """
 from __future__ import annotations
 
@@ -35,12 +42,17 @@ LOG_TAIL_LINES = 150
 # parallel collector only repay on long jobs.
 SPARK_JVM_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
 CLUSTER_SUITES = ("audit", "ha", "nemesis", "pacemaker", "shard", "zookeeper")
+ONE_WORKER = ("audit", "nemesis", "pacemaker", "zookeeper")
 
 
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
-        if Path(item.fspath).relative_to(TESTS).parts[0] in CLUSTER_SUITES:
+        path = Path(item.fspath).relative_to(TESTS)
+        if path.parts[0] in CLUSTER_SUITES:
             item.add_marker(pytest.mark.slow)
+        # a module's tests stay together, in order: some share a module-scoped broker and build on each other
+        item.add_marker(pytest.mark.xdist_group("one-worker" if path.parts[0] in ONE_WORKER else str(path)))
 
 
 def _log_tail(broker: BrokerProcess) -> str:

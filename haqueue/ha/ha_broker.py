@@ -13,8 +13,6 @@ import ssl
 import sys
 from typing import Any, Callable
 
-from proton import int32
-
 from ..admin import ADMIN_TOOL
 from ..broker.access import ADMIN, Permissions
 from ..broker.connection import Connection
@@ -130,9 +128,8 @@ class HaBroker:
         condition = CONNECTION_REDIRECT if self.config.client_redirect else CONNECTION_FORCED
         log.info("refused client %s (%s) with %s: the primary %s serves clients at %s:%d", conn.peer,
                  conn.remote_container, condition, primary, host, port)
-        # the port an int, as Artemis sends it and proton-C's pn_condition_redirect_port reads it
         return BrokerError(condition, f"{self.broker.name} is a backup; the primary {primary} serves clients "
-                                      f"at {host}:{port}", {"network-host": host, "port": int32(port)})
+                                      f"at {host}:{port}", {"network-host": host, "port": port})
 
     def _client_address(self) -> str:
         """Where this broker serves clients as primary, for its backups' redirects: ha.public; else its address in

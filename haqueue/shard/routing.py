@@ -11,8 +11,6 @@ itself may only replicate and run admin operations).
 """
 from __future__ import annotations
 
-from proton import int32
-
 from ..broker.errors import LINK_REDIRECT, NOT_ALLOWED, BrokerError
 from ..broker.proton_adapter import Link, LinkHandler
 from ..broker.server import Broker
@@ -76,4 +74,4 @@ class ShardRouting:
         """The refusal that sends a client to `shard`'s direct address, bound only by its primary."""
         host, port = self.config.publics[shard]
         return BrokerError(LINK_REDIRECT, f"{address!r} is served by shard {shard}'s primary at {host}:{port}",
-                           {"network-host": host, "port": int32(port), "address": address})
+                           {"network-host": host, "port": port, "address": address})
