@@ -28,8 +28,8 @@ class LinkHost(Protocol):
     def schedule(self, item: Queue) -> None:
         """Dispatch the queue at the end of this pass."""
 
-    def dead_letter(self, queue: Queue, entry: Entry) -> None:
-        """A message its consumer rejected: to the queue's dead-letter address, or dropped."""
+    def dead_letter(self, queue: Queue, entry: Entry, why: str, data: bytes | None = None) -> bool:
+        """A message leaving `queue` because `why`: to the queue's dead-letter address, or dropped; whether it went."""
 
 
 class Publisher(LinkHandler):
@@ -247,7 +247,8 @@ class Consumer(LinkHandler):
             queue.release(entry, failed=failed)
         elif outcome == REJECTED:
             queue.dequeue(entry)
-            self.broker.dead_letter(queue, entry)
+            if self.broker.dead_letter(queue, entry, "rejected by its consumer"):
+                queue.dead_lettered += 1
         else:
             queue.release(entry)
 

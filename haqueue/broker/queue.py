@@ -757,5 +757,5 @@ class Queue:
     def info(self) -> dict[str, Any]:
         return {"name": self.name, "depth": self.depth, "bytes": self.bytes, "dropped": self.dropped,
                 "enqueued": self.enqueued, "dequeued": self.dequeued, "expired": self.expired,
-                "dead_lettered": self.dead_lettered, "poisoned": self.poisoned, "consumers": len(self.consumers) + len(self.browsers),
-                "temporary": self.temporary, "args": dict(self.args)}
+                "dead_lettered": self.dead_lettered, "poisoned": self.poisoned,
+                "consumers": len(self.consumers) + len(self.browsers), "temporary": self.temporary, "args": dict(self.args)}

@@ -268,15 +268,21 @@ class Broker:
         for queue in queues:
             queue.enqueue(data, 0.0)
 
-    def dead_letter(self, queue: Queue, entry: Entry) -> None:
-        if queue.dead_letter_address:
-            try:
-                self.deliver(queue.dead_letter_address, entry.data)
-                queue.dead_lettered += 1
-                return
-            except BrokerError as e:
-                log.warning("queue %s: rejected message not dead-lettered: %s", queue.name, e.description)
-        log.info("queue %s: message seq %d rejected by its consumer and dropped", queue.name, entry.seq)
+    def dead_letter(self, queue: Queue, entry: Entry, why: str, data: bytes | None = None) -> bool:
+        """A message leaving `queue` because `why`: onto the queue's dead-letter address (`data`: its bytes as they
+        go, by default the entry's); else dropped, logged. Whether it went."""
+        where = queue.dead_letter_address
+        if not where:
+            log.info("queue %s: message seq %d dropped: %s, and the queue has no dead_letter_address", queue.name,
+                     entry.seq, why)
+            return False
+        try:
+            self.deliver(where, entry.data if data is None else data)
+            return True
+        except BrokerError as e:
+            log.warning("queue %s: message seq %d dropped (%s), not dead-lettered to %s: %s", queue.name, entry.seq,
+                        why, where, e.description)
+            return False
 
     # -- status and lifecycle ----------------------------------------------------------------
     def status(self) -> dict[str, Any]:

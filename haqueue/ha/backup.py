@@ -202,8 +202,8 @@ class Backup:
         self.primary = name
         if self.conn is not None:
             self.primary_client = _client_address(self.conn.remote_properties)
-        if self.reporter is None and self.conn is not None:
-            self.reporter = Reporter(self, self.conn)
+            if self.reporter is None:
+                self.reporter = Reporter(self, self.conn)
         return True
 
     # -- replication ---------------------------------------------------------------------------

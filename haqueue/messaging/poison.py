@@ -12,7 +12,6 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from ..broker.errors import BrokerError
 from ..broker.message import delivery_count
 from ..broker.queue import Entry, Queue
 from ..broker.server import Broker
@@ -53,18 +52,10 @@ class DeliveryLimit:
         queue.poisoned += 1
         # Onto the dead-letter address first, then off this queue: a failover in between leaves it in both places,
         # never in neither.
-        if queue.dead_letter_address:
-            try:
-                self.broker.deliver(queue.dead_letter_address,
-                                    with_annotations(entry.data, {REASON: reason, ORIGIN: queue.name}))
-                log.info("queue %s: message seq %d moved to %s: %s", queue.name, entry.seq, queue.dead_letter_address,
-                         reason)
-            except BrokerError as e:
-                log.warning("queue %s: message seq %d dropped (%s), not dead-lettered: %s", queue.name, entry.seq,
-                            reason, e.description)
-        else:
-            log.info("queue %s: message seq %d dropped: %s, and the queue has no dead_letter_address", queue.name,
-                     entry.seq, reason)
+        where = queue.dead_letter_address
+        data = with_annotations(entry.data, {REASON: reason, ORIGIN: queue.name}) if where else None
+        if self.broker.dead_letter(queue, entry, reason, data):
+            log.info("queue %s: message seq %d moved to %s: %s", queue.name, entry.seq, where, reason)
         queue.dequeue(entry)
         return True
 

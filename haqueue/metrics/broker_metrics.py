@@ -27,7 +27,8 @@ QUEUE_COUNTERS = (("enqueued", "Messages that came onto the queue: published, re
                                "dead-lettered, purged)"),
                   ("expired", "Messages whose time to live ran out on the queue"),
                   ("dead_lettered", "Rejected messages sent on to the queue's dead-letter address"),
-                  ("poisoned", "Messages taken out after x-max-deliveries failed deliveries (dead-lettered or dropped)"),
+                  ("poisoned", "Messages taken out after x-max-deliveries failed deliveries (dead-lettered or "
+                               "dropped)"),
                   ("dropped", "Messages dropped from the head to make room (overflow drop-head)"))
 
 QueueSample = tuple[str, tuple[int, ...]]  # name, then the values of QUEUE_GAUGES and QUEUE_COUNTERS in order

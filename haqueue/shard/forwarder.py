@@ -112,7 +112,8 @@ class QueueForwarder(LinkHandler):
             log.warning("forwarding queue %s: message seq %d rejected by its owner: %s", self.queue.name, entry.seq,
                         Link.outcome_error(delivery))
             self.queue.dequeue(entry)
-            self.forwarder.broker.dead_letter(self.queue, entry)
+            if self.forwarder.broker.dead_letter(self.queue, entry, "rejected by its owner"):
+                self.queue.dead_lettered += 1
         else:
             self.queue.release(entry)
 
