@@ -170,6 +170,58 @@ def is_durable(data: bytes) -> bool:
     return first > 0 and len(data) > first and (data[first] == 0x41 or data[first:first + 2] == b"\x56\x01")
 
 
+def annotations_at(data: bytes) -> int:
+    """Where the message-annotations map starts, 0 for a message without: the header and the delivery
+    annotations skipped, one byte compared (cheap enough to ask of every message on the hot path)."""
+    pos = 0
+    try:
+        if data.startswith(_HEADER_PREFIX):
+            pos = skip(data, 3)
+        if data[pos + 2] == DELIVERY_ANNOTATIONS and data[pos:pos + 2] == b"\x00\x53":
+            pos = skip(data, pos + 3)
+        if data[pos + 2] == MESSAGE_ANNOTATIONS and data[pos:pos + 2] == b"\x00\x53":
+            return pos + 3
+    except (IndexError, MalformedMessage):
+        pass  # not a message that reaches this far: it has no annotations to act on
+    return 0
+
+
+def annotated(data: bytes) -> bool:
+    """Does the message carry message annotations?"""
+    return annotations_at(data) > 0
+
+
+def message_annotations(data: bytes) -> dict[Any, Any]:
+    """The message annotations (symbol keys as str), {} if none."""
+    pos = annotations_at(data)
+    return dict(_map_items(data, pos)) if pos else {}
+
+
+def priority(data: bytes) -> int:
+    """The header's priority (its second field); 4, the AMQP default, if absent."""
+    if not data.startswith(_HEADER_PREFIX):
+        return 4
+    found = _list_fields(data, 3, 2)[1]
+    return 4 if found is None else found
+
+
+def group_id(data: bytes) -> Any:
+    """The properties' group-id (their eleventh field), None if absent."""
+    found = sections(data)
+    return _list_fields(data, found[PROPERTIES], 11)[10] if PROPERTIES in found else None
+
+
+def application_property(data: bytes, key: str) -> Any:
+    """One application property's value, None if absent."""
+    found = sections(data)
+    if APPLICATION_PROPERTIES not in found:
+        return None
+    for name, value in _map_items(data, found[APPLICATION_PROPERTIES]):
+        if name == key:
+            return value
+    return None
+
+
 def ttl_ms(data: bytes) -> int | None:
     """The header's ttl (its third field) in milliseconds. Most clients send no header, or one of fewer
     than three fields (durable alone): those cost a comparison or two on the hot path."""

@@ -20,7 +20,7 @@ from typing import Any, Callable, Final, Iterable, Protocol
 
 from .completion import Completion
 from .flow import BLOCK, LOW_WATER, Blocker, MemoryAlarm, ceiling
-from .message import delivery_count, is_durable, with_delivery_count
+from .message import annotated, delivery_count, is_durable, with_delivery_count
 from .selector import MessageFields, Selector
 
 log = logging.getLogger("haqueue.broker")
@@ -28,6 +28,7 @@ log = logging.getLogger("haqueue.broker")
 AVAILABLE: Final = 0
 ACQUIRED: Final = 1
 DEQUEUED: Final = 2
+DEFERRED: Final = 3  # held back by a plug-in until a time (scheduled delivery): live, but no one is handed it
 
 
 class Entry:
@@ -62,6 +63,11 @@ Returned = tuple[int, int, Entry]
 
 # What the broker's completion_hooks are: called once a publisher's message on a queue is confirmed.
 ConfirmHook = Callable[["Queue", Entry], None]
+
+# A queue's annotated_hook: shown each entry with message annotations as it comes into memory (enqueued, read back,
+# merged); `published` for a publisher's message enqueued here, which it may rewrite first (entry.data). It may
+# defer the entry (Queue.defer). Plain messages, with no annotations, never reach it.
+AnnotatedHook = Callable[["Queue", "Entry", bool], None]
 
 # A queue's redelivery_hook: called when a failed delivery has raised an entry's delivery-count, before the entry
 # is made available again; True if it took the entry instead (dequeued it: a plug-in's delivery limit).
@@ -135,6 +141,20 @@ class QueueObserver(Protocol):
     def dequeued(self, queue: "Queue", entry: Entry) -> None: ...
 
 
+class Arranger(Protocol):
+    """A plug-in's say in what a queue holds and which message a consumer gets next (messaging/: priority,
+    groups, last value), on the queues whose arguments ask for one; the others have none and pay nothing.
+    A queue with an arranger keeps every message in memory (never paged) and takes no selector consumers."""
+
+    picks: bool  # chooses each consumer's next message (next, returned); else the queue's own order stands
+
+    def entered(self, entries: list[Entry], published: bool) -> None: ...  # came into memory (published: here)
+    def left(self, entry: Entry) -> None: ...  # dequeued
+    def returned(self, entry: Entry) -> None: ...  # available again: released, or no longer deferred
+    def next(self, consumer: Subscriber, now: float) -> Entry | None: ...  # to be acquired by the consumer
+    def rebuild(self, entries: list[Entry]) -> None: ...  # every live entry, in seq order (after a merge)
+
+
 class Journal(Protocol):
     """A store keeping this queue's durable messages: it hears of them, and only of them, so that a
     transient message costs it nothing. Its guard holds a durable publish until it is on disk."""
@@ -203,6 +223,9 @@ class Queue:
         self.temporary = False  # made for one link (dynamic or an exchange subscription); goes with it
         self.pager: Pager | None = None  # set by a store for a durable queue
         self.redelivery_hook: RedeliveryHook | None = None  # set by a plug-in (messaging/poison.py)
+        self.annotated_hook: AnnotatedHook | None = None  # set by a plug-in (messaging/scheduled.py)
+        self.arranger: Arranger | None = None  # set by a plug-in (messaging/: priority, groups, last value)
+        self.deferred = 0  # entries held back until a time (scheduled delivery)
 
     # -- enqueue -------------------------------------------------------------------------
     def fits(self, size: int) -> bool:
@@ -273,6 +296,11 @@ class Queue:
         self.next_seq += 1
         self.enqueued += 1
         paging = self.pager is not None and self.pager.count > 0
+        if self.annotated_hook is not None and annotated(data):
+            self.annotated_hook(self, entry, not seq)  # a paged entry is shown again when it is read back
+            if paging and entry.state == DEFERRED:
+                self._undefer_paged(entry)
+            data = entry.data
         if not paging:
             self._log.append(entry)
         self.depth += 1
@@ -294,6 +322,8 @@ class Queue:
                 journal.enqueued(self, entry)
         for observer in self.observers:
             observer.enqueued(self, entry)
+        if self.arranger is not None:
+            self.arranger.entered([entry], not seq)
         if paging:  # behind what is paged already, so the order holds
             self._out_of_memory(self.pager.page([entry]))  # type: ignore[union-attr]
         if self.consumers or self.browsers:
@@ -310,9 +340,12 @@ class Queue:
 
     # -- settlement ------------------------------------------------------------------------
     def dequeue(self, entry: Entry) -> None:
-        if entry.state == DEQUEUED:
+        state = entry.state
+        if state == DEQUEUED:
             return
         entry.state = DEQUEUED
+        if state == DEFERRED:
+            self.deferred -= 1
         self.depth -= 1
         self.dequeued += 1
         size = len(entry.data)
@@ -330,6 +363,8 @@ class Queue:
                 journal.dequeued(self, entry)
         for observer in self.observers:
             observer.dequeued(self, entry)
+        if self.arranger is not None:
+            self.arranger.left(entry)
         self._compact()
 
     def release(self, entry: Entry, failed: bool = False) -> None:
@@ -341,13 +376,49 @@ class Queue:
             hook = self.redelivery_hook
             if hook is not None and hook(self, entry):
                 return
+        self._make_available(entry)
+
+    def _make_available(self, entry: Entry) -> None:
+        """An acquired or deferred entry goes back to its place among the available ones."""
         entry.state = AVAILABLE
-        self._pushes += 1
-        if self._scattered:
-            self._return_selective(entry)
+        arranger = self.arranger
+        if arranger is not None and arranger.picks:
+            arranger.returned(entry)
         else:
-            heapq.heappush(self._returned, (entry.seq, self._pushes, entry))
+            self._pushes += 1
+            if self._scattered:
+                self._return_selective(entry)
+            else:
+                heapq.heappush(self._returned, (entry.seq, self._pushes, entry))
         self._schedule(self)
+
+    # -- deferral (scheduled delivery, messaging/scheduled.py) ----------------------------------
+    def defer(self, entry: Entry) -> None:
+        """Hold an available entry back: live (counted, replicated, journalled) but handed to no one until
+        `undefer`. The plug-in that defers keeps the time."""
+        if entry.state == AVAILABLE:
+            entry.state = DEFERRED
+            self.deferred += 1
+
+    def undefer(self, entry: Entry) -> None:
+        """A deferred entry's time has come: available again at its place."""
+        if entry.state == DEFERRED:
+            self.deferred -= 1
+            self._make_available(entry)
+
+    def _undefer_paged(self, entry: Entry) -> None:
+        """An entry deferred as it goes to the pager: it is shown to the hook again when read back."""
+        entry.state = AVAILABLE
+        self.deferred -= 1
+
+    def _annotated(self, entries: list[Entry]) -> None:
+        """Entries that came into memory other than by enqueue (read back from the pager, merged), shown to
+        the annotated_hook as a replica's message is."""
+        hook = self.annotated_hook
+        if hook is not None:
+            for entry in entries:
+                if annotated(entry.data):
+                    hook(self, entry, False)
 
     def _return_selective(self, entry: Entry) -> None:
         """A released entry on a queue selector consumers took from: it goes back to whoever's cursor has
@@ -419,7 +490,9 @@ class Queue:
         consumers = self.consumers
         self._budget = SCAN_BUDGET
         views: dict[int, MessageFields] = {}  # each message's fields, decoded once this pass for every selector
-        if consumers and self.selective:
+        if consumers and self.arranger is not None and self.arranger.picks:
+            self._dispatch_picked(now)
+        elif consumers and self.selective:
             self._dispatch_selective(now, views)
         elif consumers:
             exhausted = True
@@ -490,6 +563,49 @@ class Queue:
             if dry[k]:
                 consumers[k].after_dispatch()
 
+    def _dispatch_picked(self, now: float) -> None:
+        """Round robin as in dispatch, each consumer handed what the queue's arranger picks for it (a message
+        group may be held for another consumer: then that one is done for this pass)."""
+        consumers = self.consumers
+        arranger: Arranger = self.arranger  # type: ignore[assignment]
+        n = len(consumers)
+        credits = [c.credit() for c in consumers]
+        remaining = sum(credits)
+        i = self._rotation % n
+        while remaining:
+            while not credits[i]:
+                i = (i + 1) % n
+            consumer = consumers[i]
+            entry = arranger.next(consumer, now)
+            if entry is None:
+                remaining -= credits[i]
+                credits[i] = 0
+                consumer.after_dispatch()
+            else:
+                entry.state = ACQUIRED
+                for observer in self.observers:
+                    observer.acquired(self, entry)
+                credits[i] -= 1
+                remaining -= 1
+                consumer.deliver(entry)
+            i = (i + 1) % n
+        self._rotation = i
+
+    def first_available(self, heap: list[Returned], now: float) -> Entry | None:
+        """For an arranger: the oldest available entry in one of its heaps, left there; those no longer
+        available are dropped from the heap on the way, an expired one dequeued."""
+        while heap:
+            entry = heap[0][2]
+            if entry.state == AVAILABLE:
+                if not (entry.expiry and entry.expiry <= now):
+                    return entry
+                heapq.heappop(heap)
+                self.expired += 1
+                self.dequeue(entry)
+            else:
+                heapq.heappop(heap)
+        return None
+
     def _next_match(self, consumer: Subscriber, selector: Selector, now: float,
                     views: dict[int, MessageFields]) -> Entry | None:
         """The oldest available entry this selector consumer matches: first among those released behind its
@@ -546,7 +662,7 @@ class Queue:
                 continue
             entry = log[i]
             i += 1
-            if entry.state == DEQUEUED:
+            if entry.state >= DEQUEUED:  # or deferred: browsers see a scheduled message once it is due
                 continue
             if entry.expiry and entry.expiry <= now:
                 i = max(i - self._drop_expired(entry), 0)
@@ -623,7 +739,7 @@ class Queue:
         """Hand up to `wanted` of the newest entries to the pager; how many went. Only entries no consumer
         or browser has reached, and only into an empty pager, so that it always holds the newest."""
         pager = self.pager
-        if pager is None or pager.count:
+        if pager is None or pager.count or self.arranger is not None:
             return 0
         log = self._log
         floor = max([self._head, self._cursor - self._base] + [b.cursor - self._base for b in self.browsers]
@@ -642,11 +758,16 @@ class Queue:
             self.depth += self.pager.count
             self.enqueued += self.pager.count
             self.bytes += self.pager.bytes
+            if self.arranger is not None and self.pager.count:  # an arranger's queue is held in memory
+                self._depage(self.pager.count)
 
     def _depage(self, n: int) -> None:
         entries, size = self.pager.take(n)  # type: ignore[union-attr]
         self._log.extend(entries)
         self._into_memory(size)
+        self._annotated(entries)
+        if self.arranger is not None:
+            self.arranger.entered(entries, False)
 
     # -- a replica's view: by seq ------------------------------------------------------------
     def live_seqs(self) -> list[int]:
@@ -723,6 +844,9 @@ class Queue:
         self.expiring += sum(1 for e in added if e.expiry)
         if self._log:
             self.next_seq = max(self.next_seq, self._log[-1].seq + 1)
+        self._annotated(added)
+        if self.arranger is not None:
+            self.arranger.rebuild(self._log)
         if self.journals:
             durable = [e for e in added if is_durable(e.data)]
             for entry in durable:
@@ -757,5 +881,5 @@ class Queue:
     def info(self) -> dict[str, Any]:
         return {"name": self.name, "depth": self.depth, "bytes": self.bytes, "dropped": self.dropped,
                 "enqueued": self.enqueued, "dequeued": self.dequeued, "expired": self.expired,
-                "dead_lettered": self.dead_lettered, "poisoned": self.poisoned,
+                "dead_lettered": self.dead_lettered, "poisoned": self.poisoned, "scheduled": self.deferred,
                 "consumers": len(self.consumers) + len(self.browsers), "temporary": self.temporary, "args": dict(self.args)}

@@ -29,7 +29,7 @@ from ..config import BrokerConfig, LimitsConfig, ListenerConfig
 from .access import RECEIVE, SEND, Access
 from .connection import Connection
 from .engine import Engine
-from .errors import BrokerError, INVALID_FIELD, RESOURCE_LOCKED, RecoveryError
+from .errors import BrokerError, INVALID_FIELD, NOT_IMPLEMENTED, RESOURCE_LOCKED, RecoveryError
 from .exchange import Exchange
 from .flow import BLOCK, MemoryAlarm
 from .links import Consumer, Publisher
@@ -184,6 +184,10 @@ class Broker:
                 queue.discard_unmatched = selector is not None and not link.browse
             else:
                 queue = node
+        if selector is not None and not link.browse and queue.arranger is not None and queue.arranger.picks:
+            raise BrokerError(NOT_IMPLEMENTED, f"queue '{queue.name}' orders its messages itself (x-priorities or "
+                                               f"x-group-header): a consumer with a selector cannot take from it "
+                                               f"(a browser can)")
         if queue.exclusive and not link.browse and (queue.consumers or queue.browsers):
             raise BrokerError(RESOURCE_LOCKED, f"queue '{queue.name}' is exclusive and already has a consumer")
         consumer = Consumer(self, link, queue, link.browse, owns, selector)

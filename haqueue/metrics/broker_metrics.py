@@ -21,7 +21,8 @@ QUEUE_GAUGES = (("depth", "Messages on the queue (in memory or paged)"),
                 ("bytes", "Bytes of message data on the queue"),
                 ("consumers", "Consumers and browsers attached to the queue"),
                 ("max_depth", "The queue's max_depth limit (0: none)"),
-                ("max_bytes", "The queue's max_bytes limit (0: none)"))
+                ("max_bytes", "The queue's max_bytes limit (0: none)"),
+                ("scheduled", "Messages held back until their x-opt-delivery-time (counted in depth)"))
 QUEUE_COUNTERS = (("enqueued", "Messages that came onto the queue: published, replicated, recovered"),
                   ("dequeued", "Messages that left the queue for any reason (consumed, expired, dropped, "
                                "dead-lettered, purged)"),
@@ -64,7 +65,7 @@ class BrokerSource:
             # Temporary queues (a link's own: reply queues, exchange subscriptions) come and go with their
             # links: as series they would only churn. They count in haqueue_queues.
             [(q.name, (q.depth, q.bytes, len(q.consumers) + len(q.browsers), q.max_depth, q.max_bytes,
-                       q.enqueued, q.dequeued, q.expired, q.dead_lettered, q.poisoned, q.dropped))
+                       q.deferred, q.enqueued, q.dequeued, q.expired, q.dead_lettered, q.poisoned, q.dropped))
              for q in queues if not q.temporary])
 
     def families(self, s: BrokerSample) -> Iterable[Metric]:
