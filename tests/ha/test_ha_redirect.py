@@ -1,12 +1,12 @@
 """A client that connects to a backup is told where the primary is: the backup closes its connection with the
 primary's client address in the condition's info (network-host, port): the public address where there is one
 (ha.public: the local supervisor, a virtual IP), else the primary's own (clients that list every broker, as
-under ZooKeeper). The condition is amqp:connection:forced by default, after which rhea's reconnect (and
-proton C++'s, by its source) goes on to the next address it was given; with ha.client_redirect it is
-amqp:connection:redirect, which ends their reconnect with an error the application sees (seen here for
-proton Python and rhea) and which only redirect-aware clients follow; the test follows it by hand, as an
-application can. proton Python's reconnect (0.40) hangs after a forced close. A backup that follows no
-primary yet names none."""
+under ZooKeeper). The condition is amqp:connection:forced by default, after which rhea's and proton C++'s
+reconnect go on to the next address they were given; with ha.client_redirect it is amqp:connection:redirect,
+which ends their reconnect with an error the application sees (seen here for proton Python, proton C++ and
+rhea) and which only redirect-aware clients follow; the test follows it by hand, as an application can.
+proton Python's reconnect (0.40) hangs after a forced close. A backup that follows no primary yet names
+none."""
 from __future__ import annotations
 
 import json
@@ -26,6 +26,7 @@ from harness import BrokerProcess, split_address
 pytestmark = pytest.mark.slow
 
 JS_DIR = Path(__file__).resolve().parent.parent / "js"
+CPP_SOURCE = Path(__file__).resolve().parent.parent / "cpp" / "reconnect.cpp"
 REDIRECT = "amqp:connection:redirect"
 FORCED = "amqp:connection:forced"
 
@@ -137,11 +138,35 @@ def rhea_at(address: str, ms: int) -> list[dict[str, Any]]:
     return [json.loads(line) for line in out.stdout.splitlines()]
 
 
+@pytest.fixture(scope="module")
+def cpp_client(tmp_path_factory) -> Path:
+    """tests/cpp/reconnect.cpp built against Debian's libqpid-proton-cpp (make setup installs it)."""
+    binary = tmp_path_factory.mktemp("cpp") / "reconnect"
+    subprocess.run(["g++", "-std=c++11", "-O1", "-o", str(binary), str(CPP_SOURCE), "-lqpid-proton-cpp"], check=True,
+                   timeout=120)
+    return binary
+
+
+def cpp_reconnect(binary: Path, urls: list[str], wanted: str, ms: int) -> list[dict[str, str]]:
+    """What proton C++'s reconnect over `urls` does for `ms`, or until it opens on `wanted`: one event a line."""
+    out = subprocess.run([str(binary), str(ms), wanted] + urls, capture_output=True, text=True, timeout=30)
+    assert out.returncode == 0, out.stderr
+    return [json.loads(line) for line in out.stdout.splitlines()]
+
+
+def opened(events: list[dict[str, str]]) -> list[str]:
+    return [e["opened"] for e in events if "opened" in e]
+
+
+def closed(events: list[dict[str, str]]) -> list[str]:
+    return [e["closed"] for e in events if "closed" in e]
+
+
 def closes(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [e["closed"] for e in events if "closed" in e]
 
 
-def test_by_default_a_backup_names_the_public_address_closing_with_forced(ha_cluster):
+def test_by_default_a_backup_names_the_public_address_closing_with_forced(ha_cluster, cpp_client):
     c: HaCluster = ha_cluster()
     p = c.start_cluster()
     for b in c.brokers[1:]:
@@ -153,9 +178,12 @@ def test_by_default_a_backup_names_the_public_address_closing_with_forced(ha_clu
     assert len(closes(events)) >= 2 and {e["condition"] for e in closes(events)} == {FORCED}, events
     hung = reconnect([c[1].address, c.public], p.name, seconds=2.0)
     assert (hung.opened, hung.closed, hung.gave_up) == ([c[1].name], [FORCED], False)
+    # proton C++'s goes on to the next address it was given: the primary
+    events = cpp_reconnect(cpp_client, [c[1].address, c.public], p.name, 5000)
+    assert opened(events) == [c[1].name, p.name] and set(closed(events)) == {FORCED}, events
 
 
-def test_with_client_redirect_a_backup_redirects_to_the_primary_it_follows(ha_cluster):
+def test_with_client_redirect_a_backup_redirects_to_the_primary_it_follows(ha_cluster, cpp_client):
     """As clients under ZooKeeper see it: every broker's own address, no public one. Followed by hand, the
     redirect reaches the primary, which takes a publish; the stock clients' reconnect ends at it; after a
     failover the backups name the new primary."""
@@ -172,6 +200,8 @@ def test_with_client_redirect_a_backup_redirects_to_the_primary_it_follows(ha_cl
 
     listed = reconnect([c[1].address, p.address], p.name, seconds=3.0)
     assert listed.closed == [REDIRECT] and listed.gave_up and p.name not in listed.opened
+    events = cpp_reconnect(cpp_client, [c[1].address, p.address], p.name, 2000)
+    assert (opened(events), closed(events)) == ([c[1].name], [REDIRECT]), events
     events = rhea_at(c[1].address, 1500)
     assert len(closes(events)) == 1 and closes(events)[0]["condition"] == REDIRECT, events
     info = closes(events)[0]["info"]
