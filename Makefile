@@ -7,6 +7,7 @@ VENV := .venv
 # SASL if pkg-config finds openssl and libsasl2 at build time. python3-venv/-dev serve Debian's python3.
 # openssl: the TLS tests make their certificates with it. prometheus: its server scrapes a cluster in a test,
 # and its promtool checks packaging/'s alert rules. iptables: the nemesis suite cuts nodes apart with it (tests/nemesis).
+# g++ and libqpid-proton-cpp12-dev: a proton C++ client the redirect tests build (tests/cpp).
 APT_PACKAGES := python3-venv python3-dev gcc pkg-config libssl-dev libsasl2-dev openssl pacemaker corosync pcs resource-agents pacemaker-cli-utils libxml2-utils iproute2 iptables prometheus g++ libqpid-proton-cpp12-dev
 PROTON := $(shell grep -o 'python-qpid-proton==[0-9.]*' pyproject.toml)
 PROTON_OK := $(VENV)/bin/python -c 'import proton, sys; sys.exit(not (proton.SSL.present() and proton.SASL.extended()))'
