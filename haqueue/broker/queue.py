@@ -324,6 +324,8 @@ class Queue:
             observer.enqueued(self, entry)
         if self.arranger is not None:
             self.arranger.entered([entry], not seq)
+            if len(self._log) - self._head > 2 * self.depth + 4096:
+                self._sweep()
         if paging:  # behind what is paged already, so the order holds
             self._out_of_memory(self.pager.page([entry]))  # type: ignore[union-attr]
         if self.consumers or self.browsers:
@@ -713,6 +715,26 @@ class Queue:
             self._base += head
             head = 0
         self._head = head
+
+    def _sweep(self) -> None:
+        """Drop the dequeued entries from anywhere in the log, not only its front: an arranger's queue dequeues
+        out of log order, and one old message at the front would keep every later dequeued one. Cursors keep
+        their place by the seq they point at. Never called during a scan of the log (from enqueue)."""
+        log, head = self._log, self._head
+        live = [e for e in log[head:] if e.state != DEQUEUED]
+
+        def moved(cursor: int) -> int:
+            i = cursor - self._base
+            if i <= head:
+                return self._base
+            if i >= len(log):
+                return self._base + len(live)
+            return self._base + bisect.bisect_left(live, log[i].seq, key=_seq)
+        self._cursor = moved(self._cursor)
+        for subscriber in self.browsers + [c for c in self.consumers if c.selector is not None]:
+            subscriber.cursor = moved(subscriber.cursor)
+        self._log = live
+        self._head = 0
 
     # -- subscribers -----------------------------------------------------------------------
     def subscribe(self, subscriber: Subscriber) -> None:
