@@ -216,3 +216,20 @@ def test_rhea_selector(broker):
     out = node("receive.js", {**base, "count": 1, "selector": "colour = 'green' AND"})
     assert out["returncode"] == 2 and "amqp:invalid-field" in out["error"], out
     assert "unexpected the end of the selector at position 20" in out["error"], out
+
+
+def test_rhea_on_a_priority_queue_with_a_scheduled_message(broker):
+    """rhea's header priority orders a priority queue, and its delivery-delay annotation holds a message back."""
+    address = "interop.priority"
+    with Client(broker) as c:
+        c.mgmt("CREATE", "queue", address, {"x-priorities": 10})
+    value = lambda n: {"section": "value", "v": T("int", n)}  # noqa: E731
+    messages = [{"header": {"priority": 9}, "message_annotations": {"x-opt-delivery-delay": T("long", 500)},
+                 "body": value(99)}] + [{"header": {"priority": p}, "body": value(p)} for p in (1, 7, 3, 9)]
+    sent = node("send.js", {"host": broker.host, "port": broker.port, "address": address, "messages": messages,
+                            "timeout_ms": 15000})
+    assert sent["returncode"] == 0, sent
+    out = node("receive.js", {"host": broker.host, "port": broker.port, "address": address, "count": 5,
+                              "timeout_ms": 15000})
+    assert out["returncode"] == 0, out
+    assert [r["canonical"]["body"]["v"]["v"] for r in out["received"]] == [9, 7, 3, 1, 99]
