@@ -82,7 +82,8 @@ def _broker(args: argparse.Namespace) -> int:
 
     def plugins(broker: Broker) -> None:
         from haqueue.messaging import install as install_messaging
-        install_messaging(broker)  # first: queues the store recovers get their delivery rules too
+        # first: queues the store recovers get their delivery rules too
+        install_messaging(broker, config.shard is not None)
         store = None
         if config.store.enabled:
             from haqueue.store import Store

@@ -72,6 +72,8 @@ class Engine(Loop):
         self.links: dict[int, Link] = {}  # by address
         self.dirty: set[Connection] = set()
         self.receive_share = ReceiveShare()  # the credit of the links receiving at once
+        # What the broker's open offers its clients (a plug-in's: SHARED-SUBS, messaging/subscriptions.py)
+        self.offered_capabilities: list[str] = []
 
     # -- set-up ------------------------------------------------------------------------------
     def listen(self, listener: Listener) -> None:

@@ -1,23 +1,29 @@
-"""Exchanges route a message to the queues bound to them, by the message's key (subject or routing-key)."""
+"""Exchanges route a message to the queues bound to them, by the message's key (subject or routing-key), and
+for a binding with a selector (its argument `selector`: a durable subscription's) by what the selector says of it."""
 from __future__ import annotations
 
 import re
 from typing import Any, Iterable
 
 from .queue import Queue
+from .selector import MessageFields, compile_selector
 
 EXCHANGE_TYPES = ("direct", "topic", "fanout")
+SELECTOR = "selector"  # a binding's argument: only the messages this JMS selector is TRUE for go to its queue
 
 
 class Binding:
-    __slots__ = ("exchange", "queue", "key", "args", "uid")
+    __slots__ = ("exchange", "queue", "key", "args", "uid", "selector")
 
     def __init__(self, exchange: "Exchange", queue: Queue, key: str, args: dict[str, Any], uid: str) -> None:
+        """Raises SelectorError if its selector is invalid."""
         self.exchange = exchange
         self.queue = queue
         self.key = key
         self.args = args
         self.uid = uid
+        text = args.get(SELECTOR)
+        self.selector = compile_selector(text) if text is not None else None
 
     def info(self) -> dict[str, Any]:
         return {"exchange": self.exchange.name, "queue": self.queue.name, "key": self.key,
@@ -51,7 +57,8 @@ class Exchange:
         self.uid = uid
         self.bindings: dict[tuple[str, str], Binding] = {}  # (queue name, key) -> binding
         self._patterns: dict[str, re.Pattern[str]] = {}
-        self._route_cache: dict[str, list[Queue]] = {}
+        # key -> the queues its bindings without a selector take, and its bindings with one
+        self._route_cache: dict[str, tuple[list[Queue], list[Binding]]] = {}
 
     def bind(self, binding: Binding) -> None:
         self.bindings[(binding.queue.name, binding.key)] = binding
@@ -64,10 +71,10 @@ class Exchange:
         self._route_cache.clear()
         return binding
 
-    def route(self, key: str) -> list[Queue]:
-        """The queues a message with this key goes to, each once."""
-        queues = self._route_cache.get(key)
-        if queues is None:
+    def route(self, key: str, data: bytes) -> list[Queue]:
+        """The queues the message `data` with this key goes to, each once."""
+        routed = self._route_cache.get(key)
+        if routed is None:
             matching: Iterable[Binding]
             if self.type == "fanout":
                 matching = self.bindings.values()
@@ -75,10 +82,19 @@ class Exchange:
                 matching = [b for b in self.bindings.values() if b.key == key]
             else:
                 matching = [b for b in self.bindings.values() if self._patterns[b.key].match(key)]
-            queues = list({id(b.queue): b.queue for b in matching}.values())
+            queues = list({id(b.queue): b.queue for b in matching if b.selector is None}.values())
+            routed = queues, [b for b in matching if b.selector is not None]
             if len(self._route_cache) > 10000:  # keys may be unbounded (ids in subjects)
                 self._route_cache.clear()
-            self._route_cache[key] = queues
+            self._route_cache[key] = routed
+        queues, selective = routed
+        if not selective:
+            return queues
+        fields = MessageFields(data)
+        queues = list(queues)
+        for binding in selective:
+            if binding.queue not in queues and binding.selector.matches(fields):  # type: ignore[union-attr]
+                queues.append(binding.queue)
         return queues
 
     def info(self) -> dict[str, Any]:

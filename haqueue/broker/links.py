@@ -159,7 +159,7 @@ class Publisher(LinkHandler):
 
     def _route(self, node: Queue | Exchange | None, data: bytes) -> list[Queue]:
         if isinstance(node, Exchange):
-            return node.route(Routing(data).key)
+            return node.route(Routing(data).key, data)
         if node is not None:  # a queue deleted under an attached publisher
             raise BrokerError(NOT_FOUND, f"queue '{node.name}' has been deleted")
         routing = Routing(data)
@@ -168,7 +168,7 @@ class Publisher(LinkHandler):
         if self.may_send is not None:
             self.may_send(routing.to)
         target = self.broker.registry.resolve(routing.to)
-        return target.route(routing.key) if isinstance(target, Exchange) else [target]
+        return target.route(routing.key, data) if isinstance(target, Exchange) else [target]
 
 
 class _Confirmation(Completion):
@@ -211,6 +211,9 @@ class Consumer(LinkHandler):
         self.cursor = 0  # a browser's or selector consumer's place in the queue (queue.py)
         self.returned: list[Returned] = []  # a selector consumer's released entries (queue.py)
         self.owns_queue = owns_queue  # a dynamic or private queue that goes with this link
+        # a subscription's queue (messaging/subscriptions.py): it ends when its last consumer's link is closed,
+        # not merely detached (JMS unsubscribe)
+        self.closing_ends = False
         self.presettled = link.settle_first
         self.unsettled: dict[Any, Entry] = {}
 
@@ -269,6 +272,6 @@ class Consumer(LinkHandler):
         for entry in self.unsettled.values():
             queue.release(entry, failed=True)
         self.unsettled.clear()
-        if not queue.deleted and (self.owns_queue or queue.auto_delete) \
-                and not queue.consumers and not queue.browsers:
+        ends = self.owns_queue or queue.auto_delete or (self.closing_ends and self.link.remote_closed)
+        if ends and not queue.deleted and not queue.consumers and not queue.browsers:
             self.broker.registry.delete(queue.name)

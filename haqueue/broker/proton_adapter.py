@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, Callable, Final
 import cproton_ffi
 from cproton_ffi import ffi, lib
 from mypy_extensions import mypyc_attr
-from proton import Data, Described, symbol, ulong
+from proton import Data, Described, SymbolList, symbol, ulong
 
 from . import _pn
 from .errors import BrokerError, FRAMING_ERROR, MESSAGE_SIZE_EXCEEDED, NOT_IMPLEMENTED, RESOURCE_LIMIT
@@ -170,7 +170,7 @@ class Link:
 
     __slots__ = ("ptr", "addr", "conn", "name", "is_sender", "address", "dynamic", "browse", "handler",
                  "_tag", "_sent", "_granted", "_received", "_received_bytes", "window", "settle_first",
-                 "_properties_ptr", "closed", "coordinator", "held", "honoured_filters")
+                 "_properties_ptr", "closed", "coordinator", "held", "honoured_filters", "remote_closed")
 
     def __init__(self, ptr: Any, conn: "Connection", outgoing_address: str | None = None) -> None:
         self.ptr = ptr
@@ -186,6 +186,7 @@ class Link:
         self._received_bytes = 0  # ... and their bytes
         self.window = 0  # receiving: the credit the peer holds once topped up
         self.closed = False
+        self.remote_closed = False  # the peer's detach said closed=true (not merely detached): set before on_detach
         self.held = False  # receiving: credit is not topped up (flow control)
         # sending: the source filters the broker applies, echoed in its attach (the others are left out, so
         # the client knows they are not applied); the handler sets them at attach
@@ -246,6 +247,42 @@ class Link:
             return {}
         value = _data_object(lib.pn_terminus_filter(lib.pn_link_remote_source(self.ptr)))
         return dict(value) if isinstance(value, dict) else {}
+
+    # -- the source terminus the peer gave a link the broker sends on (cold paths: at attach) ---------------
+    @property
+    def source_unspecified(self) -> bool:
+        """The peer sent no source at all (Qpid JMS looks its durable subscription up so, to unsubscribe)."""
+        return self.is_sender and lib.pn_terminus_get_type(lib.pn_link_remote_source(self.ptr)) == lib.PN_UNSPECIFIED
+
+    @property
+    def source_durability(self) -> int:
+        """The source's terminus durability (AMQP 1.0 3.5.3): 0 none, 1 configuration, 2 unsettled-state."""
+        return int(lib.pn_terminus_get_durability(lib.pn_link_remote_source(self.ptr)))
+
+    @property
+    def source_expires_never(self) -> bool:
+        """The source's expiry-policy is `never` (AMQP 1.0 3.5.6): it outlives the link, session and connection."""
+        return lib.pn_terminus_get_expiry_policy(lib.pn_link_remote_source(self.ptr)) == lib.PN_EXPIRE_NEVER
+
+    @property
+    def source_capabilities(self) -> list[str]:
+        """The source's capabilities (one symbol or an array of them), as strings."""
+        value = _data_object(lib.pn_terminus_capabilities(lib.pn_link_remote_source(self.ptr)))
+        values = value if isinstance(value, (list, tuple)) else [] if value is None else [value]
+        return [str(v) for v in values]
+
+    def describe_source(self, address: str, durable: bool, capabilities: list[str]) -> None:
+        """The source the broker's attach gives back, where it is not the peer's own: a subscription looked up
+        by a link with no source, or a durability the broker does not honour. Cold path: at attach."""
+        terminus = lib.pn_link_source(self.ptr)
+        lib.pn_terminus_set_type(terminus, lib.PN_SOURCE)
+        lib.pn_terminus_set_address(terminus, address.encode())
+        lib.pn_terminus_set_durability(terminus, lib.PN_DELIVERIES if durable else lib.PN_NONDURABLE)
+        lib.pn_terminus_set_expiry_policy(terminus, lib.PN_EXPIRE_NEVER if durable else lib.PN_EXPIRE_WITH_LINK)
+        data = Data(lib.pn_terminus_capabilities(terminus))
+        data.clear()
+        if capabilities:
+            data.put_object(SymbolList(capabilities))
 
     @property
     def remote_container(self) -> str:
@@ -687,6 +724,9 @@ class ProtonEvents:
                                     conn.peer, conn.remote_container, conn.user, refusal.description)
             conn.close(refusal.condition, refusal.description, refusal.info)
             return
+        if self.engine.offered_capabilities:
+            Data(lib.pn_connection_offered_capabilities(conn.proton.ptr)).put_object(
+                SymbolList(self.engine.offered_capabilities))
         lib.pn_connection_open(conn.proton.ptr)
         self.engine.dirty.add(conn)
 
@@ -783,12 +823,11 @@ class ProtonEvents:
     def _on_link_remote_close(self, event: Any) -> None:
         ptr = lib.pn_event_link(event)
         link = self.engine.links.get(address(ptr))
+        closed = lib.pn_event_type(event) == lib.PN_LINK_REMOTE_CLOSE
         if link is not None:
+            link.remote_closed = closed
             self.engine.forget_link(link)
-        if lib.pn_event_type(event) == lib.PN_LINK_REMOTE_DETACH:
-            lib.pn_link_detach(ptr)
-        else:
-            lib.pn_link_close(ptr)
+        (lib.pn_link_close if closed else lib.pn_link_detach)(ptr)
         conn = self._conn_of(event)
         if conn is not None:
             self.engine.dirty.add(conn)

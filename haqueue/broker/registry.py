@@ -7,9 +7,10 @@ import uuid
 from typing import Any, Callable, Protocol
 
 from .errors import BrokerError, NOT_FOUND, INVALID_FIELD, RESOURCE_LOCKED
-from .exchange import EXCHANGE_TYPES, Binding, Exchange
+from .exchange import EXCHANGE_TYPES, SELECTOR, Binding, Exchange
 from .flow import BLOCK, OVERFLOW_POLICIES, MemoryAlarm
 from .queue import Queue
+from .selector import SelectorError
 
 Node = Queue | Exchange
 
@@ -20,6 +21,7 @@ QUEUE_ARGS: dict[str, tuple[type, ...]] = {
     "ttl": (int, float), "dead_letter_address": (str,), "durable": (bool,),
 }
 EXCHANGE_ARGS: dict[str, tuple[type, ...]] = {"durable": (bool,), "auto-delete": (bool,)}
+BINDING_ARGS: dict[str, tuple[type, ...]] = {SELECTOR: (str,)}
 
 
 class RegistryObserver(Protocol):
@@ -171,8 +173,12 @@ class Registry:
         existing = exchange.bindings.get((queue_name, key))
         if existing is not None:
             return existing, False
-        self._validate("binding", f"{exchange_name}->{queue_name}", args, {})
-        binding = Binding(exchange, queue, key, args, uid or uuid.uuid4().hex)
+        self._validate("binding", f"{exchange_name}->{queue_name}", args, BINDING_ARGS)
+        try:
+            binding = Binding(exchange, queue, key, args, uid or uuid.uuid4().hex)
+        except SelectorError as e:
+            raise BrokerError(INVALID_FIELD, f"binding '{exchange_name}->{queue_name}': invalid selector "
+                                             f"{args[SELECTOR]!r}: {e}") from None
         exchange.bind(binding)
         for observer in self.observers:
             observer.declared(binding)

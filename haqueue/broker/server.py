@@ -64,6 +64,19 @@ class Durability(Protocol):
         """What is journalled within is recovered whole or not at all (a transaction's commit)."""
 
 
+class Subscriptions(Protocol):
+    """Subscriptions to an exchange that outlive a link or are shared by several (messaging/subscriptions.py)."""
+
+    def subscribe(self, link: Link, exchange: Exchange, selector: Selector | None) -> Queue | None:
+        """The queue a receiver on `exchange` consumes from, or None: a temporary queue of its own, as by default.
+        The subscription applies the selector (its binding's): everything on its queue is for the receiver.
+        Raises BrokerError to refuse the link."""
+
+    def look_up(self, link: Link) -> Queue:
+        """The subscription a receiver with no source at all names by its link name (Qpid JMS's unsubscribe); the
+        link's source is set to describe it. Raises BrokerError if there is none."""
+
+
 class Dispatchable(Protocol):
     @property
     def deleted(self) -> bool: ...
@@ -97,6 +110,7 @@ class Broker:
         self.flush_hooks: list[Callable[[], None]] = []
         self.connections: set[Connection] = set()
         self.durability: Durability | None = None  # set by a store plug-in
+        self.subscriptions: Subscriptions | None = None  # durable and shared subscriptions (messaging/)
         self.transactions = Transactions(self)
         # A plug-in's TLS for the listener on (host, port), in place of the listener's own `tls`.
         self.listener_tls: dict[tuple[str, int], ssl.SSLContext] = {}
@@ -164,13 +178,16 @@ class Broker:
             return self._routed(link) or Publisher(self, link, self.registry.resolve(address))
         # the client consumes
         selector = self._selector(link)
-        owns = False
+        owns = subscribed = False
         if link.dynamic:
             queue = self._temporary_queue()
             link.address = queue.name
             owns = True
         elif not address:
-            raise BrokerError(INVALID_FIELD, "a receiving link needs a source address (or dynamic)")
+            if not link.source_unspecified or self.subscriptions is None:
+                raise BrokerError(INVALID_FIELD, "a receiving link needs a source address (or dynamic)")
+            queue = self.subscriptions.look_up(link)
+            subscribed = True
         else:
             self.access.check(user, RECEIVE, address)
             routed = self._routed(link)
@@ -178,10 +195,11 @@ class Broker:
                 return routed
             node = self.registry.resolve(address)
             if isinstance(node, Exchange):
-                queue = self._subscription_queue(node)
-                owns = True
-                # the link's own subscription: what its selector does not match would stay there for good
-                queue.discard_unmatched = selector is not None and not link.browse
+                found = self.subscriptions.subscribe(link, node, selector) if self.subscriptions is not None else None
+                if found is None:
+                    queue, owns = self._subscription_queue(node, selector is not None and not link.browse), True
+                else:
+                    queue, subscribed = found, True
             else:
                 queue = node
         if selector is not None and not link.browse and queue.arranger is not None and queue.arranger.picks:
@@ -190,7 +208,8 @@ class Broker:
                                                f"(a browser can)")
         if queue.exclusive and not link.browse and (queue.consumers or queue.browsers):
             raise BrokerError(RESOURCE_LOCKED, f"queue '{queue.name}' is exclusive and already has a consumer")
-        consumer = Consumer(self, link, queue, link.browse, owns, selector)
+        consumer = Consumer(self, link, queue, link.browse, owns, None if subscribed else selector)
+        consumer.closing_ends = subscribed
         queue.subscribe(consumer)
         return consumer
 
@@ -235,10 +254,12 @@ class Broker:
                                             temporary=True)[0]
         return queue
 
-    def _subscription_queue(self, exchange: Exchange) -> Queue:
-        """A private queue bound to an exchange for a client that consumes from the exchange itself."""
+    def _subscription_queue(self, exchange: Exchange, selective: bool) -> Queue:
+        """A private queue bound to an exchange for a client that consumes from the exchange itself. `selective`:
+        it consumes with a selector, and what that does not match would stay there for good: dropped instead."""
         queue = self._temporary_queue(f"{exchange.name}.sub.{uuid.uuid4().hex[:12]}")
-        self.registry.bind(exchange.name, queue.name, "#" if exchange.type == "topic" else "", {})
+        queue.discard_unmatched = selective
+        self.registry.bind(exchange.name, queue.name, subscription_key(exchange), {})
         return queue
 
     def atomically(self) -> ContextManager[None]:
@@ -268,7 +289,7 @@ class Broker:
         """Route a message the broker itself makes (management answers, dead letters)."""
         data = bytes(data)  # proton's Message.encode gives a bytearray; queues hold bytes
         node = self.registry.resolve(address)
-        queues = node.route(Routing(data).key) if isinstance(node, Exchange) else [node]
+        queues = node.route(Routing(data).key, data) if isinstance(node, Exchange) else [node]
         for queue in queues:
             queue.enqueue(data, 0.0)
 
@@ -314,6 +335,11 @@ class Broker:
     def run(self) -> None:
         self.engine.run()
         self.engine.shutdown()
+
+
+def subscription_key(exchange: Exchange) -> str:
+    """The binding key of a subscription to the exchange itself: every message of a topic exchange."""
+    return "#" if exchange.type == "topic" else ""
 
 
 def _queue_defaults(limits: LimitsConfig) -> dict[str, Any]:
