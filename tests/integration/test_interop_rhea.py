@@ -233,3 +233,22 @@ def test_rhea_on_a_priority_queue_with_a_scheduled_message(broker):
                               "timeout_ms": 15000})
     assert out["returncode"] == 0, out
     assert [r["canonical"]["body"]["v"]["v"] for r in out["received"]] == [9, 7, 3, 1, 99]
+
+
+def test_rhea_resumes_a_durable_subscription(broker):
+    """Issue 28: rhea's durable source (durable 2, expiry_policy 'never') with the same container id and link name
+    resumes the subscription a proton client made and detached; closing its connection leaves it there."""
+    from proton import Message
+    from proton.reactor import Container, DurableSubscription
+    with Client(broker, container=Container(container_id="rhea-app")) as c:
+        c.mgmt("CREATE", "exchange", "news", {"type": "fanout"})
+        c.receiver("news", name="feed", options=[DurableSubscription()]).link.detach()
+        c.send("news", [Message(body=f"n-{i}", durable=True) for i in range(3)])
+        assert c.queue_depth("rhea-app:feed") == 3
+    out = node("receive.js", {"host": broker.host, "port": broker.port, "address": "news", "count": 3,
+                              "container_id": "rhea-app", "link_name": "feed", "durable": True})
+    assert out["returncode"] == 0, out
+    assert [r["canonical"]["body"]["v"]["v"] for r in out["received"]] == ["n-0", "n-1", "n-2"]
+    with Client(broker) as c:
+        c.send("news", ["later"])
+        assert c.queue_depth("rhea-app:feed") == 1

@@ -209,3 +209,16 @@ def test_another_users_subscription_cannot_be_resumed(broker_factory):
         refused = refusal(lambda: subscribe(c, "mine"))
         assert refused.name == "amqp:unauthorized-access"
         assert "subscription 'app1:mine' belongs to another user" in refused.description
+
+
+def test_a_binding_with_a_selector_takes_only_what_it_matches_and_a_bad_one_is_refused(prices):
+    with Client(prices) as c:
+        c.mgmt("CREATE", "queue", "greens")
+        c.mgmt("CREATE", "binding", body={"exchange": "prices", "queue": "greens", "key": "#",
+                                          "selector": "colour = 'green'"})
+        for colour in ("green", "red"):
+            publish(c, [colour], properties={"colour": colour})
+        assert c.queue_depth("greens") == 1
+        reply = c.mgmt("CREATE", "binding", body={"exchange": "prices", "queue": "greens", "key": "a",
+                                                  "selector": "colour ="}, expect=None)
+        assert reply.status == 400 and "binding 'prices->greens': invalid selector 'colour ='" in reply.description

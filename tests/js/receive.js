@@ -4,7 +4,8 @@
 //         optional: "distribution_mode" ("copy": browse), "selector" (rhea.filter.selector),
 //         "snd_settle_mode" (0 unsettled, 1 settled, 2 mixed: rhea's default),
 //         "one_at_a_time" (grant 1 credit at a time instead of a window of `count`),
-//         "quiet_ms" (after `count` messages, wait this long and count any more in "extra")}
+//         "quiet_ms" (after `count` messages, wait this long and count any more in "extra"),
+//         "container_id", "link_name", "durable" (a durable subscription: source durable 2, expiry-policy never)}
 // stdout: {"received": [{"canonical": {...}, "raw": base64, "settled": bool}], "filter": {...}|null,
 //          "extra": n, "error"?}
 // Connects without a username: no SASL layer. Exit code 0 when `count` messages arrived. Written as
@@ -22,7 +23,7 @@ rhea.message.decode = function (buffer) {
     return m;
 };
 
-const container = rhea.create_container({id: 'rhea-receive'});
+const container = rhea.create_container({id: input.container_id || 'rhea-receive'});
 const received = [];
 let filter = null;
 let extra = 0;
@@ -82,7 +83,9 @@ container.on('error', (context) => finish('error: ' + (context.error || ''), 2))
 const source = {address: input.address};
 if (input.distribution_mode) source.distribution_mode = input.distribution_mode;
 if (input.selector !== undefined) source.filter = rhea.filter.selector(input.selector);
+if (input.durable) Object.assign(source, {durable: 2, expiry_policy: 'never'});
 const options = {source, credit_window: input.one_at_a_time ? 0 : input.count, autoaccept: true};
+if (input.link_name) options.name = input.link_name;
 if (input.snd_settle_mode !== undefined) options.snd_settle_mode = input.snd_settle_mode;
 const conn = container.connect({host: input.host, port: input.port, reconnect: false});
 conn.open_receiver(options);
