@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, Callable, Final
 import cproton_ffi
 from cproton_ffi import ffi, lib
 from mypy_extensions import mypyc_attr
-from proton import Data, Described, SymbolList, symbol, ulong
+from proton import Array, Data, Described, symbol, ulong
 
 from . import _pn
 from .errors import BrokerError, FRAMING_ERROR, MESSAGE_SIZE_EXCEEDED, NOT_IMPLEMENTED, RESOURCE_LIMIT
@@ -164,6 +164,17 @@ def _set_condition(cond: Any, name: str, description: str, info: dict[str, Any] 
 
 
 
+def _put_symbols(data: Data, names: list[str]) -> None:
+    """A `symbol multiple` field (capabilities): an array of symbols, or nothing."""
+    data.clear()
+    if names:
+        data.put_array(False, Data.SYMBOL)
+        data.enter()
+        for name in names:
+            data.put_symbol(symbol(name))
+        data.exit()
+
+
 class Link:
     """One link end. `handler` is the broker's object; `address` the node it names (source for a
     link the broker sends on, target for one it receives on)."""
@@ -268,7 +279,8 @@ class Link:
     def source_capabilities(self) -> list[str]:
         """The source's capabilities (one symbol or an array of them), as strings."""
         value = _data_object(lib.pn_terminus_capabilities(lib.pn_link_remote_source(self.ptr)))
-        values = value if isinstance(value, (list, tuple)) else [] if value is None else [value]
+        values = value.elements if isinstance(value, Array) else value if isinstance(value, list) else \
+            [] if value is None else [value]
         return [str(v) for v in values]
 
     def describe_source(self, address: str, durable: bool, capabilities: list[str]) -> None:
@@ -279,10 +291,7 @@ class Link:
         lib.pn_terminus_set_address(terminus, address.encode())
         lib.pn_terminus_set_durability(terminus, lib.PN_DELIVERIES if durable else lib.PN_NONDURABLE)
         lib.pn_terminus_set_expiry_policy(terminus, lib.PN_EXPIRE_NEVER if durable else lib.PN_EXPIRE_WITH_LINK)
-        data = Data(lib.pn_terminus_capabilities(terminus))
-        data.clear()
-        if capabilities:
-            data.put_object(SymbolList(capabilities))
+        _put_symbols(Data(lib.pn_terminus_capabilities(terminus)), capabilities)
 
     @property
     def remote_container(self) -> str:
@@ -724,9 +733,7 @@ class ProtonEvents:
                                     conn.peer, conn.remote_container, conn.user, refusal.description)
             conn.close(refusal.condition, refusal.description, refusal.info)
             return
-        if self.engine.offered_capabilities:
-            Data(lib.pn_connection_offered_capabilities(conn.proton.ptr)).put_object(
-                SymbolList(self.engine.offered_capabilities))
+        _put_symbols(Data(lib.pn_connection_offered_capabilities(conn.proton.ptr)), self.engine.offered_capabilities)
         lib.pn_connection_open(conn.proton.ptr)
         self.engine.dirty.add(conn)
 
