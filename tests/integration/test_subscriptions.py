@@ -182,17 +182,20 @@ def test_the_selector_applies_and_another_selector_makes_the_subscription_anew(p
     assert "replaced: exchange 'prices' and selector \"colour = 'red'\"" in prices.log()
 
 
-def test_a_restart_keeps_a_durable_subscription_and_its_durable_messages(prices):
+def test_a_restart_keeps_a_durable_subscription_its_selector_and_its_durable_messages(prices):
+    green = Selector("colour = 'green'")
     with client(prices, "app1") as c:
-        detach(c, subscribe(c, "kept"))
-        publish(c, ["durable"])
-        c.send("prices", [Message(body="transient", subject="x")])
+        detach(c, subscribe(c, "kept", green))
+        publish(c, ["durable"], properties={"colour": "green"})
+        c.send("prices", [Message(body="transient", subject="x", properties={"colour": "green"})])
     prices.kill()
     prices.start()
     with client(prices, "app1") as c:
-        publish(c, ["after"])  # still bound
-        r = subscribe(c, "kept")
-        assert bodies(r.receive_n(2)) == ["durable", "after"]
+        for colour in ("red", "green"):  # still bound, with its selector
+            publish(c, [f"after-{colour}"], properties={"colour": colour})
+        r = subscribe(c, "kept", green)
+        assert bodies(r.receive_n(2)) == ["durable", "after-green"]
+        r.expect_nothing(0.2)
 
 
 def test_durability_or_sharing_on_a_queue_is_a_plain_consumer(prices):
@@ -203,6 +206,21 @@ def test_durability_or_sharing_on_a_queue_is_a_plain_consumer(prices):
         assert bodies(r.receive_n(1)) == ["one"]
         r.close()
         assert c.queue_depth("work") == 1
+
+
+class DurableUntilSessionEnd(ReceiverOption):
+    """A durable source that still expires (proton's default expiry-policy, session-end)."""
+
+    def apply(self, receiver) -> None:
+        receiver.source.durability = Terminus.DELIVERIES
+
+
+def test_a_durable_source_that_expires_gets_a_temporary_subscription_and_the_attach_says_so(prices):
+    with client(prices, "app1") as c:
+        r = c.receiver("prices", name="brief", options=[DurableUntilSessionEnd()])
+        assert r.link.remote_source.durability == Terminus.NONDURABLE
+        assert r.link.remote_source.expiry_policy == Terminus.EXPIRE_WITH_LINK
+        assert not [name for name in queue_list(prices) if name.startswith("app1:")]
 
 
 def test_another_users_subscription_cannot_be_resumed(broker_factory):
