@@ -29,7 +29,7 @@ from ..broker.errors import NOT_FOUND, NOT_IMPLEMENTED, RESOURCE_LOCKED, UNAUTHO
 from ..broker.exchange import SELECTOR as BINDING_SELECTOR, Exchange
 from ..broker.proton_adapter import Link
 from ..broker.queue import Queue
-from ..broker.selector import Selector
+from ..broker.selector import SELECTOR_DESCRIPTORS, Selector
 from ..broker.server import Broker, subscription_key
 
 log = logging.getLogger("haqueue.messaging")
@@ -38,12 +38,12 @@ EXCHANGE = "x-subscription"
 SELECTOR = "x-subscription-selector"
 CONTAINER = "x-subscription-container"
 USER = "x-subscription-user"
-# The arguments that make a subscription what it is: attached with others, it is replaced (or refused while in use).
-DEFINING = (EXCHANGE, SELECTOR, CONTAINER, USER, "exclusive")
+# What a subscription is, beyond whose (checked first): attached with others, it is made anew (or refused while in use).
+DEFINING = (EXCHANGE, SELECTOR, "exclusive")
 SHARED = "shared"
 GLOBAL = "global"
 SHARED_SUBS = "SHARED-SUBS"  # offered at open: Qpid JMS then creates shared subscriptions without asking per link
-SELECTOR_DESCRIPTOR = ulong(0x0000468C00000004)  # apache.org:selector-filter:string
+SELECTOR_DESCRIPTOR = ulong(SELECTOR_DESCRIPTORS[1])  # apache.org:selector-filter:string's code, as Qpid JMS sends it
 
 
 def queue_name(container: str, link_name: str, durable: bool, shared: bool, global_: bool) -> str:
