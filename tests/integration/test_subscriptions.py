@@ -246,3 +246,15 @@ def test_a_binding_with_a_selector_takes_only_what_it_matches_and_a_bad_one_is_r
         reply = c.mgmt("CREATE", "binding", body={"exchange": "prices", "queue": "greens", "key": "a",
                                                   "selector": "colour ="}, expect=None)
         assert reply.status == 400 and "binding 'prices->greens': invalid selector 'colour ='" in reply.description
+
+
+def test_a_queue_of_the_subscriptions_name_is_never_taken_over_and_bad_arguments_are_refused(prices):
+    with client(prices, "app1") as c:
+        c.mgmt("CREATE", "queue", "app1:clash")
+        c.send("app1:clash", ["mine"])
+        refused = refusal(lambda: subscribe(c, "clash"))
+        assert refused.name == "amqp:resource-locked"
+        assert "queue 'app1:clash' exists and is not this link's subscription" in refused.description
+        assert c.queue_depth("app1:clash") == 1
+        reply = c.mgmt("CREATE", "queue", "odd", {"x-subscription": 7}, expect=None)
+        assert reply.status == 400 and "argument 'x-subscription' must be a string, got 7" in reply.description
