@@ -198,8 +198,8 @@ class Broker:
                 found = self.subscriptions.subscribe(link, node, selector) if self.subscriptions is not None else None
                 if found is None:
                     queue, owns = self._subscription_queue(node, selector is not None and not link.browse), True
-                else:
-                    queue, subscribed = found, True
+                else:  # its binding applies the selector: everything on its queue is for the receiver
+                    queue, subscribed, selector = found, True, None
             else:
                 queue = node
         if selector is not None and not link.browse and queue.arranger is not None and queue.arranger.picks:
@@ -208,7 +208,7 @@ class Broker:
                                                f"(a browser can)")
         if queue.exclusive and not link.browse and (queue.consumers or queue.browsers):
             raise BrokerError(RESOURCE_LOCKED, f"queue '{queue.name}' is exclusive and already has a consumer")
-        consumer = Consumer(self, link, queue, link.browse, owns, None if subscribed else selector)
+        consumer = Consumer(self, link, queue, link.browse, owns, selector)
         consumer.closing_ends = subscribed
         queue.subscribe(consumer)
         return consumer
