@@ -20,6 +20,8 @@ EXCHANGE_TYPES = ("direct", "topic", "fanout")
 SASL_MODES = ("optional", "required")
 OVERFLOW_POLICIES = ("block", "reject-publish", "drop-head")  # what a queue does with a publish over a limit
 SYNC_MODES = ("all", "all_disk", "quorum_mem", "quorum_disk")  # ha.sync: when a publish is confirmed
+# ha.replicate and x-replicate: what of an object is replicated (haqueue/ha/policy.py)
+REPLICATE_LEVELS = ("none", "configuration", "durable", "all")
 MEMORY_SHARE = 0.4  # the default memory_limit: this share of the machine's RAM
 ANONYMOUS_USER = "anonymous"  # who a client without SASL, or with SASL ANONYMOUS, is
 
@@ -113,7 +115,7 @@ class HaConfig:
     username: str
     password: str
     public: tuple[str, int] | None = None  # the clients' address, bound only while primary
-    replicate: str = "all"  # default x-replicate: none | configuration | all
+    replicate: str = "all"  # default x-replicate: none | configuration | durable | all
     sync: str = "all"  # when a publish is confirmed: all | all_disk | quorum_mem | quorum_disk (design/store.md)
     backup_timeout: float = 5.0  # seconds a backup may take to confirm before it is dropped
     # Brokers, the primary counted, that hold a message before it is confirmed, whatever the sync mode; 0: a
@@ -482,7 +484,7 @@ _HA: dict[str, Check] = {
     "username": _name,
     "password": _secret,
     "public": _address,
-    "replicate": _choice("none", "configuration", "all"),
+    "replicate": _choice(*REPLICATE_LEVELS),
     "sync": _choice(*SYNC_MODES),
     "backup_timeout": _seconds,
     "min_confirmations": _int(1),

@@ -105,7 +105,8 @@ static enum id_kind find_id(const unsigned char *d, Py_ssize_t len, Py_ssize_t *
 
 #define INT_ROOM 21 /* a long long in decimal, with its sign */
 /* The kinds of records, exported by these names (lines.Kind numbers its members with them). */
-enum kind { ENQUEUE, COMPLETE, DEQUEUE, LIVE, CATCHUP, MIRRORED, DIVERGED, KINDS };
+/* KEPT_LOCAL: the confirmation of a message kept off the backups (HA's selective replication). */
+enum kind { ENQUEUE, COMPLETE, DEQUEUE, LIVE, CATCHUP, MIRRORED, DIVERGED, KEPT_LOCAL, KINDS };
 
 struct record {
     long long t, seq, enqueued; /* time.time_ns(); the primary's enqueue time in us (a live replica) */
@@ -541,7 +542,7 @@ PyMODINIT_FUNC PyInit__lines(void)
         || PyModule_AddIntMacro(m, ENQUEUE) < 0 || PyModule_AddIntMacro(m, COMPLETE) < 0
         || PyModule_AddIntMacro(m, DEQUEUE) < 0 || PyModule_AddIntMacro(m, LIVE) < 0
         || PyModule_AddIntMacro(m, CATCHUP) < 0 || PyModule_AddIntMacro(m, MIRRORED) < 0
-        || PyModule_AddIntMacro(m, DIVERGED) < 0) {
+        || PyModule_AddIntMacro(m, DIVERGED) < 0 || PyModule_AddIntMacro(m, KEPT_LOCAL) < 0) {
         Py_DECREF(m);
         return NULL;
     }

@@ -8,6 +8,7 @@ LIVE: int
 CATCHUP: int
 MIRRORED: int
 DIVERGED: int
+KEPT_LOCAL: int
 
 class Batch:
     """Records of one kind taken from a Recorder, for write()."""

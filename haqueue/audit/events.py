@@ -91,7 +91,10 @@ class AuditLog:
     def completed(self, queue: Queue, entry: Entry) -> None:
         recorder = self.queues.get(queue)
         if recorder is not None:
-            recorder.completed(entry)
+            if entry.local:  # kept off the backups: confirmed with no copy anywhere else, as it asked
+                recorder.add(_lines.KEPT_LOCAL, entry.seq, entry.data)
+            else:
+                recorder.completed(entry)
 
     def replicated(self, queue: Queue, kind: bytes, seq: int, enqueued_us: int, data: bytes) -> None:
         """The HA replication hook, on a backup."""

@@ -120,7 +120,8 @@ def _window(t: Column, since: int | None, until: int | None) -> Column:
 def _analyse(ev: DataFrame, bad: DataFrame, bound: timedelta) -> Audit:
     primary_side = ev.filter(F.col("role") != schema.BACKUP)
     enqueues = primary_side.filter(F.col("event") == schema.ENQUEUE)
-    completes = primary_side.filter(F.col("event") == schema.COMPLETE)
+    # Confirmations of replicated messages: one kept off the backups (`replicated` false) needs no copy anywhere.
+    completes = primary_side.filter((F.col("event") == schema.COMPLETE) & F.coalesce(F.col("replicated"), F.lit(True)))
     dequeues = primary_side.filter(F.col("event") == schema.DEQUEUE)
     replicas = (ev.filter(F.col("event") == schema.REPLICATE)
                 .withColumnRenamed("broker", "backup"))
@@ -358,7 +359,7 @@ def _epochs(primary_side: DataFrame, dequeues: DataFrame, origin: DataFrame,
 
 # ---- client ledgers ----------------------------------------------------------------------------
 
-LEDGER_COLUMNS = ["queue", "confirmed", "received", "lost", "duplicated", "unexpected", "left_on_queue"]
+LEDGER_COLUMNS = ["queue", "confirmed", "received", "lost", "duplicated", "unexpected", "left_on_queue", "kept_local"]
 LEDGER_PROBLEM_COLUMNS = ["problem", "queue", "id", "time"]
 LOST, DUPLICATED, UNEXPECTED = "lost", "duplicated", "unexpected"
 
@@ -366,7 +367,9 @@ LOST, DUPLICATED, UNEXPECTED = "lost", "duplicated", "unexpected"
 def _ledger_tables(ev: DataFrame, entries: DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Per queue, what producers had confirmed and consumers received, judged against the events:
     lost (confirmed, never received, and not on the queue at the end), duplicated (received more
-    than once), unexpected (received, never confirmed nor enqueued by any primary); (table, detail)."""
+    than once), unexpected (received, never confirmed nor enqueued by any primary); (table, detail).
+    A confirmed message its primary kept off the backups and that is gone is `kept_local`, not lost: it
+    asked to live on that broker alone (x-replicate: false, or transient under x-replicate: durable)."""
     confirmed = (entries.filter(F.col("op") == schema.CONFIRMED).groupBy("queue", "id")
                  .agg(F.min("t").alias("t")))
     received = (entries.filter(F.col("op") == schema.RECEIVED).groupBy("queue", "id")
@@ -374,8 +377,12 @@ def _ledger_tables(ev: DataFrame, entries: DataFrame) -> tuple[pd.DataFrame, pd.
     at_end = _held_at_end(ev)
     sent = (ev.filter((F.col("role") != schema.BACKUP) & (F.col("event") == schema.ENQUEUE))
             .select("queue", F.col("message_id").alias("id")).distinct())
+    local = (ev.filter((F.col("event") == schema.COMPLETE) & ~F.coalesce(F.col("replicated"), F.lit(True)))
+             .select("queue", F.col("message_id").alias("id")).distinct())
     unreceived = confirmed.join(received.select("queue", "id"), ["queue", "id"], "left_anti")
-    kinds = {LOST: unreceived.join(at_end, ["queue", "id"], "left_anti"),
+    gone = unreceived.join(at_end, ["queue", "id"], "left_anti")
+    kinds = {LOST: gone.join(local, ["queue", "id"], "left_anti"),
+             "kept_local": gone.join(local, ["queue", "id"], "left_semi"),
              "left_on_queue": unreceived.join(at_end, ["queue", "id"], "left_semi"),
              DUPLICATED: received.filter(F.col("receipts") > 1),
              UNEXPECTED: (received.join(confirmed.select("queue", "id"), ["queue", "id"], "left_anti")

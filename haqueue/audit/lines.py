@@ -29,12 +29,13 @@ class Kind(Enum):
     CATCHUP = (_lines.CATCHUP, schema.REPLICATE)
     MIRRORED = (_lines.MIRRORED, schema.DEQUEUE)  # a backup applied the primary's dequeue
     DIVERGED = (_lines.DIVERGED, schema.DIVERGED)  # a backup kept aside what the new primary never had
+    KEPT_LOCAL = (_lines.KEPT_LOCAL, schema.COMPLETE)  # a confirmation of a message kept off the backups
 
     def __init__(self, index: int, event: str) -> None:
         self.index, self.event = index, event
 
 
-PRIMARY_KINDS = (Kind.ENQUEUE, Kind.COMPLETE, Kind.DEQUEUE)  # in the order their lines are written
+PRIMARY_KINDS = (Kind.ENQUEUE, Kind.COMPLETE, Kind.KEPT_LOCAL, Kind.DEQUEUE)  # in the order their lines are written
 BACKUP_KINDS = (Kind.LIVE, Kind.CATCHUP, Kind.MIRRORED, Kind.DIVERGED)
 
 # What `_lines.write` writes: lines already formatted, or (parts, a batch of records, the number of
@@ -63,6 +64,7 @@ class LineFormatter:
             if len(self._parts) > 10_000:  # queues come and go: forget old ones now and then
                 self._parts.clear()
             tail = {Kind.COMPLETE: (f',"backups":{json.dumps(backups)}}}\n',),
+                    Kind.KEPT_LOCAL: (',"backups":[],"replicated":false}\n',),
                     Kind.LIVE: (',"mode":"live","enqueued":', "}\n"),
                     Kind.CATCHUP: (',"mode":"catchup","enqueued":0}\n',)}.get(kind, ("}\n",))
             head = ('{"t":', f',"event":"{kind.event}","broker":{self.broker_json},"role":"{role}","epoch":{epoch}'

@@ -106,7 +106,9 @@ def summary(audit: "Audit") -> str:
     for _, q in audit.ledgers.iterrows():
         lines.append(f"ledgers, queue {q['queue']}: {q['confirmed']:,} confirmed by producers, {q['received']:,} "
                      f"received by consumers; lost {q['lost']}, duplicated {q['duplicated']}, "
-                     f"unexpected {q['unexpected']}, {q['left_on_queue']:,} left on the queue")
+                     f"unexpected {q['unexpected']}, {q['left_on_queue']:,} left on the queue"
+                     + (f", {q['kept_local']:,} kept off the backups, gone with their broker (not lost)"
+                        if q.get("kept_local") else ""))
     return "\n".join(lines + _verdict(audit))
 
 

@@ -34,6 +34,9 @@ FIELDS: dict[str, str] = {
     "seq": "BIGINT",  # the message's number on its queue, the same on the primary and every backup
     "message_id": "STRING",  # properties.message-id as text; null when the message has none
     "backups": "ARRAY<STRING>",  # complete: the backups ready for this queue when it was confirmed
+    # complete: false for a message kept off the backups (x-replicate: false, or transient under
+    # x-replicate: durable), whose loss in a failover is no loss of a replicated message; absent otherwise
+    "replicated": "BOOLEAN",
     "mode": "STRING",  # replicate: live or catchup
     "enqueued": "BIGINT",  # replicate: the primary's time carried with a live message (0 in catch-up)
     # mark: the brokers of the writer's HA cluster (ha.brokers; 1 without HA), what a `complete`'s backups are

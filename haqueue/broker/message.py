@@ -294,3 +294,30 @@ def delivery_count(data: bytes) -> int:
     if not data.startswith(_HEADER_PREFIX):
         return 0
     return _list_fields(data, 3, 5)[4] or 0
+
+
+# -- selective replication (haqueue/ha/policy.py): is a message kept off the backups? -----------------
+_REPLICATE_KEY: Final = b"x-replicate"
+
+
+def unreplicated(data: bytes) -> bool:
+    """Does the message ask to stay off the backups: message annotation `x-replicate` false (a boolean, or the
+    string or symbol "false")? Only a message with annotations has them searched for the key, and decoded only
+    when the key is there; a message too malformed to read is replicated (forwarded as it is)."""
+    start = annotations_at(data)
+    if not start:
+        return False
+    try:
+        if data.find(_REPLICATE_KEY, start, skip(data, start)) < 0:
+            return False
+        for key, value in _map_items(data, start):
+            if key == "x-replicate":
+                return value is False or (isinstance(value, str) and value.lower() == "false")
+    except (MalformedMessage, IndexError, struct.error, UnicodeDecodeError):
+        pass
+    return False
+
+
+def transient_or_unreplicated(data: bytes) -> bool:
+    """Kept off the backups of a queue that replicates durable messages only (`x-replicate: durable`)."""
+    return not is_durable(data) or unreplicated(data)

@@ -32,7 +32,7 @@ DEFERRED: Final = 3  # held back by a plug-in until a time (scheduled delivery):
 
 
 class Entry:
-    __slots__ = ("seq", "data", "expiry", "state", "durable")
+    __slots__ = ("seq", "data", "expiry", "state", "durable", "local")
 
     def __init__(self, seq: int, data: bytes, expiry: float, durable: bool = False) -> None:
         self.seq = seq
@@ -40,6 +40,7 @@ class Entry:
         self.expiry = expiry  # monotonic deadline; 0.0: never expires
         self.state = AVAILABLE
         self.durable = durable  # a durable message on a queue a store journals: the journals hear of it
+        self.local = False  # kept on this broker alone (the queue's keep_local): no guard holds it
 
 
 def seq_ranges(seqs: Iterable[int]) -> list[tuple[int, int]]:
@@ -130,7 +131,8 @@ DEPAGE_BATCH: Final = 1000
 
 
 class Guard(Protocol):
-    """Consulted for each message enqueued on a queue it guards: holds its publisher's completion."""
+    """Consulted for each message enqueued on a queue it guards, but those kept local: holds its publisher's
+    completion (HA: until the backups have it)."""
 
     def hold(self, queue: "Queue", entry: Entry, completion: Completion) -> None: ...
 
@@ -206,6 +208,7 @@ class Queue:
         self.expired = 0  # messages whose time to live ran out here
         self.dead_lettered = 0  # rejected messages sent on to the dead-letter address
         self.poisoned = 0  # messages a redelivery_hook took out after too many failed deliveries
+        self.kept_local = 0  # messages keep_local kept on this broker alone
         self.expiring = 0  # entries with an expiry, so the TTL sweep can skip queues without
         self.consumers: list[Subscriber] = []
         self.browsers: list[Subscriber] = []
@@ -226,6 +229,9 @@ class Queue:
         self.annotated_hook: AnnotatedHook | None = None  # set by a plug-in (messaging/scheduled.py)
         self.arranger: Arranger | None = None  # set by a plug-in (messaging/: priority, groups, last value)
         self.deferred = 0  # entries held back until a time (scheduled delivery)
+        # Which messages stay on this broker alone (HA's selective replication, set on a primary): the guards
+        # pass them by, and HA's observers send them nowhere. None: every message is for the guards.
+        self.keep_local: Callable[[bytes], bool] | None = None
 
     # -- enqueue -------------------------------------------------------------------------
     def fits(self, size: int) -> bool:
@@ -293,6 +299,9 @@ class Queue:
             self.next_seq = max(self.next_seq, seq)
         durable = bool(self.journals) and (is_durable(data) if durable is None else durable)
         entry = Entry(self.next_seq, data, expiry, durable)
+        if self.keep_local is not None and self.keep_local(data):
+            entry.local = True
+            self.kept_local += 1
         self.next_seq += 1
         self.enqueued += 1
         paging = self.pager is not None and self.pager.count > 0
@@ -312,7 +321,7 @@ class Queue:
             memory.over()
         if expiry:
             self.expiring += 1
-        if completion is not None:
+        if completion is not None and not entry.local:
             for guard in self.guards:
                 guard.hold(self, entry, completion)
         if durable:
@@ -785,6 +794,7 @@ class Queue:
 
     def _depage(self, n: int) -> None:
         entries, size = self.pager.take(n)  # type: ignore[union-attr]
+        self._mark_local(entries)
         self._log.extend(entries)
         self._into_memory(size)
         self._annotated(entries)
@@ -880,8 +890,23 @@ class Queue:
         """Live entries in seq order, paged ones read back as copies (cold path: management, HA catch-up)."""
         live = [e for e in self._log if e.state != DEQUEUED]
         if self.pager is not None and self.pager.count:
-            live += self.pager.peek()
+            paged = self.pager.peek()
+            self._mark_local(paged)
+            live += paged
         return live
+
+    def keep_local_where(self, test: Callable[[bytes], bool]) -> None:
+        """From now on `test` tells which messages stay on this broker alone; those here already (recovered,
+        replicated) are judged too."""
+        self.keep_local = test
+        self._mark_local(self._log[self._head:])
+
+    def _mark_local(self, entries: list[Entry]) -> None:
+        """Entries made from stored bytes (recovered, read back from the pager) by keep_local."""
+        test = self.keep_local
+        if test is not None:
+            for entry in entries:
+                entry.local = test(entry.data)
 
     def purge(self) -> None:
         for entry in self.entries():
@@ -904,4 +929,5 @@ class Queue:
         return {"name": self.name, "depth": self.depth, "bytes": self.bytes, "dropped": self.dropped,
                 "enqueued": self.enqueued, "dequeued": self.dequeued, "expired": self.expired,
                 "dead_lettered": self.dead_lettered, "poisoned": self.poisoned, "scheduled": self.deferred,
+                "kept_local": self.kept_local,
                 "consumers": len(self.consumers) + len(self.browsers), "temporary": self.temporary, "args": dict(self.args)}

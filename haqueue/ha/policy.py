@@ -1,11 +1,15 @@
-"""Selective replication: the `x-replicate` argument of queues, exchanges and bindings."""
+"""Selective replication: the `x-replicate` argument of queues, exchanges and bindings, and which messages of a
+message-replicated queue stay on the primary alone (design/replication.md, "Selective replication")."""
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
+
+from ..broker.message import transient_or_unreplicated, unreplicated
+from ..config import REPLICATE_LEVELS as LEVELS
 
 ARGUMENT = "x-replicate"
-NONE, CONFIGURATION, ALL = "none", "configuration", "all"
-LEVELS = (NONE, CONFIGURATION, ALL)
+NONE, CONFIGURATION, DURABLE, ALL = LEVELS
+MESSAGE_LEVELS = (DURABLE, ALL)  # the levels whose queues replicate messages (DURABLE: the durable ones)
 
 
 class Policy:
@@ -32,4 +36,9 @@ class Policy:
         return self.level(obj.args) != NONE and not getattr(obj, "temporary", False)
 
     def replicates_messages(self, queue: Any) -> bool:
-        return self.level(queue.args) == ALL and not queue.temporary
+        return self.level(queue.args) in MESSAGE_LEVELS and not queue.temporary
+
+    def keeps_local(self, queue: Any) -> Callable[[bytes], bool]:
+        """Which messages of a message-replicated queue stay on the primary: those annotated `x-replicate: false`,
+        and under `durable` the transient ones too (both read from the message's bytes, compiled: the hot path)."""
+        return transient_or_unreplicated if self.level(queue.args) == DURABLE else unreplicated

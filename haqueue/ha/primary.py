@@ -310,6 +310,9 @@ class Primary:
             # predecessor numbered but never replicated, and a backup tells by a seq which epoch's primary
             # numbered it (adoption.py).
             queue.next_seq = max(queue.next_seq, self.ha.epoch.epoch << protocol.EPOCH_SEQ_SHIFT)
+            # Messages kept on this broker alone (x-replicate: false; transient ones under `durable`): no guard
+            # holds them, no backup is sent them.
+            queue.keep_local_where(self.ha.policy.keeps_local(queue))
             if self.quorums is not None:
                 self.quorums.guard(queue)
             if not self.holds:  # votes from any majority, not each backup's own guard

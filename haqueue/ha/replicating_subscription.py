@@ -148,7 +148,7 @@ class ReplicatingSubscription(LinkHandler):
         self.first_live = queue.next_seq  # older messages reach the backup by catch-up (or it has them)
         live = queue.entries()
         starts = [first for first, _ in have]
-        self.catchup = [e for e in live if not _in_runs(starts, have, e.seq)]
+        self.catchup = [e for e in live if not e.local and not _in_runs(starts, have, e.seq)]
         self.catchup_total = len(self.catchup)  # what the catch-up started with (its progress: status)
         gone = _missing(have, [e.seq for e in live])
         if gone:  # the backup holds messages the primary no longer has
@@ -192,6 +192,8 @@ class ReplicatingSubscription(LinkHandler):
         self.held[entry.seq] = completion
 
     def enqueued(self, queue: Queue, entry: Entry) -> None:
+        if entry.local:  # kept on the primary (policy.py): the backup never hears of it
+            return
         if not self.pending:
             self.backup.schedule(self)
         self.pending.append(entry)
@@ -201,10 +203,14 @@ class ReplicatingSubscription(LinkHandler):
             self.txn_pending += 1
 
     def acquired(self, queue: Queue, entry: Entry) -> None:
+        if entry.local:  # the backup would remember its seq for good (it never holds it to dequeue)
+            return
         self.acquired_seqs.append(entry.seq)
         self._events_due()
 
     def dequeued(self, queue: Queue, entry: Entry) -> None:
+        if entry.local:  # the backup's work stays in proportion to what it holds
+            return
         completion = self.held.pop(entry.seq, None)
         if completion is not None:  # consumed before this backup confirmed: nothing left to protect
             completion.release()

@@ -13,8 +13,8 @@ from ..broker.proton_adapter import ACCEPTED, LinkHandler
 from ..broker.queue import Queue
 from ..broker.registry import Registry
 from . import protocol
-from .policy import ALL
-from .quorum import from_disk
+from .policy import MESSAGE_LEVELS
+from .quorum import ALL, from_disk
 
 log = logging.getLogger("haqueue.ha.wiring")
 
@@ -111,7 +111,7 @@ class WiringReplicator(LinkHandler):
         if kind == "queue":
             queue, _ = self.registry.declare_queue(d["name"], dict(d["args"]), uid=d["uid"],
                                                    temporary=bool(d.get("temporary")))
-            if d.get("replicate") == ALL:
+            if d.get("replicate") in MESSAGE_LEVELS:
                 self.backup.replicate(queue, fresh=live)
         else:
             self.registry.declare_exchange(d["name"], d["type"], dict(d["args"]), uid=d["uid"])

@@ -30,7 +30,9 @@ QUEUE_COUNTERS = (("enqueued", "Messages that came onto the queue: published, re
                   ("dead_lettered", "Rejected messages sent on to the queue's dead-letter address"),
                   ("poisoned", "Messages taken out after x-max-deliveries failed deliveries (dead-lettered or "
                                "dropped)"),
-                  ("dropped", "Messages dropped from the head to make room (overflow drop-head)"))
+                  ("dropped", "Messages dropped from the head to make room (overflow drop-head)"),
+                  ("kept_local", "Messages a primary kept off its backups (x-replicate: false, or transient under "
+                                 "x-replicate: durable)"))
 
 QueueSample = tuple[str, tuple[int, ...]]  # name, then the values of QUEUE_GAUGES and QUEUE_COUNTERS in order
 
@@ -65,7 +67,8 @@ class BrokerSource:
             # Temporary queues (a link's own: reply queues, exchange subscriptions) come and go with their
             # links: as series they would only churn. They count in haqueue_queues.
             [(q.name, (q.depth, q.bytes, len(q.consumers) + len(q.browsers), q.max_depth, q.max_bytes,
-                       q.deferred, q.enqueued, q.dequeued, q.expired, q.dead_lettered, q.poisoned, q.dropped))
+                       q.deferred, q.enqueued, q.dequeued, q.expired, q.dead_lettered, q.poisoned, q.dropped,
+                       q.kept_local))
              for q in queues if not q.temporary])
 
     def families(self, s: BrokerSample) -> Iterable[Metric]:

@@ -139,6 +139,15 @@ def test_lines_follow_the_schema():
     assert not any("cluster_size" in e for e in events[:7])  # the marks say it, once a second: no message line
 
 
+def test_a_message_kept_off_the_backups_is_confirmed_as_not_replicated():
+    """HA's selective replication: the audit must count no copy missing, nor the message lost once gone."""
+    text = lines_of(LineFormatter("b0"), Kind.KEPT_LOCAL, [(1_500_000_000, 7, encoded(id="m-1"))])
+    [event] = [json.loads(line) for line in text.decode().splitlines()]
+    check_schema(event)
+    assert (event["event"], event["seq"], event["message_id"], event["backups"], event["replicated"]) == \
+        ("complete", 7, "m-1", [], False)
+
+
 def test_a_shard_process_names_its_shard_in_every_line():
     sharded, plain = LineFormatter("n1.s2", 2), LineFormatter("b0")
     for f, shard in ((sharded, {"shard": 2}), (plain, {})):

@@ -222,27 +222,32 @@ def test_a_truncated_primary_log_leaves_unattested_messages_and_cannot_tell(tmp_
 
 def test_ledgers_find_lost_duplicated_unexpected_and_what_is_left(spark, tmp_path):
     """b0 (epoch 1) confirms msg-1..6, b1 receives all but msg-6 and takes over (epoch 2); consumers
-    get msg-1..3 (msg-2 twice) and a message no producer sent; msg-4 and 5 stay on b1's queue."""
+    get msg-1..3 (msg-2 twice) and a message no producer sent; msg-4 and 5 stay on b1's queue. msg-7, which
+    b0 confirmed as kept off the backups (x-replicate: false), is gone with b0: kept local, not lost, not
+    missing, not at risk."""
     from haqueue.audit import lag
 
     log = EventLog()
     _primary_and_backup(log, range(1, 7), set(range(1, 6)))
+    log.message("b0", 1, schema.ENQUEUE, T0 + 7000, schema.PRIMARY, 1, 7)
+    log.message("b0", 1, schema.COMPLETE, T0 + 7500, schema.PRIMARY, 1, 7, backups=[], replicated=False)
     for seq in (1, 2, 3):
         log.message("b1", 2, schema.DEQUEUE, T0 + SECOND + seq, schema.PRIMARY, 2, seq)
     log.mark("b1", 2, T0 + 2 * SECOND, schema.PRIMARY, 2)
     events = log.write(tmp_path / "events")
     producer, consumer = tmp_path / "producer.jsonl", tmp_path / "consumer.jsonl"
     producer.write_text("".join(json.dumps({"client": "p", "queue": "q", "id": f"msg-{i}", "op": "confirmed",
-                                            "t": T0 + i * 1000 + 600}) + "\n" for i in range(1, 7)))
+                                            "t": T0 + i * 1000 + 600}) + "\n" for i in range(1, 8)))
     received = ["msg-1", "msg-2", "msg-2", "msg-3", 9]  # 9: a numeric message-id, never sent
     consumer.write_text("".join(json.dumps({"client": "c", "queue": "q", "id": mid, "op": "received",
                                             "t": T0 + SECOND + i}) + "\n" for i, mid in enumerate(received))
                         + '{"client": "c", "queue": "q", "id": "msg-1", "op": "sent", "t": 1}\n')
     audit = lag.analyse(spark, str(events), ledgers=[str(producer), str(consumer)])
-    assert rows(audit.ledgers, lag.LEDGER_COLUMNS) == [("q", 6, 4, 1, 1, 1, 2)]
+    assert rows(audit.ledgers, lag.LEDGER_COLUMNS) == [("q", 7, 4, 1, 1, 1, 2, 1)]
     assert sorted(rows(audit.ledger_problems, ["problem", "queue", "id"])) == [
         ("duplicated", "q", "msg-2"), ("lost", "q", "msg-6"), ("unexpected", "q", "9")]
     assert audit.missing == 1 and audit.lost == 1  # msg-6: found from the events and from the ledgers
+    assert audit.at_risk == 0
     assert rows(audit.bad_input, ["file", "problem", "lines"])[-1] == ("consumer.jsonl", "unknown op", 1)
 
 

@@ -178,6 +178,8 @@ BAD = [
      "ha.min_confirmations: must be an integer >= 1, got 0"),
     ("ha: {brokers: ['h:1', 'h:2'], username: ha, password: p, min_confirmations: 3}",
      "ha.min_confirmations: is 3, more than the 2 brokers of ha.brokers: nothing could ever be confirmed"),
+    ("ha: {brokers: ['h:1'], username: ha, password: p, replicate: durible}",
+     'ha.replicate: must be none or configuration or durable or all, got "durible"'),
     ("anonymous: 1", "anonymous: must be true, false or a map {allow: {...}}, got 1"),
     ("anonymous: {}", "anonymous.allow: missing"),
     ("anonymous: {allow: {recieve: []}}", "anonymous.allow.recieve: unknown key (known: send, receive, manage, admin)"),

@@ -3,7 +3,8 @@ from __future__ import annotations
 
 from proton import Message, symbol
 
-from haqueue.broker.message import Routing, delivery_count, ttl_ms, with_delivery_count
+from haqueue.broker.message import (Routing, delivery_count, transient_or_unreplicated, ttl_ms, unreplicated,
+                                    with_delivery_count)
 
 
 def encoded(**kw) -> bytes:
@@ -44,3 +45,20 @@ def test_delivery_count_added_to_a_message_without_header():
     data = with_delivery_count(bytes(Message(body=b"raw", inferred=True).encode()), 1)
     m = decoded(data)
     assert m.delivery_count == 1 and m.body == b"raw"
+
+
+def test_x_replicate_false_annotation_keeps_a_message_off_the_backups():
+    off = symbol("x-replicate")
+    assert unreplicated(encoded(annotations={off: False}, body="x"))
+    assert unreplicated(encoded(durable=True, priority=7, instructions={symbol("d"): 1},  # after header and
+                                annotations={symbol("x-opt-jms-msg-type"): 3, off: "False"}, body="x"))  # delivery annotations
+    assert unreplicated(encoded(annotations={off: symbol("false")}, body="x"))
+    for kept in ({off: True}, {off: "no"}, {symbol("x-other"): "x-replicate"}, None):  # anything else replicates
+        assert not unreplicated(encoded(annotations=kept, body="x")), kept
+    assert not unreplicated(b"\x00\x53\x72\xc1")  # too short to read: replicated, never an error
+
+
+def test_durable_only_replication_keeps_transient_messages_off_the_backups():
+    assert transient_or_unreplicated(encoded(body="x"))
+    assert not transient_or_unreplicated(encoded(durable=True, body="x"))
+    assert transient_or_unreplicated(encoded(durable=True, annotations={symbol("x-replicate"): False}, body="x"))

@@ -1,0 +1,84 @@
+"""Per-message selective replication (design/replication.md, "Selective replication"): `x-replicate: durable`
+replicates only a queue's durable messages, and the message annotation `x-replicate: false` keeps a message on
+the primary alone. Such messages are confirmed at once (nothing waits for a backup), never reach a backup, live
+or in catch-up, and are gone after a failover; the others are all there, in order."""
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+from proton import Message, symbol
+
+from ha_harness import HaCluster, receive, send_all
+
+pytestmark = pytest.mark.slow
+
+OFF = {symbol("x-replicate"): False}
+PROMPT = 10.0  # seconds a publish may take to be confirmed: one waiting for a backup that never acks hangs past it
+
+
+def test_durable_only_replication_keeps_transient_messages_on_the_primary(ha_cluster):
+    c: HaCluster = ha_cluster(replicate="durable")  # the broker default: queues without x-replicate of their own
+    p = c.start_cluster()
+    c.request(p, "CREATE", "queue", "mixed")
+    messages = [Message(id=f"m{i}", body=i, durable=i % 2 == 0) for i in range(21)]  # the last one durable
+    durable = [i for i in range(21) if i % 2 == 0]
+    started = time.monotonic()
+    send_all(c.public, "mixed", messages, timeout=PROMPT)
+    assert time.monotonic() - started < PROMPT
+    # Under sync all a durable message is confirmed once every backup has it, and the link is ordered: any
+    # transient message sent to a backup would be there by now.
+    for b in c.brokers[1:]:
+        c.wait_depth(b, "mixed", len(durable))
+        assert c.bodies(b, "mixed") == durable
+    info = c.queues(p)["mixed"]
+    assert (info["depth"], info["kept_local"]) == (21, 10)
+
+    # Consuming the first two (a durable one, a transient one) on the primary dequeues the durable one on the
+    # backups; the transient one's dequeue concerns nobody else.
+    assert [m.body for m in receive(c.public, "mixed", 2)] == [0, 1]
+    for b in c.brokers[1:]:
+        c.wait_depth(b, "mixed", len(durable) - 1)
+
+    c.kill(p)
+    new = c.best_backup(exclude=[p])
+    c.promote(new)
+    assert c.bodies(new, "mixed") == durable[1:]  # exactly the durable ones, in order
+
+
+def test_x_replicate_false_messages_stay_on_the_primary_and_go_with_it(ha_cluster, tmp_path):
+    audit = tmp_path / "audit"
+    c: HaCluster = ha_cluster(extra={"audit": {"dir": str(audit)}})
+    p = c.start_cluster()
+    late = c[2]
+    c.request(p, "CREATE", "queue", "q", body={"x-replicate": "all"})
+    c.kill(late)  # it comes back below and catches up: the kept messages are skipped there too
+
+    def annotations(i: int) -> dict | None:
+        return OFF if i % 3 == 0 else {symbol("x-replicate"): "false"} if i == 4 else None
+    messages = [Message(id=f"m{i}", body=i, annotations=annotations(i)) for i in range(1, 31)]
+    replicated = [i for i in range(1, 31) if annotations(i) is None]
+    send_all(c.public, "q", messages[:15], timeout=PROMPT)
+    c.start(2)
+    c.wait_ready(late, queues=["q"])
+    send_all(c.public, "q", messages[15:], timeout=PROMPT)
+    for b in c.brokers[1:]:  # b1 had each live, b2 the first half in catch-up
+        c.wait_depth(b, "q", len(replicated))
+        assert c.bodies(b, "q") == replicated
+    assert c.depth(p, "q") == 30
+
+    # The primary's audit log: each kept message's confirmation says it was not replicated and names no backup,
+    # so the audit counts none of them missing, at risk, or lost once gone (design/audit-events.md).
+    completes = [json.loads(line) for path in audit.glob("b0-*.jsonl") for line in path.read_text().splitlines()
+                 if '"event":"complete"' in line]
+    kept = {e["message_id"] for e in completes if e.get("replicated") is False}
+    assert kept == {f"m{i}" for i in range(1, 31) if annotations(i) is not None}
+    assert all(e["backups"] == [] for e in completes if e["message_id"] in kept)
+    assert all(e["backups"] for e in completes if e["message_id"] not in kept)
+
+    c.kill(p)
+    new = c.best_backup(exclude=[p])
+    c.promote(new)
+    assert [m.body for m in receive(c.public, "q", len(replicated))] == replicated
+    assert c.depth(new, "q") == 0
