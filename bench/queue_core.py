@@ -2,8 +2,11 @@
 transient messages on one queue, in this tree or another (a `git archive` of an older commit).
 
     .venv/bin/python bench/queue_core.py [TREE ...]      # default: this tree; best of 5 runs of 200,000
+    .venv/bin/python bench/queue_core.py --keep-local [TREE ...]   # the queue as an HA primary's (below)
 
 Each tree runs in its own process (its `haqueue` imported from the tree), so trees compare side by side.
+With --keep-local the queue is one whose messages an HA primary replicates: each enqueue asks whether the
+message stays on the primary (`x-replicate: false`, design/replication.md), in a tree that has the check.
 """
 from __future__ import annotations
 
@@ -38,10 +41,13 @@ class _Consumer:
         pass
 
 
-def measure(n: int = 200_000, runs: int = 5) -> float:
+def measure(keep_local: bool, n: int = 200_000, runs: int = 5) -> float:
     """Best µs per message over `runs` rounds of n (the haqueue on sys.path)."""
     from haqueue.broker.queue import Queue
     queue = Queue("q", {}, "uid", lambda q: None)
+    if keep_local and hasattr(queue, "keep_local_where"):
+        from haqueue.broker.message import unreplicated
+        queue.keep_local_where(unreplicated)
     consumer = _Consumer()
     queue.subscribe(consumer)
     best = float("inf")
@@ -60,10 +66,12 @@ def measure(n: int = 200_000, runs: int = 5) -> float:
 def main(argv: list[str]) -> int:
     if argv[:1] == ["--run"]:
         sys.path.insert(0, argv[1])
-        print(f"{measure():.2f}")
+        print(f"{measure(argv[2:] == ['--keep-local']):.2f}")
         return 0
-    for tree in argv or [str(HERE)]:
-        out = subprocess.run([sys.executable, __file__, "--run", tree], capture_output=True, text=True, check=True)
+    keep_local = argv[:1] == ["--keep-local"]
+    for tree in argv[keep_local:] or [str(HERE)]:
+        out = subprocess.run([sys.executable, __file__, "--run", tree, *argv[:keep_local]], capture_output=True,
+                             text=True, check=True)
         print(f"{tree}: {out.stdout.strip()} µs/message (enqueue + dispatch + dequeue)")
     return 0
 
