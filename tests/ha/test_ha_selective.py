@@ -22,18 +22,22 @@ def test_durable_only_replication_keeps_transient_messages_on_the_primary(ha_clu
     c: HaCluster = ha_cluster(replicate="durable")  # the broker default: queues without x-replicate of their own
     p = c.start_cluster()
     c.request(p, "CREATE", "queue", "mixed")
+    c.request(p, "CREATE", "queue", "every", body={"x-replicate": "all"})  # a queue's own level wins
     messages = [Message(id=f"m{i}", body=i, durable=i % 2 == 0) for i in range(21)]  # the last one durable
     durable = [i for i in range(21) if i % 2 == 0]
     started = time.monotonic()
     send_all(c.public, "mixed", messages, timeout=PROMPT)
     assert time.monotonic() - started < PROMPT
+    send_all(c.public, "every", messages, timeout=PROMPT)
     # Under sync all a durable message is confirmed once every backup has it, and the link is ordered: any
     # transient message sent to a backup would be there by now.
     for b in c.brokers[1:]:
         c.wait_depth(b, "mixed", len(durable))
         assert c.bodies(b, "mixed") == durable
+        c.wait_depth(b, "every", 21)
     info = c.queues(p)["mixed"]
     assert (info["depth"], info["kept_local"]) == (21, 10)
+    assert c.queues(p)["every"]["kept_local"] == 0
 
     # Consuming the first two (a durable one, a transient one) on the primary dequeues the durable one on the
     # backups; the transient one's dequeue concerns nobody else.
@@ -53,6 +57,7 @@ def test_x_replicate_false_messages_stay_on_the_primary_and_go_with_it(ha_cluste
     p = c.start_cluster()
     late = c[2]
     c.request(p, "CREATE", "queue", "q", body={"x-replicate": "all"})
+    c.request(p, "CREATE", "queue", "dur", body={"x-replicate": "durable"})  # under the default `all`
     c.kill(late)  # it comes back below and catches up: the kept messages are skipped there too
 
     def annotations(i: int) -> dict | None:
@@ -60,6 +65,8 @@ def test_x_replicate_false_messages_stay_on_the_primary_and_go_with_it(ha_cluste
     messages = [Message(id=f"m{i}", body=i, annotations=annotations(i)) for i in range(1, 31)]
     replicated = [i for i in range(1, 31) if annotations(i) is None]
     send_all(c.public, "q", messages[:15], timeout=PROMPT)
+    send_all(c.public, "dur", [Message(body="transient"), Message(body="durable", durable=True),
+                               Message(body="durable, kept", durable=True, annotations=OFF)], timeout=PROMPT)
     c.start(2)
     c.wait_ready(late, queues=["q"])
     send_all(c.public, "q", messages[15:], timeout=PROMPT)
@@ -67,11 +74,12 @@ def test_x_replicate_false_messages_stay_on_the_primary_and_go_with_it(ha_cluste
         c.wait_depth(b, "q", len(replicated))
         assert c.bodies(b, "q") == replicated
     assert c.depth(p, "q") == 30
+    assert c.bodies(c[1], "dur") == c.bodies(late, "dur") == ["durable"]
 
     # The primary's audit log: each kept message's confirmation says it was not replicated and names no backup,
     # so the audit counts none of them missing, at risk, or lost once gone (design/audit-events.md).
     completes = [json.loads(line) for path in audit.glob("b0-*.jsonl") for line in path.read_text().splitlines()
-                 if '"event":"complete"' in line]
+                 if '"event":"complete"' in line and '"queue":"q"' in line]
     kept = {e["message_id"] for e in completes if e.get("replicated") is False}
     assert kept == {f"m{i}" for i in range(1, 31) if annotations(i) is not None}
     assert all(e["backups"] == [] for e in completes if e["message_id"] in kept)
