@@ -11,6 +11,7 @@ import pytest
 from proton import Message, symbol
 
 from ha_harness import HaCluster, receive, send_all
+from harness import run_haqueue
 
 pytestmark = pytest.mark.slow
 
@@ -90,3 +91,27 @@ def test_x_replicate_false_messages_stay_on_the_primary_and_go_with_it(ha_cluste
     c.promote(new)
     assert [m.body for m in receive(c.public, "q", len(replicated))] == replicated
     assert c.depth(new, "q") == 0
+
+
+def test_the_old_primary_rejoining_removes_its_older_local_messages_and_keeps_the_newer_aside(ha_cluster):
+    """A durable message kept local is in its primary's journal only. That broker, back as a backup of the
+    promoted one, holds what the new primary never had: one older than the newest message the new primary had
+    at promotion looks consumed and is removed; a newer one is kept aside in data_dir/diverged (replication.md)."""
+    c: HaCluster = ha_cluster()
+    p = c.start_cluster()
+    c.request(p, "CREATE", "queue", "q")
+    send_all(c.public, "q", [Message(body="old local", durable=True, annotations=OFF),
+                             Message(body="replicated", durable=True),
+                             Message(body="new local", durable=True, annotations=OFF)], timeout=PROMPT)
+    c.kill(p)
+    new = c.best_backup(exclude=[p])
+    c.promote(new)
+    assert c.bodies(new, "q") == ["replicated"]
+
+    c.start(0)
+    c.wait_backups_ready(new, [b.name for b in c.brokers if b is not new])
+    assert c.bodies(p, "q") == ["replicated"]
+    status = c.status(p)["diverged"]
+    assert (status["files"], status["messages"]) == (1, 1)
+    listed = [json.loads(line) for line in run_haqueue(["diverged", "list", str(p.directory / "data")]).stdout.splitlines()]
+    assert [(f["queue"], f["messages"]) for f in listed] == [("q", 1)]
