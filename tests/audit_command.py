@@ -8,8 +8,8 @@ the command printed on stdout and stderr. The command starts its Spark session, 
 running in this process, and stops it at its end, as it does in a process of its own; the next session
 starts in the same JVM in under a second (tests/audit/conftest.py's `spark` fixture gets it).
 
-One test per command still runs it as a process of its own (test_lag's long audit, test_watch's live
-watch): that a fresh process starts Spark, keeps Spark's own output off stdout
+One test per command still runs it as a process of its own (test_lag's long audit, through spark-submit;
+test_watch's live watch): that a fresh process starts Spark, keeps Spark's own output off stdout
 and exits with the code main returned is checked there.
 """
 from __future__ import annotations

@@ -1,21 +1,25 @@
 """`haqueue audit lag` and `haqueue audit watch`: their arguments and how they run, shared by the
-`haqueue` command (cli.py) and spark-submit (lag.py run as a script). PySpark is imported only when
-an audit runs."""
+`haqueue` command (cli.py) and spark-submit (submit.py). PySpark is imported only when an audit runs.
+However an audit ends, its exit code says how (exits.py): a crash is never taken for a loss."""
 from __future__ import annotations
 
 import argparse
 import datetime
+import os
 import re
 import sys
+import traceback
+import warnings
+from collections.abc import Callable
 
-# Exit codes: no loss found; a loss, a confirmation at risk or diverged messages found (--fail-on-loss); usage
-# or input error; cannot tell (--fail-on-loss and a window where backups hold messages no primary's log records).
-EXIT_OK, EXIT_LOSS, EXIT_USAGE, EXIT_CANNOT_TELL = 0, 1, 2, 3
+from haqueue.audit import failures
+from haqueue.audit.exits import EXIT_CANNOT_TELL, EXIT_JOB_FAILED, EXIT_LOSS, EXIT_USAGE, UsageError
 
 
 def add_lag_arguments(lag: argparse.ArgumentParser) -> None:
-    lag.add_argument("--events", metavar="DIR", required=True, help="the audit directory (files *.jsonl)")
-    lag.add_argument("--out", metavar="DIR", required=True, help="where the tables and the chart go")
+    lag.add_argument("--events", metavar="DIR", required=True,
+                     help="the audit directory (files *.jsonl): a path, or a URI Spark reads (hdfs://, s3a://...)")
+    lag.add_argument("--out", metavar="DIR", required=True, help="where the tables and the chart go (a path or URI)")
     lag.add_argument("--ledger", metavar="FILE", nargs="+", action="extend", default=[],
                      help="client ledgers (JSON lines: client, queue, id, op confirmed|received, t); "
                           "reports per queue what producers had confirmed and consumers received: lost, "
@@ -32,25 +36,44 @@ def add_lag_arguments(lag: argparse.ArgumentParser) -> None:
                           "while fewer than a majority held it (at risk) or a rejoining broker kept messages aside "
                           f"(diverged); {EXIT_CANNOT_TELL} if the events cannot tell (backups hold messages no "
                           "primary's log records)")
+    _add_run_arguments(lag)
 
 
 def add_watch_arguments(watch: argparse.ArgumentParser) -> None:
-    watch.add_argument("--events", metavar="DIR", required=True, help="the audit directory (files *.jsonl)")
+    watch.add_argument("--events", metavar="DIR", required=True,
+                       help="the audit directory (files *.jsonl), on the driver's file system (a path or file://)")
     watch.add_argument("--window", metavar="DURATION", type=duration, default=datetime.timedelta(seconds=10),
                        help="lag percentiles per window of this length (default 10s)")
     watch.add_argument("--bound", metavar="DURATION", type=duration, default=datetime.timedelta(seconds=5),
                        help="a confirmed message is missing on a backup that has not logged it this long after the "
                             "confirmation (default 5s, at least 2s)")
-    watch.add_argument("--parquet", metavar="DIR", help="write the rows to Parquet files here instead of the console")
+    watch.add_argument("--parquet", metavar="DIR",
+                       help="write the rows to Parquet files here (a path or URI) instead of the console")
     watch.add_argument("--checkpoint", metavar="DIR",
-                       help="where the job keeps its progress, to go on after a restart (default "
-                            "PARQUET/_checkpoint; none for the console)")
+                       help="where the job keeps its progress, to go on after a restart, on the driver's file "
+                            "system (default PARQUET/_checkpoint; none for the console)")
     watch.add_argument("--master", metavar="URL", help="Spark master (default local[*], or spark-submit's)")
     until = watch.add_mutually_exclusive_group()
     until.add_argument("--once", action="store_true", help="judge the events written so far as a finished record, "
                                                            "print every window and stop")
     until.add_argument("--for", dest="seconds", metavar="SECONDS", type=float,
                        help="stop after this many seconds (default: run until interrupted)")
+    _add_run_arguments(watch)
+
+
+def _add_run_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--conf", metavar="KEY=VALUE", type=setting, action="append", default=[],
+                        help="a Spark setting (repeatable); wins over the audit's own tuning")
+    parser.add_argument("--debug", action="store_true",
+                        help="on a failure, show Spark's errors and the whole traceback, not one line")
+
+
+def setting(text: str) -> tuple[str, str]:
+    """A Spark setting KEY=VALUE."""
+    key, equals, value = text.partition("=")
+    if not equals or not key.strip():
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
+    return key.strip(), value
 
 
 _UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400}
@@ -83,10 +106,9 @@ def run_lag(args: argparse.Namespace) -> int:
     try:
         from haqueue.audit.lag import run_audit
     except ImportError as e:
-        print(f"haqueue: audit needs PySpark and matplotlib: pip install 'haqueue[spark]' ({e})", file=sys.stderr)
-        return EXIT_USAGE
-    return run_audit(args.events, args.out, args.master, args.since, args.until, args.fail_on_loss, args.ledger,
-                     args.bound)
+        return _missing_module(e, "PySpark and matplotlib")
+    return _guarded(lambda: run_audit(args.events, args.out, args.master, args.since, args.until, args.fail_on_loss,
+                                      args.ledger, args.bound, dict(args.conf), args.debug), args.debug)
 
 
 def run_watch(args: argparse.Namespace) -> int:
@@ -94,18 +116,49 @@ def run_watch(args: argparse.Namespace) -> int:
         from haqueue.audit import measures
         from haqueue.audit.watch import Watch, run_watch
     except ImportError as e:
-        print(f"haqueue: audit needs PySpark: pip install 'haqueue[spark]' ({e})", file=sys.stderr)
-        return EXIT_USAGE
+        return _missing_module(e, "PySpark")
     if args.bound < measures.MIN_BOUND:
         print(f"haqueue: audit: --bound must be at least {measures.MIN_BOUND.total_seconds():g}s: a backup marks "
               "its log once a second", file=sys.stderr)
         return EXIT_USAGE
-    return run_watch(Watch(args.events, args.window, args.bound, args.parquet, args.checkpoint, args.master,
-                           args.once, args.seconds))
+    return _guarded(lambda: run_watch(Watch(args.events, args.window, args.bound, args.parquet, args.checkpoint,
+                                            args.master, args.once, args.seconds, dict(args.conf), args.debug)),
+                    args.debug)
+
+
+def _missing_module(error: ImportError, needs: str) -> int:
+    """Under spark-submit the driver runs the Python PYSPARK_DRIVER_PYTHON or PYSPARK_PYTHON names (else
+    python3): without them, one that lacks haqueue's packages, and the job cannot run (EXIT_JOB_FAILED).
+    From the `haqueue` command, the spark extra is not installed: a setup error (EXIT_USAGE)."""
+    if "PYSPARK_GATEWAY_PORT" in os.environ:
+        print(f"haqueue audit: the driver's Python ({sys.executable}) cannot import {error.name}: set "
+              "PYSPARK_DRIVER_PYTHON and PYSPARK_PYTHON to the Python haqueue is installed in (its venv's "
+              "bin/python)", file=sys.stderr)
+        return EXIT_JOB_FAILED
+    print(f"haqueue: audit needs {needs}: pip install 'haqueue[spark]' ({error})", file=sys.stderr)
+    return EXIT_USAGE
+
+
+def _guarded(run: Callable[[], int], debug: bool) -> int:
+    """`run`'s exit code; EXIT_USAGE with the reason for a UsageError, EXIT_JOB_FAILED and one line for
+    any other failure (its traceback, and Spark's warnings, only with --debug)."""
+    try:
+        with warnings.catch_warnings():
+            if not debug:  # toPandas warns with the Java stack of a failed job before raising it
+                warnings.filterwarnings("ignore", category=UserWarning, module=r"pyspark\.")
+            return run()
+    except UsageError as e:
+        print(f"haqueue: audit: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    except Exception as e:
+        if debug:
+            traceback.print_exc()
+        print(f"haqueue audit: {failures.reason(e)}", file=sys.stderr)
+        return EXIT_JOB_FAILED
 
 
 def main(argv: list[str]) -> int:
-    """spark-submit's entry (lag.py as a script): the arguments of `haqueue audit lag`."""
-    parser = argparse.ArgumentParser(prog="lag.py", description="haqueue audit lag under spark-submit")
+    """spark-submit's entry (submit.py): the arguments of `haqueue audit lag`."""
+    parser = argparse.ArgumentParser(prog="submit.py", description="haqueue audit lag under spark-submit")
     add_lag_arguments(parser)
     return run_lag(parser.parse_args(argv))

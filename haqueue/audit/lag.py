@@ -8,25 +8,23 @@ fewer than a majority of the cluster held them (at risk) and which a rejoining b
 because the new primary never had them (diverged). Only Spark SQL functions are used (no Python
 UDFs), so executors need PySpark alone; the driver collects the small result tables.
 
-Run locally (`local[*]`) by default; on a cluster with
-    spark-submit --master URL $(python -c 'import haqueue.audit.lag as m; print(m.__file__)') --events DIR --out DIR
+Run locally (`local[*]`) by default; on a cluster through spark-submit (submit.py).
 """
 from __future__ import annotations
 
-import os
-import sys
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 import pandas as pd
 from pyspark.sql import Column, DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
 from haqueue.audit import measures, schema
-from haqueue.audit.command import EXIT_CANNOT_TELL, EXIT_LOSS, EXIT_OK, EXIT_USAGE
+from haqueue.audit.exits import EXIT_CANNOT_TELL, EXIT_LOSS, EXIT_OK, UsageError
 from haqueue.audit.progress import Progress
-from haqueue.audit.sources import input_size, read_events, read_ledgers, session, tune_for
+from haqueue.audit.sources import read_events, read_ledgers, session, tune_for
+from haqueue.audit.storage import Storage, uri
 
 # A primary's dequeue counts as not mirrored on a backup only if that backup kept logging at least
 # this long afterwards (µs): otherwise its log may just have ended first (crash, or still running).
@@ -89,17 +87,17 @@ def _total(table: pd.DataFrame, column: str) -> int:
 # ---- the analysis ------------------------------------------------------------------------------
 
 def analyse(spark: SparkSession, directory: str, since: int | None = None, until: int | None = None,
-            ledgers: Sequence[str] = (), bound: timedelta = measures.DEFAULT_BOUND) -> Audit:
-    """The whole audit of the events under `directory`; since/until (µs) bound the events judged (the
-    ledgers, if any, are judged whole); `bound`: how long after a confirmation a copy may come
-    (measures.absent_copies)."""
-    tune_for(spark, input_size(directory)[1])
-    events, bad = read_events(spark, directory)
+            ledgers: Sequence[str] = (), bound: timedelta = measures.DEFAULT_BOUND, size: int | None = None) -> Audit:
+    """The whole audit of the events under `directory` (a path or a URI, storage.py); since/until (µs) bound
+    the events judged (the ledgers, if any, are judged whole); `bound`: how long after a confirmation a
+    copy may come (measures.absent_copies); `size`: the event files' bytes if already listed."""
+    tune_for(spark, Storage(spark).event_files(directory).bytes if size is None else size)
+    events, bad = read_events(spark, uri(directory))
     events = measures.timed(events).withColumn("judged", _window(F.col("t"), since, until)).persist()
     try:
         audit = _analyse(events, bad, bound)
         if ledgers:
-            entries, bad_entries = read_ledgers(spark, ledgers)
+            entries, bad_entries = read_ledgers(spark, [uri(path) for path in ledgers])
             audit.ledgers, audit.ledger_problems = _ledger_tables(events, entries)
             audit.bad_input = pd.concat([audit.bad_input, _bad_table(bad_entries)], ignore_index=True)
             audit.totals["bad_lines"] = int(audit.bad_input["lines"].sum())
@@ -451,32 +449,29 @@ def _totals(ev: DataFrame) -> dict[str, Any]:
 # ---- the command -------------------------------------------------------------------------------
 
 def run_audit(events: str, out: str, master: str | None, since: int | None, until: int | None,
-              fail_on_loss: bool, ledgers: Sequence[str] = (), bound: timedelta = measures.DEFAULT_BOUND) -> int:
-    """`haqueue audit lag`: analyse, write the tables and the chart, print the summary; the exit code."""
+              fail_on_loss: bool, ledgers: Sequence[str] = (), bound: timedelta = measures.DEFAULT_BOUND,
+              conf: Mapping[str, str] | None = None, debug: bool = False) -> int:
+    """`haqueue audit lag`: analyse, write the tables and the chart, print the summary; the exit code.
+    Paths may be URIs (storage.py); UsageError when one is not there."""
     from haqueue.audit import report
 
-    if not os.path.isdir(events):
-        print(f"haqueue: audit: no such directory: {events}", file=sys.stderr)
-        return EXIT_USAGE
-    absent = [path for path in ledgers if not os.path.isfile(path)]
-    if absent:
-        print(f"haqueue: audit: no such ledger file: {', '.join(absent)}", file=sys.stderr)
-        return EXIT_USAGE
-    spark = session(master)
+    spark = session(master, conf, debug)
     try:
-        files, size = input_size(events)
-        with Progress(spark.sparkContext, f"{files:,} event files, {size / 1e6:,.1f} MB"):
-            audit = analyse(spark, events, since, until, ledgers, bound)
+        storage = Storage(spark)
+        if not storage.is_dir(events):
+            raise UsageError(f"no such directory: {events}")
+        absent = [path for path in ledgers if not storage.is_file(path)]
+        if absent:
+            raise UsageError(f"no such ledger file: {', '.join(absent)}")
+        if storage.is_file(out):
+            raise UsageError(f"--out is a file, not a directory: {out}")
+        listing = storage.event_files(events)  # one listing: the progress line's and the tuning's
+        with Progress(spark.sparkContext, f"{listing.files:,} event files, {listing.bytes / 1e6:,.1f} MB"):
+            audit = analyse(spark, events, since, until, ledgers, bound, listing.bytes)
+        storage.write(out, report.outputs(audit))
     finally:
         spark.stop()
-    report.write(audit, out)
     print(report.summary(audit))
     if fail_on_loss and (audit.missing or audit.lost or audit.at_risk or audit.diverged):
         return EXIT_LOSS
     return EXIT_CANNOT_TELL if fail_on_loss and audit.unattested else EXIT_OK
-
-
-if __name__ == "__main__":  # spark-submit runs this file
-    from haqueue.audit.command import main
-
-    sys.exit(main(sys.argv[1:]))

@@ -1,8 +1,9 @@
 """The audit's outputs: Parquet and CSV tables, the lag chart (PNG) and the text summary."""
 from __future__ import annotations
 
-import os
-from typing import TYPE_CHECKING
+import io
+from collections.abc import Iterator
+from typing import IO, TYPE_CHECKING
 
 import matplotlib.dates as mdates
 import pandas as pd
@@ -15,18 +16,21 @@ CHART = "lag.png"
 SUMMARY = "summary.txt"
 
 
-def write(audit: "Audit", out: str) -> None:
-    """Every table as out/NAME.parquet and out/NAME.csv, the chart, and the summary."""
-    os.makedirs(out, exist_ok=True)
+def outputs(audit: "Audit") -> Iterator[tuple[str, bytes]]:
+    """(file name, contents) of every table as NAME.parquet and NAME.csv, the chart and the summary: made
+    in memory, for storage.py to write on whatever file system --out is."""
     for name, table in audit.tables.items():
-        table.to_parquet(os.path.join(out, f"{name}.parquet"), index=False)
-        table.to_csv(os.path.join(out, f"{name}.csv"), index=False)
-    chart(audit, os.path.join(out, CHART))
-    with open(os.path.join(out, SUMMARY), "w", encoding="utf-8") as f:
-        f.write(summary(audit) + "\n")
+        parquet = io.BytesIO()
+        table.to_parquet(parquet, index=False)
+        yield f"{name}.parquet", parquet.getvalue()
+        yield f"{name}.csv", table.to_csv(index=False).encode()
+    png = io.BytesIO()
+    chart(audit, png)
+    yield CHART, png.getvalue()
+    yield SUMMARY, (summary(audit) + "\n").encode()
 
 
-def chart(audit: "Audit", path: str) -> None:
+def chart(audit: "Audit", path: str | IO[bytes]) -> None:
     """Lag over time, one line per backup (p99 per time bucket, max as a faint band), failovers marked."""
     fig = Figure(figsize=(11, 5), dpi=100)
     ax = fig.subplots()
@@ -57,7 +61,7 @@ def chart(audit: "Audit", path: str) -> None:
     ax.set_ylabel("lag (ms)")
     ax.grid(True, alpha=0.3)
     fig.tight_layout()
-    fig.savefig(path)
+    fig.savefig(path, format="png")
 
 
 def _break_gaps(points: pd.DataFrame, bucket_ms: float) -> pd.DataFrame:

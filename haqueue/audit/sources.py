@@ -3,7 +3,7 @@ the brokers' event lines (schema.py) and client ledgers, each line checked the s
 from __future__ import annotations
 
 import os
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 from pyspark.sql import Column, DataFrame, SparkSession
@@ -18,35 +18,31 @@ from haqueue.audit import schema
 BYTES_PER_PARTITION = 64 << 20
 
 
-def session(master: str | None = None) -> SparkSession:
-    """A Spark session: `master`, else spark-submit's, else local[*] (tuned for one small machine)."""
-    if master is None and "PYSPARK_GATEWAY_PORT" not in os.environ:  # not launched by spark-submit
+def session(master: str | None = None, conf: Mapping[str, str] | None = None, debug: bool = False) -> SparkSession:
+    """A Spark session: `master`, else spark-submit's, else local[*]. `conf` (the command's --conf) wins
+    over the defaults here: 4 GB for the driver, which collects the result tables, on any master; no web UI
+    on a local one. Under spark-submit its JVM is already running: its own --conf settings stand.
+    Spark logs only fatal errors unless `debug`: a failed job is told in one line (failures.py)."""
+    conf = dict(conf or {})
+    submitted = "PYSPARK_GATEWAY_PORT" in os.environ  # spark-submit started this process and its JVM
+    if master is None and not submitted:
         master = "local[*]"
-    builder = (SparkSession.builder.appName("haqueue-audit").config("spark.sql.session.timeZone", "UTC")
-               .config("spark.ui.showConsoleProgress", "false"))
+    defaults = {} if submitted else {"spark.driver.memory": "4g", "spark.ui.showConsoleProgress": "false"}
+    if master is not None and master.startswith("local"):
+        defaults["spark.ui.enabled"] = "false"
+    builder = SparkSession.builder.appName("haqueue-audit").config("spark.sql.session.timeZone", "UTC")
     if master is not None:
         builder = builder.master(master)
-    if master is not None and master.startswith("local"):
-        builder = builder.config("spark.ui.enabled", "false").config("spark.driver.memory", "4g")
+    for key, value in {**defaults, **conf}.items():
+        builder = builder.config(key, value)
     spark = builder.getOrCreate()
-    spark.sparkContext.setLogLevel("ERROR")
+    spark.sparkContext.setLogLevel("ERROR" if debug else "FATAL")
     return spark
-
-
-def input_size(directory: str) -> tuple[int, int]:
-    """(files, bytes) of the *.jsonl files under `directory`, as the audit reads them."""
-    count = size = 0
-    for root, _, names in os.walk(directory):
-        for name in names:
-            if name.endswith(".jsonl"):
-                count += 1
-                size += os.stat(os.path.join(root, name)).st_size
-    return count, size
 
 
 def tune_for(spark: SparkSession, size: int) -> None:
     """Size the session's shuffles from its input's `size` in bytes: a partition per BYTES_PER_PARTITION, up
-    to four per core. What the user set (--conf, spark-defaults.conf) stays."""
+    to four per core, on any master. What the user set (--conf, spark-defaults.conf) stays."""
     context = spark.sparkContext
     given = context.getConf()
     if not given.contains("spark.sql.shuffle.partitions"):

@@ -11,11 +11,10 @@ from __future__ import annotations
 
 import os
 import shutil
-import sys
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 from pyspark.sql import Column, DataFrame, Row, SparkSession
@@ -23,9 +22,10 @@ from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery
 
 from haqueue.audit import measures, schema
-from haqueue.audit.command import EXIT_OK, EXIT_USAGE
+from haqueue.audit.exits import EXIT_OK, UsageError
 from haqueue.audit.sources import session, stream_events
 from haqueue.audit.staging import Stager
+from haqueue.audit.storage import local_path, uri
 
 # How late (in event time) an event may reach the stream and still count: brokers' lines of one
 # staging round reach it together, one round apart at worst. Clock differences between machines add
@@ -47,12 +47,14 @@ class Watch:
     master: str | None = None
     once: bool = False  # judge what is written now, as a finished record, and stop
     seconds: float | None = None  # stop after this long (None: when interrupted)
+    conf: dict[str, str] = field(default_factory=dict)  # Spark settings given (--conf)
+    debug: bool = False
 
 
 def results(spark: SparkSession, staged: str, window: timedelta, bound: timedelta) -> DataFrame:
     """The streaming query over the event files appearing in `staged`: one row per window, queue and
     backup with the lag (kind LAG), and one per missing copy (kind MISSING), each when it is final."""
-    events = measures.timed(stream_events(spark, staged, cleanSource="delete")).withWatermark(
+    events = measures.timed(stream_events(spark, uri(staged), cleanSource="delete")).withWatermark(
         "time", f"{LATENESS.total_seconds()} seconds")
     primary_side = events.filter(F.col("role") != schema.BACKUP)
     replicas = events.filter(F.col("event") == schema.REPLICATE).withColumnRenamed("broker", "backup")
@@ -115,18 +117,15 @@ def _printer(bound: timedelta) -> Callable[[DataFrame, int], None]:
 # ---- running it ----------------------------------------------------------------------------------
 
 def run_watch(watch: Watch) -> int:
-    """`haqueue audit watch`: stage, stream and print (or write) until stopped; the exit code."""
-    if not os.path.isdir(watch.events):
-        print(f"haqueue: audit: no such directory: {watch.events}", file=sys.stderr)
-        return EXIT_USAGE
-    temporary = watch.checkpoint is None and watch.parquet is None
-    checkpoint = (watch.checkpoint or (os.path.join(watch.parquet, "_checkpoint") if watch.parquet
-                                       else tempfile.mkdtemp(prefix="haqueue-watch-")))
-    stager = Stager(watch.events, checkpoint)
+    """`haqueue audit watch`: stage, stream and print (or write) until stopped; the exit code. UsageError
+    for paths it cannot use."""
+    events, checkpoint = _local_paths(watch)
+    temporary = checkpoint is None
+    checkpoint = checkpoint or tempfile.mkdtemp(prefix="haqueue-watch-")
+    stager = Stager(events, checkpoint)
     if stager.ended:
-        print(f"haqueue: audit: {checkpoint} was ended by --once: give another checkpoint", file=sys.stderr)
-        return EXIT_USAGE
-    spark = session(watch.master)
+        raise UsageError(f"{checkpoint} was ended by --once: give another checkpoint")
+    spark = session(watch.master, watch.conf, watch.debug)
     try:
         query = _start(spark, watch, stager, checkpoint)
         print(f"haqueue audit watch: {watch.events}, windows of {watch.window.total_seconds():g} s, missing after "
@@ -137,6 +136,30 @@ def run_watch(watch: Watch) -> int:
         if temporary:
             shutil.rmtree(checkpoint, ignore_errors=True)
     return EXIT_OK
+
+
+def _local_paths(watch: Watch) -> tuple[str, str | None]:
+    """(events, checkpoint: None for a temporary one) as the driver's paths. The stager reads the events
+    as the brokers append to them, from byte offsets, and renames its staged files into the checkpoint:
+    in Python, on the driver's file system, not through Hadoop (an object store has neither appends
+    nor renames). The executors read the staged files: the checkpoint must be shared with them."""
+    events = local_path(watch.events)
+    if events is None:
+        raise UsageError(f"--events of audit watch must be on the driver's file system (a path or file://), "
+                         f"where the brokers append to their files: {watch.events}")
+    if not os.path.isdir(events):
+        raise UsageError(f"no such directory: {watch.events}")
+    if watch.checkpoint is not None:
+        checkpoint = local_path(watch.checkpoint)
+    elif watch.parquet is not None:
+        parquet = local_path(watch.parquet)
+        checkpoint = None if parquet is None else os.path.join(parquet, "_checkpoint")
+    else:
+        return events, None
+    if checkpoint is None:
+        raise UsageError("the checkpoint holds the staged event files and must be on the driver's file system "
+                         "(a path or file://, shared with the executors): give --checkpoint")
+    return events, checkpoint
 
 
 def _start(spark: SparkSession, watch: Watch, stager: Stager, checkpoint: str) -> StreamingQuery:
@@ -153,11 +176,11 @@ def _start(spark: SparkSession, watch: Watch, stager: Stager, checkpoint: str) -
         stager.finish(int((watch.window + measures.COPY_HORIZON + 2 * watch.bound + LATENESS
                            + timedelta(days=1)).total_seconds() * 1_000_000))
     writer = results(spark, stager.staged, watch.window, watch.bound).writeStream.outputMode("append")
-    writer = writer.option("checkpointLocation", os.path.join(checkpoint, "spark"))
+    writer = writer.option("checkpointLocation", uri(os.path.join(checkpoint, "spark")))
     writer = (writer.trigger(availableNow=True) if watch.once
               else writer.trigger(processingTime=f"{STAGE_EVERY} seconds"))
     if watch.parquet:
-        return writer.format("parquet").option("path", watch.parquet).start()
+        return writer.format("parquet").option("path", uri(watch.parquet)).start()
     return writer.foreachBatch(_printer(watch.bound)).start()
 
 
@@ -175,5 +198,6 @@ def _follow(query: StreamingQuery, stager: Stager, watch: Watch) -> None:
         pass
     finally:
         query.stop()
-    if query.exception() is not None:
-        raise RuntimeError(f"the watch stopped: {query.exception()}")
+    failure = query.exception()
+    if failure is not None:  # command.py tells it in one line
+        raise failure

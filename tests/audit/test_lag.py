@@ -1,20 +1,26 @@
 """The Spark job on synthetic event sets with known answers (eventsets.failover_scenario): exact lags,
 a planted missing message, a planted duplicate, an out-of-order pair, a dequeue not mirrored, a
 failover; confirmations at risk and messages kept aside at a rejoin (eventsets.partition_scenario);
-bad input counted, never fatal; the time window; the command line and its exit code."""
+bad input counted, never fatal; the time window; the command line, its paths as URIs and its exit
+codes, a failed Spark job's among them; spark-submit."""
 from __future__ import annotations
 
 import json
+import os
 import re
+import shlex
 import shutil
+import subprocess
+import sys
 from datetime import datetime, timezone
+from pathlib import Path
 
 import pandas as pd
 import pytest
 
 from audit_command import run_audit_command
 from eventsets import EPOCH2, SECOND, T0, EventLog, failover_scenario, partition_scenario
-from harness import run_haqueue
+from harness import REPO_ROOT
 from haqueue.audit import schema
 
 pytestmark = pytest.mark.slow  # Spark: a session, then seconds per audit
@@ -268,19 +274,104 @@ def long_run() -> EventLog:
     return log
 
 
-def test_a_long_audit_shows_its_progress_on_stderr(tmp_path):
-    """What it reads, then Spark's tasks as they finish, on stderr; stdout keeps the summary alone (a
-    process of its own, as a user runs it: its JVM's output too). Its
-    --since, in seconds since the epoch, leaves seq 0's loss out: no loss, even under --fail-on-loss."""
+def test_a_failed_spark_job_exits_4_in_one_line_and_bad_paths_2(scenario_dir, tmp_path, monkeypatch):
+    """An event file gone between Spark's listing and its tasks (as on a worker that does not see the
+    events directory): the job fails, and the command says so in one line and exits 4, never 1, the code
+    of a loss. Paths it cannot use are usage errors, found through Hadoop's file systems."""
+    from haqueue.audit import lag
+
+    events = tmp_path / "events"
+    shutil.copytree(scenario_dir, events)
+    gone = next(events.glob("b2-*.jsonl"))
+    read = lag.read_events
+
+    def read_then_delete(spark, directory):
+        frames = read(spark, directory)  # Spark has listed the files
+        gone.unlink()
+        return frames
+
+    monkeypatch.setattr(lag, "read_events", read_then_delete)
+    result = run_audit_command(["audit", "lag", "--events", f"file://{events}", "--out", str(tmp_path / "out"),
+                                "--master", "local[2]", "--fail-on-loss"])
+    assert result.returncode == 4, result.stdout + result.stderr[-3000:]
+    assert result.stdout == ""
+    assert result.stderr.splitlines()[-1] == (
+        f"haqueue audit: the Spark job failed: executors cannot read file://{gone} (FILE_NOT_EXIST); is the events "
+        "directory shared with every worker?")
+    assert "Traceback" not in result.stderr and "py4j" not in result.stderr.lower()
+    out = ["--out", str(tmp_path / "out")]
+    for args, error in [
+            (["--events", f"file://{tmp_path}/none", *out], f"no such directory: file://{tmp_path}/none"),
+            (["--events", str(events), "--ledger", str(tmp_path / "none.jsonl"), *out],
+             f"no such ledger file: {tmp_path}/none.jsonl"),
+            (["--events", str(events), "--out", "s3a://bucket/report"],
+             "cannot reach s3a://bucket/report: java.lang.RuntimeException: java.lang.ClassNotFoundException: Class "
+             "org.apache.hadoop.fs.s3a.S3AFileSystem not found (is the file system's client on Spark's classpath, "
+             "e.g. hadoop-aws for s3a?)")]:
+        result = run_audit_command(["audit", "lag", *args, "--master", "local[2]"])
+        assert (result.returncode, result.stderr.splitlines()[-1]) == (2, f"haqueue: audit: {error}")
+
+
+def long_run() -> EventLog:
+    """b0 confirms seq 1..3,000 from T0 naming b1, which has them all: 9,004 events; and, a second
+    earlier, seq 0, which b1 never logged. A fresh JVM takes seconds over its first jobs: long enough
+    for progress lines."""
+    log = EventLog()
+    log.message("b0", 1, schema.ENQUEUE, T0 - SECOND, schema.PRIMARY, 1, 0)
+    log.message("b0", 1, schema.COMPLETE, T0 - SECOND + 500, schema.PRIMARY, 1, 0, backups=["b1"])
+    for seq in range(1, 3_001):
+        t = T0 + seq * 20
+        log.message("b0", 1, schema.ENQUEUE, t, schema.PRIMARY, 1, seq)
+        log.message("b1", 2, schema.REPLICATE, t + 100, schema.BACKUP, 1, seq, mode=schema.LIVE, enqueued=t)
+        log.message("b0", 1, schema.COMPLETE, t + 500, schema.PRIMARY, 1, seq, backups=["b1"])
+    for broker, run, role in (("b0", 1, schema.PRIMARY), ("b1", 2, schema.BACKUP)):
+        log.mark(broker, run, T0 + SECOND, role, 1)
+    return log
+
+
+def spark_submit(args: list[str], python: str) -> subprocess.CompletedProcess:
+    """The spark-submit form of `haqueue audit lag ARGS` (submit.py), on local[2], the driver's Python
+    `python` (PYSPARK_DRIVER_PYTHON and PYSPARK_PYTHON, as design/audit-events.md says)."""
+    import pyspark
+
+    from haqueue.audit import submit
+
+    # The JVM options the tests give Spark (tests/conftest.py): PYSPARK_SUBMIT_ARGS, less its last word.
+    options = shlex.split(os.environ.get("PYSPARK_SUBMIT_ARGS", "pyspark-shell"))[:-1]
+    env = {**os.environ, "PYSPARK_DRIVER_PYTHON": python, "PYSPARK_PYTHON": python,
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))}
+    command = [str(Path(pyspark.__file__).parent / "bin" / "spark-submit"), "--master", "local[2]", *options,
+               "--conf", "spark.ui.enabled=false", submit.__file__, *args]
+    return subprocess.run(command, capture_output=True, text=True, timeout=600, env=env, cwd=REPO_ROOT)
+
+
+def test_spark_submit_shows_progress_on_stderr_and_the_summary_alone_on_stdout(tmp_path):
+    """spark-submit, with the environment design/audit-events.md gives, as a user runs it (its JVM's output
+    too): what it reads, then Spark's tasks as they finish, on stderr, though spark-submit merges its
+    Python's stderr into its stdout; stdout has the summary alone. Events and output as URIs: `file://`,
+    and `viewfs://` (Hadoop's mount table, here over a local directory) for an output written through
+    Hadoop. Its --since, in seconds since the epoch, leaves seq 0's loss out: no loss, even under
+    --fail-on-loss. Then without that environment: the driver's Python cannot import pandas, exit 4."""
     events = long_run().write(tmp_path / "events")
     size = sum(f.stat().st_size for f in events.iterdir()) / 1e6
-    result = run_haqueue(["audit", "lag", "--events", str(events), "--out", str(tmp_path / "out"),
-                          "--master", "local[2]", "--since", str(T0 / 1e6), "--fail-on-loss"], timeout=600)
-    assert result.returncode == 0, result.stderr[-3000:]
+    mount = ["--conf", f"spark.hadoop.fs.viewfs.mounttable.audit.link./report=file://{tmp_path}/report"]
+    result = spark_submit([*mount, "--events", f"file://{events}", "--out", "viewfs://audit/report",
+                           "--since", str(T0 / 1e6), "--fail-on-loss"], sys.executable)
+    assert result.returncode == 0, result.stdout + result.stderr[-3000:]
+    assert result.stdout == (tmp_path / "report" / "summary.txt").read_text()
+    assert result.stdout.startswith("haqueue audit: 9,004 events from 2 brokers")
+    assert "; 9,002 in the window judged" in result.stdout.splitlines()[0]
+    assert result.stdout.splitlines()[-1] == "no loss: every confirmed message reached every backup that was ready"
     progress = [line for line in result.stderr.splitlines() if line.startswith("haqueue audit: ")]
     assert progress[0] == f"haqueue audit: reading 2 event files, {size:,.1f} MB"
     tasks = [line for line in progress[1:] if re.fullmatch(r"haqueue audit: Spark job \d+: [\d,]+/[\d,]+ tasks", line)]
     assert tasks, result.stderr[-3000:]
-    assert result.stdout.startswith("haqueue audit: 9,004 events from 2 brokers")
-    assert "; 9,002 in the window judged" in result.stdout.splitlines()[0]
-    assert result.stdout.splitlines()[-1] == "no loss: every confirmed message reached every backup that was ready"
+
+    no_packages = tmp_path / "python-without-site-packages"
+    no_packages.write_text(f"#!/bin/sh\nexec {sys.executable} -S \"$@\"\n")
+    no_packages.chmod(0o755)
+    result = spark_submit(["--events", str(events), "--out", str(tmp_path / "out")], str(no_packages))
+    assert (result.returncode, result.stdout) == (4, ""), result.stdout + result.stderr[-3000:]
+    assert result.stderr.splitlines()[-1] == (
+        f"haqueue audit: the driver's Python ({sys.executable}) cannot import pandas: set PYSPARK_DRIVER_PYTHON "
+        "and PYSPARK_PYTHON to the Python haqueue is installed in (its venv's bin/python)")

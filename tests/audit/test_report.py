@@ -106,9 +106,10 @@ def test_ledgers_are_summed_up_per_queue_and_a_lost_message_is_a_loss():
         "(see ledger_problems.csv)"]
 
 
-def test_write_makes_every_table_the_chart_and_the_summary(tmp_path):
+def test_outputs_are_every_table_the_chart_and_the_summary(tmp_path):
     audit = make_audit(missing=0)
-    report.write(audit, str(tmp_path))
+    for name, data in report.outputs(audit):
+        (tmp_path / name).write_bytes(data)
     names = {p.name for p in tmp_path.iterdir()}
     assert names == {f"{t}.{ext}" for t in ("queues", "backups", "epochs", "lag_timeline", "problems", "bad_input",
                                             "ledgers", "ledger_problems", "shards")

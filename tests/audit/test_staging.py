@@ -71,3 +71,19 @@ def test_watch_refuses_a_bound_shorter_than_two_marks_apart(tmp_path):
     result = run_haqueue(["audit", "watch", "--events", str(tmp_path), "--bound", "500ms"])
     assert result.returncode == 2
     assert "--bound must be at least 2s: a backup marks its log once a second" in result.stderr
+
+
+def test_watch_refuses_events_and_checkpoints_off_the_drivers_file_system(tmp_path):
+    """The stager follows the event files and stages them in the checkpoint with the driver's own file
+    calls: other schemes are refused before Spark starts; a URI's Parquet output wants a --checkpoint."""
+    from audit_command import run_audit_command
+
+    for args, error in [
+            (["--events", "hdfs://nn/audit"], "--events of audit watch must be on the driver's file system (a path "
+                                              "or file://), where the brokers append to their files: hdfs://nn/audit"),
+            (["--events", f"file://{tmp_path}/none"], f"no such directory: file://{tmp_path}/none"),
+            (["--events", str(tmp_path), "--parquet", "s3a://bucket/watch"],
+             "the checkpoint holds the staged event files and must be on the driver's file system (a path or "
+             "file://, shared with the executors): give --checkpoint")]:
+        result = run_audit_command(["audit", "watch", *args, "--once"])
+        assert (result.returncode, result.stderr.strip()) == (2, f"haqueue: audit: {error}")

@@ -1,0 +1,96 @@
+"""The audit's paths on any file system Spark's Hadoop layer reads (`file://`, `hdfs://`, `s3a://` where
+its jars are, ...), through the session's JVM: what is there, the event files and their size, and
+writing the report. A plain path is a path on the driver's machine (`file://`), whatever the
+cluster's default file system; the executors must see it at the same path."""
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from pyspark.sql import SparkSession
+
+from haqueue.audit.exits import UsageError
+
+_SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*:/")
+EVENT_SUFFIX = ".jsonl"
+
+
+def uri(location: str) -> str:
+    """`location` as a URI: a plain path becomes an absolute `file://` one."""
+    return location if _SCHEME.match(location) else "file://" + os.path.abspath(location)
+
+
+def local_path(location: str) -> str | None:
+    """The driver's path of a plain path or a `file:` URI; None on another file system."""
+    if not _SCHEME.match(location):
+        return location
+    return location[len("file:"):] if location.startswith("file:/") else None
+
+
+@dataclass(frozen=True)
+class Listing:
+    """The event files under a directory, as the audit reads them: how many and their bytes."""
+
+    files: int
+    bytes: int
+
+
+class Storage:
+    """The Hadoop file systems of a Spark session."""
+
+    def __init__(self, spark: SparkSession) -> None:
+        self.jvm = spark.sparkContext._jvm
+        self.conf = spark.sparkContext._jsc.hadoopConfiguration()
+
+    def _open(self, location: str) -> tuple[Any, Any]:
+        """(file system, Hadoop Path) of `location`; UsageError if no file system serves its scheme."""
+        path = self.jvm.org.apache.hadoop.fs.Path(uri(location))
+        try:
+            return path.getFileSystem(self.conf), path
+        except Exception as e:  # py4j's error: UnsupportedFileSystemException, a class not found...
+            cause = getattr(e, "java_exception", e)
+            raise UsageError(f"cannot reach {location}: {str(cause.toString()).splitlines()[0]} (is the file "
+                             "system's client on Spark's classpath, e.g. hadoop-aws for s3a?)") from None
+
+    def is_dir(self, location: str) -> bool:
+        fs, path = self._open(location)
+        return bool(fs.exists(path) and fs.getFileStatus(path).isDirectory())
+
+    def is_file(self, location: str) -> bool:
+        fs, path = self._open(location)
+        return bool(fs.exists(path) and fs.getFileStatus(path).isFile())
+
+    def event_files(self, directory: str) -> Listing:
+        """The *.jsonl files under `directory` at any depth, leaving out those Spark's file index skips
+        (names starting with `.` or `_`)."""
+        fs, path = self._open(directory)
+        files = size = 0
+        found = fs.listFiles(path, True)
+        while found.hasNext():
+            status = found.next()
+            name = status.getPath().getName()
+            if name.endswith(EVENT_SUFFIX) and not name.startswith((".", "_")):
+                files += 1
+                size += status.getLen()
+        return Listing(files, size)
+
+    def write(self, directory: str, files: Iterable[tuple[str, bytes]]) -> None:
+        """Each (name, bytes) as the file `name` in `directory`, made if missing; replaced if there."""
+        local = local_path(directory)
+        if local is not None:  # plain files, not Hadoop's local file system (a .crc file beside each)
+            os.makedirs(local, exist_ok=True)
+            for name, data in files:
+                with open(os.path.join(local, name), "wb") as f:
+                    f.write(data)
+            return
+        fs, path = self._open(directory)
+        fs.mkdirs(path)
+        for name, data in files:
+            stream = fs.create(self.jvm.org.apache.hadoop.fs.Path(path, name), True)
+            try:
+                stream.write(bytearray(data))  # Py4J passes a bytearray as a Java byte[]
+            finally:
+                stream.close()
