@@ -714,7 +714,8 @@ def _add_audit(commands: Subparsers) -> None:
                                      "backup, replication lag, confirmed messages missing on a ready backup, "
                                      "duplicates, order violations and dequeues not mirrored; with --ledger, what "
                                      "clients confirmed and received: lost, duplicated, unexpected. Writes Parquet and "
-                                     "CSV tables and a PNG chart to --out and a summary to stdout.")
+                                     "CSV tables and a PNG chart to --out and a summary to stdout. Exits 4 if the "
+                                     "audit cannot run (the Spark job fails), 2 on a usage error.")
     add_lag_arguments(lag)
     lag.set_defaults(func=run_lag)
     watch = sub.add_parser("watch", help="live replication lag and missing copies per queue and backup",

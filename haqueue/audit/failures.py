@@ -27,7 +27,7 @@ def reason(error: BaseException) -> str:
 
 def _java_chain(error: BaseException) -> list[Any]:
     """The Java exceptions behind `error` (Py4J's, or PySpark's captured ones), outermost first."""
-    chain = []
+    chain: list[Any] = []
     seen: BaseException | None = error
     while seen is not None and not chain:
         # Py4JJavaError.java_exception; PySpark's CapturedException keeps the Java one as _origin.

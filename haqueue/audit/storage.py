@@ -42,7 +42,7 @@ class Storage:
     """The Hadoop file systems of a Spark session."""
 
     def __init__(self, spark: SparkSession) -> None:
-        self.jvm = spark.sparkContext._jvm
+        self.jvm: Any = spark.sparkContext._jvm
         self.conf = spark.sparkContext._jsc.hadoopConfiguration()
 
     def _open(self, location: str) -> tuple[Any, Any]:
@@ -51,9 +51,10 @@ class Storage:
         try:
             return path.getFileSystem(self.conf), path
         except Exception as e:  # py4j's error: UnsupportedFileSystemException, a class not found...
-            cause = getattr(e, "java_exception", e)
-            raise UsageError(f"cannot reach {location}: {str(cause.toString()).splitlines()[0]} (is the file "
-                             "system's client on Spark's classpath, e.g. hadoop-aws for s3a?)") from None
+            cause = getattr(e, "java_exception", None)
+            what = str(cause.toString() if cause is not None else e).splitlines()[0]
+            raise UsageError(f"cannot reach {location}: {what} (is the file system's client on Spark's "
+                             "classpath, e.g. hadoop-aws for s3a?)") from None
 
     def is_dir(self, location: str) -> bool:
         fs, path = self._open(location)

@@ -277,7 +277,8 @@ def long_run() -> EventLog:
 def test_a_failed_spark_job_exits_4_in_one_line_and_bad_paths_2(scenario_dir, tmp_path, monkeypatch):
     """An event file gone between Spark's listing and its tasks (as on a worker that does not see the
     events directory): the job fails, and the command says so in one line and exits 4, never 1, the code
-    of a loss. Paths it cannot use are usage errors, found through Hadoop's file systems."""
+    of a loss; --debug shows the traceback too. Paths it cannot use are usage errors, found through
+    Hadoop's file systems."""
     from haqueue.audit import lag
 
     events = tmp_path / "events"
@@ -299,6 +300,10 @@ def test_a_failed_spark_job_exits_4_in_one_line_and_bad_paths_2(scenario_dir, tm
         f"haqueue audit: the Spark job failed: executors cannot read file://{gone} (FILE_NOT_EXIST); is the events "
         "directory shared with every worker?")
     assert "Traceback" not in result.stderr and "py4j" not in result.stderr.lower()
+    shutil.copy(scenario_dir / gone.name, gone)
+    result = run_audit_command(["audit", "lag", "--events", str(events), "--out", str(tmp_path / "out"),
+                                "--master", "local[2]", "--debug"])
+    assert result.returncode == 4 and "Traceback" in result.stderr and "Py4JJavaError" in result.stderr
     out = ["--out", str(tmp_path / "out")]
     for args, error in [
             (["--events", f"file://{tmp_path}/none", *out], f"no such directory: file://{tmp_path}/none"),
