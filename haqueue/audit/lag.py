@@ -87,11 +87,13 @@ def _total(table: pd.DataFrame, column: str) -> int:
 # ---- the analysis ------------------------------------------------------------------------------
 
 def analyse(spark: SparkSession, directory: str, since: int | None = None, until: int | None = None,
-            ledgers: Sequence[str] = (), bound: timedelta = measures.DEFAULT_BOUND, size: int | None = None) -> Audit:
+            ledgers: Sequence[str] = (), bound: timedelta = measures.DEFAULT_BOUND, tune: bool = True) -> Audit:
     """The whole audit of the events under `directory` (a path or a URI, storage.py); since/until (µs) bound
     the events judged (the ledgers, if any, are judged whole); `bound`: how long after a confirmation a
-    copy may come (measures.absent_copies); `size`: the event files' bytes if already listed."""
-    tune_for(spark, Storage(spark).event_files(directory).bytes if size is None else size)
+    copy may come (measures.absent_copies); `tune`: size the session for the events (sources.tune_for)
+    first, unless the caller has."""
+    if tune:
+        tune_for(spark, Storage(spark).event_files(directory).bytes)
     events, bad = read_events(spark, uri(directory))
     events = measures.timed(events).withColumn("judged", _window(F.col("t"), since, until)).persist()
     try:
@@ -466,8 +468,9 @@ def run_audit(events: str, out: str, master: str | None, since: int | None, unti
         if storage.is_file(out):
             raise UsageError(f"--out is a file, not a directory: {out}")
         listing = storage.event_files(events)  # one listing: the progress line's and the tuning's
+        tune_for(spark, listing.bytes, given=conf or {})
         with Progress(spark.sparkContext, f"{listing.files:,} event files, {listing.bytes / 1e6:,.1f} MB"):
-            audit = analyse(spark, events, since, until, ledgers, bound, listing.bytes)
+            audit = analyse(spark, events, since, until, ledgers, bound, tune=False)
         storage.write(out, report.outputs(audit))
     finally:
         spark.stop()

@@ -40,15 +40,21 @@ def session(master: str | None = None, conf: Mapping[str, str] | None = None, de
     return spark
 
 
-def tune_for(spark: SparkSession, size: int) -> None:
+def tune_for(spark: SparkSession, size: int, given: Collection[str] = ()) -> None:
     """Size the session's shuffles from its input's `size` in bytes: a partition per BYTES_PER_PARTITION, up
-    to four per core, on any master. What the user set (--conf, spark-defaults.conf) stays."""
+    to four per core, on any master. What the user set stays: the settings named in `given` (the command's
+    --conf: in a session that was already running they are not in its SparkContext's conf) and those of
+    the SparkContext's conf (spark-submit's --conf, spark-defaults.conf)."""
     context = spark.sparkContext
-    given = context.getConf()
-    if not given.contains("spark.sql.shuffle.partitions"):
+    conf = context.getConf()
+
+    def free(key: str) -> bool:
+        return key not in given and not conf.contains(key)
+
+    if free("spark.sql.shuffle.partitions"):
         partitions = min(max(1, size // BYTES_PER_PARTITION), 4 * context.defaultParallelism)
         spark.conf.set("spark.sql.shuffle.partitions", str(partitions))
-    if size < BYTES_PER_PARTITION and not given.contains("spark.sql.adaptive.enabled"):
+    if size < BYTES_PER_PARTITION and free("spark.sql.adaptive.enabled"):
         spark.conf.set("spark.sql.adaptive.enabled", "false")
 
 

@@ -130,6 +130,21 @@ def test_a_time_window_judges_only_its_events(spark, scenario_dir):
     assert rows(audit.epochs, ["epoch", "primary", "inherited_dequeued"]) == [(2, "b1", 1)]
 
 
+def test_shuffles_are_sized_from_the_input_and_a_setting_given_stays(spark):
+    """A partition per 64 MB up to four per core (local[2]: 8), one and no adaptive execution under 64 MB;
+    a setting the command was given (--conf) stays, even in a session that was already running."""
+    from haqueue.audit import sources
+
+    sources.tune_for(spark, 100 * sources.BYTES_PER_PARTITION)
+    assert spark.conf.get("spark.sql.shuffle.partitions") == "8"
+    spark.conf.set("spark.sql.shuffle.partitions", "3")
+    sources.tune_for(spark, 0, given={"spark.sql.shuffle.partitions": "3"})
+    assert (spark.conf.get("spark.sql.shuffle.partitions"), spark.conf.get("spark.sql.adaptive.enabled")) == (
+        "3", "false")
+    sources.tune_for(spark, 0)
+    assert spark.conf.get("spark.sql.shuffle.partitions") == "1"
+
+
 def test_a_backup_whose_log_ends_first_is_unverified_not_missing(spark, tmp_path):
     """b1 crashed: its log stops before the primary confirmed seq 2 naming it. Seq 2 may have
     reached it in the lost tail of its log, so the audit cannot call it missing."""
