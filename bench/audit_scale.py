@@ -26,6 +26,7 @@ BENCH = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH.parent))
 
 from haqueue.audit import lag, report, sources  # noqa: E402
+from haqueue.audit.storage import Storage  # noqa: E402
 
 RESULTS = BENCH / "RESULTS.md"
 HEADING = "## Audit: scale (haqueue audit lag)"
@@ -153,7 +154,7 @@ def main() -> int:
         session_s = time.monotonic() - started
         started = time.monotonic()
         audit = lag.analyse(spark, str(events_dir))
-        report.write(audit, str(out))
+        Storage(spark).write(str(out), report.outputs(audit))
         audit_s = time.monotonic() - started
         spark.stop()
         print(report.summary(audit))
