@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import re
+import urllib.parse
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -27,7 +28,7 @@ def local_path(location: str) -> str | None:
     """The driver's path of a plain path or a `file:` URI; None on another file system."""
     if not _SCHEME.match(location):
         return location
-    return location[len("file:"):] if location.startswith("file:/") else None
+    return urllib.parse.urlparse(location).path if location.startswith("file:/") else None
 
 
 @dataclass(frozen=True)
