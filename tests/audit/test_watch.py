@@ -160,11 +160,13 @@ def test_a_planted_loss_is_named_within_two_windows(ha_cluster, watch_process, t
     assert not later, f"named after the watch had moved two windows past its confirmation: {later}"
 
 
-def test_once_over_a_recorded_run_agrees_with_audit_lag(ha_cluster, spark, tmp_path):
+def test_once_over_a_recorded_run_agrees_with_audit_lag(ha_cluster, spark, tmp_path, monkeypatch):
     """The same events, a real cluster's run with a loss planted on b2, through both jobs: the lag
     percentiles per queue and backup over the whole run (one window holding it all) and the missing
-    messages are the same."""
-    from haqueue.audit import lag
+    messages are the same. A query that fails on them exits 4, in one line."""
+    from pyspark.sql import functions as F
+
+    from haqueue.audit import lag, watch
 
     events, out = tmp_path / "events", tmp_path / "watch"
     c: HaCluster = ha_cluster(extra={"audit": {"dir": str(events)}})
@@ -193,3 +195,11 @@ def test_once_over_a_recorded_run_agrees_with_audit_lag(ha_cluster, spark, tmp_p
     problems = batch.problems[batch.problems["problem"] == "missing"][["queue", "backup", "seq", "message_id"]]
     assert sorted(map(tuple, missing.values.tolist())) == sorted(map(tuple, problems.values.tolist()))
     assert len(missing) == 1 and missing.iloc[0]["backup"] == "b2"
+
+    query = watch.results
+    monkeypatch.setattr(watch, "results", lambda *args: query(*args).withColumn(
+        "queue", F.raise_error(F.lit("planted failure"))))
+    result = run_audit_command(["audit", "watch", "--events", str(events), "--once", "--master", "local[2]"])
+    assert result.returncode == 4, result.stdout + result.stderr[-3000:]
+    assert result.stderr.splitlines()[-1] == "haqueue audit: the Spark job failed: [USER_RAISED_EXCEPTION] planted " \
+                                             "failure SQLSTATE: P0001"
