@@ -593,10 +593,7 @@ def main(argv: list[str] | None = None) -> int:
                "labels": {spec: b.label for spec, b in brokers.items()}, "results": results}
         (R.OUT / f"interleave-{stamp}.json").write_text(json.dumps(run, indent=1, default=str))
         md = markdown(run, args)
-    print(md)
-    if not args.no_record:
-        R.record(md)
-        log(f"appended to {R.RESULTS}")
+    R.print_and_record(md, args.no_record)
     return 0
 
 

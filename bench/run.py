@@ -1073,6 +1073,14 @@ def record(md: str) -> None:
         f.write(sep + md)
 
 
+def print_and_record(md: str, no_record: bool) -> None:
+    """Print a section and, unless no_record, append it to bench/RESULTS.md."""
+    print(md)
+    if not no_record:
+        record(md)
+        log(f"appended to {RESULTS}")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--only", choices=["haqueue", "rabbitmq"], help="run one broker only")

@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import json
 import shlex
-import statistics
 import sys
 import time
 import uuid
@@ -23,7 +22,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import run as R  # noqa: E402  bench/run.py, used as a library
-from interleave import fmt, med_range, now, tree_commit  # noqa: E402
+from interleave import med_range, now, tree_commit  # noqa: E402
 
 log = R.log
 WINDOW_LEAD = 0.1  # the broker's CPU is read this many seconds before the due time
@@ -54,7 +53,6 @@ def attach_consumer(broker: R.Broker, queue: str, args) -> R.JsonLines:
         "--messages", str(args.messages), "--credit", str(args.credit), "--timeout", str(int(args.ahead + 120))],
         R.OUT / "clients.stderr.log")
     reader = R.JsonLines(proc)
-    reader.proc = proc
     if reader.wait_for(lambda o: o.get("event") == "ready", time.monotonic() + 20) is None:
         R.stop_proc(proc)
         raise RuntimeError("consumer did not attach within 20 s")
@@ -78,9 +76,7 @@ def publish(broker: R.Broker, queue: str, args, delivery_time_ms: int | None) ->
         "--messages", str(args.messages), "--size", str(args.size), "--timeout", str(int(args.ahead + 120))]
         + R.message_options(args) + (["--delivery-time", str(delivery_time_ms)] if delivery_time_ms else []),
         R.OUT / "clients.stderr.log")
-    reader = R.JsonLines(proc)
-    reader.proc = proc
-    return result(reader, "producer", args.ahead + 130)
+    return result(R.JsonLines(proc), "producer", args.ahead + 130)
 
 
 class Window:
@@ -204,11 +200,7 @@ def main(argv: list[str] | None = None) -> int:
         broker.stop()
     run.update(date=now(), load=run["load"] + [R.loadavg()])
     (R.OUT / f"scheduled-{time.strftime('%Y%m%d-%H%M%S')}.json").write_text(json.dumps(run, indent=1, default=str))
-    md = markdown(run, args)
-    print(md)
-    if not args.no_record:
-        R.record(md)
-        log(f"appended to {R.RESULTS}")
+    R.print_and_record(markdown(run, args), args.no_record)
     return 0
 
 
