@@ -78,6 +78,7 @@ OLD_CMD = ("sh -c 'cd {tree} && exec {{python}} -m haqueue broker --listen 127.0
 # +audit: the same broker from a config file with `audit: {dir: DATA_DIR/audit}`.
 AUDIT = "+audit"
 PRIO = re.compile(r"\+prio(\d+)$")  # +prioN: queues with N priority levels
+PRIO_KINDS = ("single", "old", "rabbit-classic")  # the set-ups that take +prioN
 HEADER_PRIORITIES = 10  # the producers of a run with a +prioN set-up send header priorities 0-9 in turn
 AUDIT_CMD = ("sh -c 'cd {tree} && printf \"name: %s\\nlisten:\\n  - 127.0.0.1:%s\\ndata_dir: %s\\naudit:\\n  dir: %s/audit\\n\" "
              "{{name}} {{port}} {{data_dir}} {{data_dir}} > {{data_dir}}/b.yaml && "
@@ -85,6 +86,11 @@ AUDIT_CMD = ("sh -c 'cd {tree} && printf \"name: %s\\nlisten:\\n  - 127.0.0.1:%s
 
 
 # ---------------------------------------------------------------- set-ups
+
+def setup_specs(setups: str | None) -> list[str]:
+    """--setups as a list."""
+    return [s.strip() for s in (setups or "").split(",") if s.strip()]
+
 
 def priority_levels(spec: str) -> tuple[str, int]:
     """The set-up without its +prioN suffix, and N (0 without one)."""
@@ -116,6 +122,8 @@ def default_label(spec: str) -> str:
 def make_setup(spec: str, startup_timeout: float) -> R.Broker:
     plain, levels = priority_levels(spec)
     if levels:
+        if plain.removesuffix(AUDIT).partition(":")[0] not in PRIO_KINDS:
+            raise ValueError(f"{spec}: only single[:P], old:DIR (either with +audit) and rabbit-classic take +prioN")
         return with_priorities(make_setup(plain, startup_timeout), spec, levels)
     audit = spec.endswith(AUDIT)
     kind, _, arg = spec.removesuffix(AUDIT).partition(":")
@@ -148,11 +156,9 @@ def with_priorities(broker: R.Broker, spec: str, levels: int) -> R.Broker:
     """The set-up whose queues are declared with `levels` priority levels."""
     if isinstance(broker, R.RabbitBroker):  # its label, made at start, names the argument
         broker.queue_arguments = {"x-max-priority": levels}
-    elif isinstance(broker, R.CommandBroker):
+    else:
         broker.queue_arguments = {"x-priorities": levels}
         broker.label = default_label(spec)
-    else:
-        raise ValueError(f"{spec}: only single[:P], old:DIR and rabbit-classic take +prioN")
     return broker
 
 
@@ -526,7 +532,7 @@ def report(ap: argparse.ArgumentParser, args) -> int:
         if getattr(args, key) not in (None, ap.get_default(key)):
             setattr(saved, key, getattr(args, key))
     saved.durable = saved.durable or "reps" in run  # a recovery run always sends durable messages
-    saved.priorities = header_priorities((saved.setups or "").split(","))
+    saved.priorities = header_priorities(setup_specs(saved.setups))
     print(markdown_recovery(run, saved) if "reps" in run else markdown(run, saved), end="")
     return 0
 
@@ -563,7 +569,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.report:
         return report(ap, args)
-    specs = [s.strip() for s in (args.setups or "").split(",") if s.strip()]
+    specs = setup_specs(args.setups)
     args.priorities = header_priorities(specs)
     if not args.recovery and len(specs) < 2:
         ap.error("name at least two --setups (or --recovery N)")
