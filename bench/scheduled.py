@@ -110,7 +110,8 @@ def scheduled_rep(broker: R.Broker, args) -> dict:
         R.stop_proc(consumer.proc)
         raise RuntimeError(f"publishing took {published_s:.1f} s, too close to the due time: raise --ahead")
     time.sleep(due_mono - WINDOW_LEAD - time.monotonic())
-    idle_rate = idle.stop(0)["broker_cpu_ms"] / (time.monotonic() - idle.t0)
+    before = idle.stop(0)
+    idle_rate = before["broker_cpu_ms"] / before["wall_s"]
     window = Window(broker)
     c = result(consumer, "consumer", args.ahead + 130)
     w = window.stop(c["client_cpu_us"])
