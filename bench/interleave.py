@@ -29,6 +29,11 @@ Set-ups (--setups, comma-separated):
                     relayed: the relay's cost)
   rabbit-classic    RabbitMQ, one node, durable classic queue
   rabbit-quorum     RabbitMQ, 3 nodes on this machine, quorum queue of 3
+  single+prioN, old:DIR+prioN, rabbit-classic+prioN (after +audit if both)
+                    each run's queue declared with N priority levels (haqueue `x-priorities: N` over the
+                    management API, RabbitMQ `x-max-priority: N`); in a run naming one, every producer (of
+                    every set-up, so a plain queue beside it gets the same messages) sends header priorities
+                    0-9 in turn; the consumers count the reordering (out of order), which is no failure
 
 --recovery N instead measures a restart: a single durable haqueue broker is filled with N durable
 messages (the rhea producer, no consumer), killed with SIGKILL and started again, --recovery-reps
@@ -43,6 +48,7 @@ times: time from the process start to the port accepting connections and to the 
     python bench/interleave.py --setups shards:4,shards:2,shards:1 --no-latency   # K shards, K queues
     python bench/interleave.py --setups shards:2:relay,shards:2 --no-latency      # the relay's cost
     python bench/interleave.py --setups shards:2,shards:1 --no-latency --clients c  # clients that leave the cores
+    python bench/interleave.py --setups single+prio10,single,rabbit-classic+prio10 --baseline rabbit-classic+prio10
     python bench/interleave.py --recovery 1000000
 """
 from __future__ import annotations
@@ -71,6 +77,9 @@ OLD_CMD = ("sh -c 'cd {tree} && exec {{python}} -m haqueue broker --listen 127.0
            "--data-dir {{data_dir}}'")
 # +audit: the same broker from a config file with `audit: {dir: DATA_DIR/audit}`.
 AUDIT = "+audit"
+PRIO = re.compile(r"\+prio(\d+)$")  # +prioN: queues with N priority levels
+PRIO_KINDS = ("single", "old", "rabbit-classic")  # the set-ups that take +prioN
+HEADER_PRIORITIES = 10  # the producers of a run with a +prioN set-up send header priorities 0-9 in turn
 AUDIT_CMD = ("sh -c 'cd {tree} && printf \"name: %s\\nlisten:\\n  - 127.0.0.1:%s\\ndata_dir: %s\\naudit:\\n  dir: %s/audit\\n\" "
              "{{name}} {{port}} {{data_dir}} {{data_dir}} > {{data_dir}}/b.yaml && "
              "exec {{python}} -m haqueue broker --config {{data_dir}}/b.yaml'")
@@ -78,8 +87,27 @@ AUDIT_CMD = ("sh -c 'cd {tree} && printf \"name: %s\\nlisten:\\n  - 127.0.0.1:%s
 
 # ---------------------------------------------------------------- set-ups
 
+def setup_specs(setups: str | None) -> list[str]:
+    """--setups as a list."""
+    return [s.strip() for s in (setups or "").split(",") if s.strip()]
+
+
+def priority_levels(spec: str) -> tuple[str, int]:
+    """The set-up without its +prioN suffix, and N (0 without one)."""
+    m = PRIO.search(spec)
+    return (spec[:m.start()], int(m[1])) if m else (spec, 0)
+
+
+def header_priorities(specs: list[str]) -> int:
+    """What the producers' --priorities is: HEADER_PRIORITIES if a set-up has priority levels, else 0."""
+    return HEADER_PRIORITIES if any(priority_levels(spec)[1] for spec in specs) else 0
+
+
 def default_label(spec: str) -> str:
     """A set-up's name in the tables (RabbitMQ's gain its version once started)."""
+    plain, levels = priority_levels(spec)
+    if levels:
+        return default_label(plain) + f", {levels} priority levels"
     if spec.endswith(AUDIT):
         return default_label(spec.removesuffix(AUDIT)) + " + audit"
     kind, _, arg = spec.partition(":")
@@ -92,6 +120,11 @@ def default_label(spec: str) -> str:
 
 
 def make_setup(spec: str, startup_timeout: float) -> R.Broker:
+    plain, levels = priority_levels(spec)
+    if levels:
+        if plain.removesuffix(AUDIT).partition(":")[0] not in PRIO_KINDS:
+            raise ValueError(f"{spec}: only single[:P], old:DIR (either with +audit) and rabbit-classic take +prioN")
+        return with_priorities(make_setup(plain, startup_timeout), spec, levels)
     audit = spec.endswith(AUDIT)
     kind, _, arg = spec.removesuffix(AUDIT).partition(":")
     if audit and kind in ("single", "old"):
@@ -115,7 +148,18 @@ def make_setup(spec: str, startup_timeout: float) -> R.Broker:
         return R.RabbitBroker(None)
     if kind == "rabbit-quorum":
         return S.RabbitCluster()
-    raise ValueError(f"unknown set-up {spec!r} (single[:P], old:DIR, cluster[:MODE][@DIR], shards:K[:relay] (relay: K > 1), rabbit-classic, rabbit-quorum)")
+    raise ValueError(f"unknown set-up {spec!r} (single[:P], old:DIR, cluster[:MODE][@DIR], shards:K[:relay] (relay: K > 1), "
+                     "rabbit-classic, rabbit-quorum; +audit, +prioN)")
+
+
+def with_priorities(broker: R.Broker, spec: str, levels: int) -> R.Broker:
+    """The set-up whose queues are declared with `levels` priority levels."""
+    if isinstance(broker, R.RabbitBroker):  # its label, made at start, names the argument
+        broker.queue_arguments = {"x-max-priority": levels}
+    else:
+        broker.queue_arguments = {"x-priorities": levels}
+        broker.label = default_label(spec)
+    return broker
 
 
 def start_all(specs: list[str], args) -> dict[str, R.Broker]:
@@ -156,7 +200,7 @@ def turn(broker: R.Broker, args) -> dict:
     else:
         log(f"  {broker.label}: {sat['msgs_per_s']:.0f} msg/s, broker {sat['broker_cpu_us_per_msg']:.1f} µs/msg, "
             f"fsyncs/s {fmt(sat.get('syncs_per_s'))}, other load {sat['other_load_cores']:.2f}, "
-            f"calibration {sat['calibration_ms']:.1f} ms")
+            f"calibration {sat['calibration_ms']:.1f} ms, out of order {sat['out_of_order']}")
         log("    " + explain(sat))
     if args.latency and broker.alive():
         lat = R.latency(broker, args.size, args)
@@ -256,6 +300,8 @@ def machine_line(args, commit: str) -> str:
             + f" (a producer process and a consumer process per queue), Python {platform.python_version()}; "
             f"{args.size}-byte bodies, messages {'durable (header.durable=true)' if args.durable else 'not durable'}, "
             f"at-least-once (≤ {args.inflight} unsettled, consumer credit {args.credit})"
+            + (f"; every message with a header priority, 0-{args.priorities - 1} in turn, on every set-up"
+               if getattr(args, "priorities", 0) else "")
             + (f"; saturation through {args.pairs} queues at once, a producer and a consumer process each, figures "
                f"aggregate" if getattr(args, "pairs", 1) > 1 else "") + ".")
 
@@ -334,6 +380,11 @@ def markdown(run: dict, args) -> str:
                 if kind in t and "error" in t[kind]]
     problems += [f"{spec} round {i + 1}: missing {s['missing']}, duplicates {s['duplicates']}" for spec in specs
                  for i, s in enumerate(ok_runs(results[spec], "saturation")) if s and (s["missing"] or s["duplicates"])]
+    if args.priorities:
+        lines += ["Priority reordering: messages received out of sequence in each saturation run (no failure: "
+                  "a priority queue with a backlog delivers higher priorities first):", "",
+                  *(f"- `{spec}`: " + " ".join(str(x["out_of_order"]) if x else "—" for x in ok_runs(results[spec], "saturation"))
+                    for spec in specs), ""]
     if problems:
         lines += ["Problems seen:", "", *("- " + p.replace("\n", " / ") for p in problems), ""]
     return "\n".join(lines) + "\n"
@@ -481,6 +532,7 @@ def report(ap: argparse.ArgumentParser, args) -> int:
         if getattr(args, key) not in (None, ap.get_default(key)):
             setattr(saved, key, getattr(args, key))
     saved.durable = saved.durable or "reps" in run  # a recovery run always sends durable messages
+    saved.priorities = header_priorities(setup_specs(saved.setups))
     print(markdown_recovery(run, saved) if "reps" in run else markdown(run, saved), end="")
     return 0
 
@@ -517,7 +569,8 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.report:
         return report(ap, args)
-    specs = [s.strip() for s in (args.setups or "").split(",") if s.strip()]
+    specs = setup_specs(args.setups)
+    args.priorities = header_priorities(specs)
     if not args.recovery and len(specs) < 2:
         ap.error("name at least two --setups (or --recovery N)")
     if args.baseline and args.baseline not in specs:
@@ -546,10 +599,7 @@ def main(argv: list[str] | None = None) -> int:
                "labels": {spec: b.label for spec, b in brokers.items()}, "results": results}
         (R.OUT / f"interleave-{stamp}.json").write_text(json.dumps(run, indent=1, default=str))
         md = markdown(run, args)
-    print(md)
-    if not args.no_record:
-        R.record(md)
-        log(f"appended to {R.RESULTS}")
+    R.print_and_record(md, args.no_record)
     return 0
 
 

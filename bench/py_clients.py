@@ -3,10 +3,12 @@
 
 Same options, body layout and JSON output as bench/js/producer.js and
 consumer.js, so run.py drives either. Usage:
-  py_clients.py producer --port P --address A --messages N [--rate R --duration S] ...
+  py_clients.py producer --port P --address A --messages N [--rate R --duration S] [--delivery-time MS] ...
   py_clients.py consumer --port P --address A --messages N [--warmup W] ...
 The proton Python client costs 100-150 µs per message on each side here
 (shared/notes/components-here.md), so this row measures the clients more than the broker.
+--delivery-time MS (ms since the epoch) puts the message annotation x-opt-delivery-time on every message
+(scheduled delivery, bench/scheduled.py).
 """
 from __future__ import annotations
 
@@ -18,7 +20,7 @@ import struct
 import sys
 import time
 
-from proton import Message
+from proton import Message, symbol
 from proton.handlers import MessagingHandler
 from proton.reactor import Container
 
@@ -61,6 +63,7 @@ class Producer(MessagingHandler):
         self.o = o
         self.target = round(o.rate * o.duration) if o.rate > 0 else o.messages
         self.filler = b"x" * (o.size - BODY_MIN)
+        self.annotations = {symbol("x-opt-delivery-time"): o.delivery_time} if o.delivery_time else None
         self.sent = self.settled = self.accepted = self.released = self.rejected = 0
         self.first_send = self.last_send = self.last_settle = 0.0
         self.errors: list[str] = []
@@ -97,7 +100,8 @@ class Producer(MessagingHandler):
         while self.sent < due and self.sent - self.settled < self.o.inflight and self.sender.credit > 0:
             t = now_us()
             body = struct.pack("<dI", t, (self.sent + self.o.seq_base) & 0xFFFFFFFF) + self.filler
-            self.sender.send(Message(body=body, inferred=True, durable=self.o.durable or None))
+            self.sender.send(Message(body=body, inferred=True, durable=self.o.durable or None,
+                                     annotations=self.annotations))
             if self.sent == 0:
                 self.first_send = t
             self.last_send = t
@@ -279,6 +283,7 @@ def main() -> int:
     ap.add_argument("--stall", type=float, default=15)
     ap.add_argument("--warmup", type=int, default=0)
     ap.add_argument("--seq-base", type=int, default=0)
+    ap.add_argument("--delivery-time", type=int, help="x-opt-delivery-time (ms since the epoch) on every message")
     o = ap.parse_args()
     if o.host not in LOOPBACK:
         ap.error("this benchmark only talks to the loopback address")

@@ -301,6 +301,7 @@ class Broker:
     username = ""
     password = ""
     pairs = 1  # queues a saturation run uses at once, each with a producer and a consumer (bench/interleave.py)
+    queue_arguments: dict = {}  # declared on each run's queue (bench/interleave.py's +prioN), else none
 
     def address(self, queue: str) -> str:
         return queue
@@ -421,6 +422,13 @@ class CommandBroker(LoggedProcess, Broker):
     def describe_failure(self) -> str:
         state = "alive" if self.proc and self.proc.poll() is None else f"exited rc={self.proc and self.proc.returncode}"
         return f"broker process {state}; log {self.log_path} tail:\n{self.log_tail(15)}"
+
+    def prepare_queue(self, queue: str) -> None:
+        """Declared over the management API with queue_arguments; without any, auto-created on attach."""
+        if self.queue_arguments:
+            code, desc, _ = admin_request(f"{HOST}:{self.port}", "CREATE", "queue", queue, self.queue_arguments)
+            if code >= 400:
+                raise RuntimeError(f"could not declare {queue} with {self.queue_arguments}: {code} {desc}")
 
     def counters(self) -> dict[str, int]:
         found = store_syncs([f"{HOST}:{self.port}"]) if self.has_store else {}
@@ -560,12 +568,12 @@ class RabbitBroker(RabbitQueues, Broker):
         if NICE:
             renice_tree(self.pid, NICE)
         self.version = self._ctl("version").stdout.strip()
-        self.label = f"RabbitMQ {self.version} classic"
+        self.label = f"RabbitMQ {self.version} classic" + "".join(f", {k} {v}" for k, v in self.queue_arguments.items())
         self.wait_listening()
         log(f"RabbitMQ {self.version} running (beam pid {self.pid}, port {self.port})")
 
     def prepare_queue(self, queue: str) -> None:
-        self.declare(queue, {"x-queue-type": "classic"})
+        self.declare(queue, {"x-queue-type": "classic", **self.queue_arguments})
 
     def describe_failure(self) -> str:
         return "RabbitMQ " + ("running" if self._running() else "NOT running")
@@ -684,6 +692,13 @@ def run_pairs(broker: Broker, queues: list[str], prod_args: list[str], cons_args
             stop_proc(proc)
 
 
+def message_options(args) -> list[str]:
+    """The producers' options for what each message's header says: durable, and with bench/interleave.py's
+    +prioN set-ups every priority 0-9 in turn (args.priorities)."""
+    return (["--durable"] if args.durable else []) + (
+        ["--priorities", str(args.priorities)] if getattr(args, "priorities", 0) else [])
+
+
 def saturation(broker: Broker, size: int, n: int, args, clients: str = "rhea", pairs: int = 1) -> dict:
     """n messages as fast as they go; with `pairs`, through that many queues at once, each with its own
     producer and consumer process (n / pairs each): the figures are the aggregate."""
@@ -697,7 +712,7 @@ def saturation(broker: Broker, size: int, n: int, args, clients: str = "rhea", p
         warm = min(max(each // 10, 2000), 20000, max(10, WARM_BYTES // size))
         # the warm-up numbers its messages from WARM_SEQ, so a leftover is told apart from the measured run's
         w = run_pairs(broker, queues, ["--messages", str(warm), "--size", str(size), "--inflight", str(args.inflight),
-                                       "--seq-base", str(WARM_SEQ)] + (["--durable"] if args.durable else []),
+                                       "--seq-base", str(WARM_SEQ)] + message_options(args),
                       ["--messages", str(warm), "--credit", str(args.credit), "--seq-base", str(WARM_SEQ)],
                       60 + warm / 500, None, clients)
         if "error" in w:
@@ -706,7 +721,7 @@ def saturation(broker: Broker, size: int, n: int, args, clients: str = "rhea", p
         meter = CpuMeter(broker)
         limit = 60 + n / 1000
         r = run_pairs(broker, queues, ["--messages", str(each), "--size", str(size), "--inflight", str(args.inflight)]
-                      + (["--durable"] if args.durable else []),
+                      + message_options(args),
                       ["--messages", str(each), "--credit", str(args.credit)], limit, meter, clients)
     finally:
         for queue in queues:
@@ -760,7 +775,7 @@ def latency(broker: Broker, size: int, args, clients: str = "rhea") -> dict:
         meter = CpuMeter(broker)
         r = run_pair(broker, queue,
                      ["--rate", str(rate), "--duration", str(args.duration), "--size", str(size),
-                      "--inflight", str(args.inflight)] + (["--durable"] if args.durable else []),
+                      "--inflight", str(args.inflight)] + message_options(args),
                      ["--messages", str(n), "--credit", str(args.credit), "--warmup", str(min(int(rate), n // 2))],
                      args.duration + 60, meter, clients)
     finally:
@@ -1056,6 +1071,14 @@ def record(md: str) -> None:
     sep = "" if text.endswith("\n\n") else ("\n" if text.endswith("\n") else "\n\n")
     with open(RESULTS, "a") as f:
         f.write(sep + md)
+
+
+def print_and_record(md: str, no_record: bool) -> None:
+    """Print a section and, unless no_record, append it to bench/RESULTS.md."""
+    print(md)
+    if not no_record:
+        record(md)
+        log(f"appended to {RESULTS}")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -3,6 +3,7 @@
  * the cores (bench/run.py --clients c; design/sharding.md, "What one machine shows").
  *
  *   client producer --port P --address A --messages N [--size S] [--inflight W] [--seq-base B] [--durable]
+ *                   [--priorities K]
  *   client consumer --port P --address A --messages N [--credit C] [--seq-base B]
  *   (both: --host 127.0.0.1 --username U --password X --timeout T; --warmup and --stall are accepted
  *    and ignored)
@@ -12,7 +13,9 @@
  * credit, accepts and settles what each read brought in one disposition, and grants again. The body
  * is a data section whose bytes 0-7 hold the send time (µs, CLOCK_MONOTONIC, a little-endian double) and
  * 8-11 the sequence number (little-endian), as bench/js/common.js lays them out. SASL PLAIN when a username
- * is given, no SASL layer otherwise. Saturation only: --rate is refused.
+ * is given, no SASL layer otherwise. Saturation only: --rate is refused. --priorities K: the header's priority
+ * of the i-th message sent is i % K (a priority queue's load; the consumer counts the reordering in
+ * out_of_order, which is no failure).
  *
  * Only what these two links need of AMQP 1.0 is here: the performatives are written with fixed-width
  * encodings, and read with a decoder of the primitive types that skips what it does not need.
@@ -45,7 +48,7 @@ enum { IN_SIZE = 1 << 20, MAX_FRAME = 65536 }; /* our max-frame-size: the broker
 
 static struct {
     const char *role, *host, *address, *username, *password;
-    int port, size, inflight, credit, timeout;
+    int port, size, inflight, credit, timeout, priorities;
     long messages, seq_base;
     bool durable;
 } opt = {.host = "127.0.0.1", .address = "bench", .username = "", .password = "", .port = 5672, .size = 100,
@@ -458,7 +461,7 @@ static bool any_unsettled;
 static uint64_t peer_max_frame = 0xffffffff; /* the broker's open's max-frame-size */
 static double peer_idle_us;           /* the broker's idle-time-out: send something at least every half of it */
 static uint8_t *template_msg;         /* producer: one message's encoding, its body at body_at */
-static size_t template_len, body_at;
+static size_t template_len, body_at, priority_at; /* priority_at: 0 if no priority is sent */
 
 static void send_flow(void)
 {
@@ -697,15 +700,16 @@ static bool read_input(void)
 
 static void build_template(void)
 {
-    size_t header = opt.durable ? 7 : 0, data = opt.size < 256 ? 5 : 8;
+    /* header: durable, then priority if sent (patched per message at priority_at) */
+    uint8_t h[] = {0x00, 0x53, 0x70, 0xC0, 0x02, 0x01, opt.durable ? 0x41 : 0x42, 0x50, 0};
+    size_t header = opt.priorities ? sizeof h : opt.durable ? sizeof h - 2 : 0, data = opt.size < 256 ? 5 : 8;
+    if (opt.priorities) { h[4] = 0x04; h[5] = 0x02; }
     template_len = header + data + (size_t)opt.size;
     template_msg = malloc(template_len);
     uint8_t *p = template_msg;
-    if (opt.durable) {
-        const uint8_t h[] = {0x00, 0x53, 0x70, 0xC0, 0x02, 0x01, 0x41}; /* header: durable */
-        memcpy(p, h, sizeof h);
-        p += sizeof h;
-    }
+    memcpy(p, h, header);
+    p += header;
+    priority_at = opt.priorities ? header - 1 : 0;
     *p++ = 0x00; *p++ = 0x53; *p++ = 0x75;
     if (opt.size < 256) { *p++ = 0xA0; *p++ = (uint8_t)opt.size; }
     else { *p++ = 0xB0; uint32_t n = (uint32_t)opt.size; *p++ = n >> 24; *p++ = n >> 16; *p++ = n >> 8; *p++ = n; }
@@ -728,6 +732,7 @@ static void send_what_is_allowed(void)
         uint32_t seq = (uint32_t)(P.sent + opt.seq_base), id = (uint32_t)P.sent;
         memcpy(template_msg + body_at + BODY_TS, &t, 8);
         memcpy(template_msg + body_at + BODY_SEQ, &seq, 4);
+        if (priority_at) template_msg[priority_at] = (uint8_t)(P.sent % opt.priorities);
         for (size_t at = 0; at < template_len; at += chunk) {
             bool first = at == 0, more = at + chunk < template_len;
             size_t f = begin_frame(0);
@@ -804,6 +809,7 @@ int main(int argc, char **argv)
         else if (!strcmp(a, "--inflight")) opt.inflight = atoi(v);
         else if (!strcmp(a, "--credit")) opt.credit = atoi(v);
         else if (!strcmp(a, "--seq-base")) opt.seq_base = atol(v);
+        else if (!strcmp(a, "--priorities")) opt.priorities = atoi(v);
         else if (!strcmp(a, "--timeout")) opt.timeout = atoi(v);
         else if (!strcmp(a, "--username")) opt.username = v;
         else if (!strcmp(a, "--password")) opt.password = v;
@@ -815,8 +821,9 @@ int main(int argc, char **argv)
         fprintf(stderr, "this benchmark only talks to the loopback address\n");
         return 2;
     }
-    if (opt.size < BODY_MIN || opt.messages < 1 || opt.credit < 1 || opt.inflight < 1) {
-        fprintf(stderr, "--size must be at least %d, --messages, --credit and --inflight at least 1\n", BODY_MIN);
+    if (opt.size < BODY_MIN || opt.messages < 1 || opt.credit < 1 || opt.inflight < 1 || opt.priorities < 0
+        || opt.priorities > 256) {
+        fprintf(stderr, "--size must be at least %d, --messages, --credit and --inflight at least 1, --priorities 0-256\n", BODY_MIN);
         return 2;
     }
     out_cap = (size_t)opt.size * 4 + (1 << 20);

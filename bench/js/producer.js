@@ -20,6 +20,7 @@ const opts = parseArgs(process.argv.slice(2), {
     duration: 10,       // seconds, with --rate
     timeout: 120,       // hard limit, seconds
     durable: false,     // set header.durable
+    priorities: 0,      // the header's priority of the i-th message sent is i % N (a priority queue's load)
     username: '',       // SASL PLAIN if given; otherwise no SASL layer at all
     password: '',
     seq_base: 0,        // added to each sequence number (the warm-up uses its own range)
@@ -38,6 +39,8 @@ const target = opts.rate > 0 ? Math.round(opts.rate * opts.duration) : opts.mess
 const proto = Buffer.alloc(opts.size, 'x'.charCodeAt(0));
 const tmplMsg = { body: rhea.message.data_section(proto) };
 if (opts.durable) tmplMsg.durable = true;
+const PRIORITY_MARK = 0xAB;  // a placeholder priority, found in the encoding and patched per message
+if (opts.priorities) tmplMsg.priority = PRIORITY_MARK;
 // With a ledger each message has a message-id, CLIENT-SEQ (SEQ 10 digits, written into a copy of the
 // encoding like the body's fields).
 const ledger = opts.ledger ? new Ledger(opts.ledger, opts.client || 'producer-' + process.pid) : null;
@@ -48,6 +51,8 @@ const bodyOff = template.length - opts.size;
 if (!template.subarray(bodyOff).equals(proto)) throw new Error('cannot locate body in encoded message');
 const idOff = ledger ? template.indexOf(Buffer.from(tmplMsg.message_id)) + ledger.client.length + 1 : -1;
 if (ledger && idOff <= ledger.client.length) throw new Error('cannot locate message-id in encoded message');
+const priorityOff = opts.priorities ? template.indexOf(Buffer.from([0x50, PRIORITY_MARK])) + 1 : -1;  // a ubyte
+if (opts.priorities && !(priorityOff > 0 && priorityOff < bodyOff)) throw new Error('cannot locate priority in encoded message');
 
 const st = {
     sent: 0, settled: 0, accepted: 0, released: 0, rejected: 0, modified: 0, other: 0,
@@ -98,6 +103,7 @@ function sendOne() {
     const t = nowUs();
     b.writeDoubleLE(t, bodyOff + BODY_TS);
     b.writeUInt32LE((st.sent + opts.seq_base) >>> 0, bodyOff + BODY_SEQ);
+    if (opts.priorities) b[priorityOff] = st.sent % opts.priorities;
     const delivery = sender.send(b, undefined, 0);
     if (ledger) {
         delivery.ledger_id = String(st.sent + opts.seq_base).padStart(ID_DIGITS, '0');
