@@ -2,7 +2,8 @@
 
 - the audit log's line formatter, written in C (haqueue/audit/_lines.c);
 - the hot path's calls into proton, written in C (haqueue/broker/_pn.c);
-- the hot path (a message in, a message out, its journal records, its replication), compiled by mypyc from its own typed
+- the hot path (a message in, a message out, its journal records, its replication, the per-message work of
+  priority, groups, last value and scheduled delivery), compiled by mypyc from its own typed
   Python source (design/performance.md). The .py files stay the source of truth: without the compiled
   modules haqueue runs the same code, slower, and while any of them is older than its source
   haqueue/_compiled.py runs them all from source.
@@ -19,6 +20,8 @@ HOT_PATH = [
     "haqueue/ha/replicating_subscription.py", "haqueue/ha/queue_replicator.py", "haqueue/ha/quorum.py",
     "haqueue/ha/queue_guard.py", "haqueue/ha/protocol.py",
     "haqueue/shard/relayed_links.py",
+    "haqueue/messaging/heaps.py", "haqueue/messaging/priority.py", "haqueue/messaging/groups.py",
+    "haqueue/messaging/last_value.py", "haqueue/messaging/scheduled.py",
 ]
 
 setup(ext_modules=[

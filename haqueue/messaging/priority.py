@@ -38,11 +38,16 @@ class Priorities:
     def __init__(self, queue: Queue, levels: int) -> None:
         self.queue = queue
         self.levels = levels
+        self.level_of = [level(p, levels) for p in range(10)]  # header priority -> level
         self.heaps: list[list[Returned]] = [[] for _ in range(levels)]
+        self.top = -1  # no heap above it holds anything: next() starts there
         self.kept = Heaps()
 
     def _push(self, entry: Entry) -> None:
-        self.kept.push(self.heaps[level(priority(entry.data), self.levels)], entry)
+        at = self.level_of[min(priority(entry.data), 9)]
+        self.kept.push(self.heaps[at], entry)
+        if at > self.top:
+            self.top = at
 
     def entered(self, entries: list[Entry], published: bool) -> None:
         for entry in entries:
@@ -59,15 +64,22 @@ class Priorities:
 
     def next(self, consumer: Subscriber, now: float) -> Entry | None:
         first_available = self.queue.first_available
-        for heap in reversed(self.heaps):
+        heaps = self.heaps
+        at = self.top
+        while at >= 0:
+            heap = heaps[at]
             entry = first_available(heap, now)
             if entry is not None:
                 heapq.heappop(heap)
                 self.kept.popped()
+                self.top = at
                 return entry
+            at -= 1
+        self.top = -1
         return None
 
     def rebuild(self, entries: list[Entry]) -> None:
         self.heaps = [[] for _ in range(self.levels)]
+        self.top = -1
         self.kept = Heaps()
         self.entered(entries, False)

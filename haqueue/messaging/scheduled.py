@@ -3,15 +3,16 @@
 
 A publisher's delay is made a time on arrival, in the message's own annotations, before the store or a backup
 sees it: a backup, a restarted broker and a promoted one all read the same due time from the bytes. Deferred
-messages wait in one heap per broker, woken by one engine timer at the earliest due time: no timer per message.
+messages wait in one heap of due times per broker (the messages due at one time in a list behind it), woken by
+one engine timer at the earliest: no timer per message; many due at once are released a batch a pass.
 A malformed value (not a whole number) leaves the message undeferred, as Artemis does.
 """
 from __future__ import annotations
 
 import heapq
-import itertools
 import math
 import time
+from collections import deque
 
 from ..broker.message import message_annotations
 from ..broker.queue import Entry, Queue
@@ -20,6 +21,7 @@ from .annotations import with_annotations
 
 DELIVERY_TIME = "x-opt-delivery-time"
 DELIVERY_DELAY = "x-opt-delivery-delay"
+RELEASE_BATCH = 2000  # due messages made available in one pass: the loop dispatches between batches
 
 
 def _whole(value: object) -> int | None:
@@ -31,9 +33,9 @@ class Scheduler:
 
     def __init__(self, broker: Broker) -> None:
         self.engine = broker.engine
-        self.heap: list[tuple[float, int, Queue, Entry]] = []  # (monotonic due time, push, queue, entry)
-        self.pushes = itertools.count()
-        self.armed = math.inf  # when the timer that wakes next fires
+        self.times: list[int] = []  # a heap of the due times (ms since the epoch) that messages wait for
+        self.waiting: dict[int, deque[tuple[Queue, Entry]]] = {}  # due time -> its messages, in arrival order
+        self.armed = math.inf  # the due time the timer that wakes next was armed for
         self.generation = 0  # the timer armed last: only it arms the next
 
     def __call__(self, queue: Queue, entry: Entry, published: bool) -> None:
@@ -43,34 +45,41 @@ class Scheduler:
         if when is None and delay is not None and delay > 0 and published:
             when = int(time.time() * 1000) + delay
             entry.data = with_annotations(entry.data, {DELIVERY_TIME: when})
-        if when is None:
-            return
-        wait = when / 1000.0 - time.time()
-        if wait <= 0:
+        if when is None or when <= time.time() * 1000:
             return
         queue.defer(entry)
-        due = time.monotonic() + wait
-        heapq.heappush(self.heap, (due, next(self.pushes), queue, entry))
-        if due < self.armed:
-            self._arm(due)
+        waiting = self.waiting.get(when)
+        if waiting is None:
+            waiting = self.waiting[when] = deque()
+            heapq.heappush(self.times, when)
+        waiting.append((queue, entry))
+        if when < self.armed:
+            self._arm(when)
 
-    def _arm(self, due: float) -> None:
-        self.armed = due
+    def _arm(self, when: float) -> None:
+        self.armed = when
         self.generation += 1
         generation = self.generation
-        self.engine.call_later(max(due - time.monotonic(), 0.0), lambda: self._wake(generation))
+        self.engine.call_later(max(when / 1000.0 - time.time(), 0.0), lambda: self._wake(generation))
 
     def _wake(self, generation: int) -> None:
-        heap = self.heap
-        now = time.monotonic()
-        while heap and heap[0][0] <= now:
-            _, _, queue, entry = heapq.heappop(heap)
-            if not queue.deleted:
-                queue.undefer(entry)
+        """Make up to RELEASE_BATCH due messages available; the timer armed last arms the next (at once, if
+        more are due)."""
+        times, now = self.times, time.time() * 1000
+        budget = RELEASE_BATCH
+        while times and times[0] <= now and budget:
+            waiting = self.waiting[times[0]]
+            while waiting and budget:
+                queue, entry = waiting.popleft()
+                budget -= 1
+                if not queue.deleted:
+                    queue.undefer(entry)
+            if not waiting:
+                del self.waiting[heapq.heappop(times)]
         if generation == self.generation:
             self.armed = math.inf
-            if heap:
-                self._arm(heap[0][0])
+            if times:
+                self._arm(times[0])
 
 
 def install(broker: Broker) -> None:
