@@ -310,8 +310,11 @@ def _auth(user: str | None, password: str | None) -> dict[str, Any]:
 
 
 def connect(address: str, timeout: float = CLIENT_TIMEOUT, user: str | None = None,
-            password: str | None = None) -> BlockingConnection:
-    return BlockingConnection(f"amqp://{address}", timeout=timeout, reconnect=False, **_auth(user, password))
+            password: str | None = None, container_id: str | None = None) -> BlockingConnection:
+    """`container_id`: the client's own (a durable subscription is named from it), else a random one."""
+    container = Container(container_id=container_id) if container_id else None
+    return BlockingConnection(f"amqp://{address}", timeout=timeout, reconnect=False, container=container,
+                              **_auth(user, password))
 
 
 def browse(address: str, queue: str, n: int, timeout: float = 10.0, **auth: Any) -> list[Message]:
@@ -497,6 +500,7 @@ class Load:
     """
 
     connect_timeout = 5.0
+    consumer_container: str | None = None  # the consumer's container-id (a durable subscriber's), else random
     send_timeout = 5.0
     retry_pause = 0.0
     max_errors = 500
@@ -524,7 +528,8 @@ class Load:
         """A connection to `address`, or None once `stop` is set."""
         while not stop.is_set():
             try:
-                return connect(self.address, timeout=self.connect_timeout)
+                container = self.consumer_container if stop is self._stop_consumer else None
+                return connect(self.address, timeout=self.connect_timeout, container_id=container)
             except Exception as e:  # noqa: BLE001
                 self._error(f"connect: {e}")
                 stop.wait(0.1)  # retry pace while the public address moves
@@ -572,8 +577,11 @@ class Load:
             self.error_times.append(time.monotonic())
 
     def _consume(self) -> None:
-        self._keep_going(self._stop_consumer, lambda conn: conn.create_receiver(self.queue, credit=20),
-                         self._receive_one, lambda e: self._error(f"receive: {type(e).__name__}: {e}"))
+        self._keep_going(self._stop_consumer, self._open_consumer, self._receive_one,
+                         lambda e: self._error(f"receive: {type(e).__name__}: {e}"))
+
+    def _open_consumer(self, conn: BlockingConnection) -> Any:
+        return conn.create_receiver(self.queue, credit=20)
 
     def _receive_one(self, receiver: Any) -> None:
         try:
