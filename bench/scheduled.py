@@ -19,6 +19,7 @@ import sys
 import time
 import uuid
 from pathlib import Path
+from typing import Any, Callable
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import run as R  # noqa: E402  bench/run.py, used as a library
@@ -47,11 +48,12 @@ def queue_info(broker: R.Broker, queue: str) -> dict:
     return body
 
 
-def attach_consumer(broker: R.Broker, queue: str, args) -> R.JsonLines:
-    """The C consumer of `queue`, attached (its link open) with --credit."""
+def attach_consumer(broker: R.Broker, queue: str, args, timeout: float,
+                    extra: list[str] | None = None) -> R.JsonLines:
+    """The C consumer of `queue` (with `extra` options), attached (its link open) with --credit."""
     proc = R.start_client("c", "consumer", R.client_args(broker, queue) + [
-        "--messages", str(args.messages), "--credit", str(args.credit), "--timeout", str(int(args.ahead + 120))],
-        R.OUT / "clients.stderr.log")
+        "--messages", str(args.messages), "--credit", str(args.credit), "--timeout", str(int(timeout))]
+        + (extra or []), R.OUT / "clients.stderr.log")
     reader = R.JsonLines(proc)
     if reader.wait_for(lambda o: o.get("event") == "ready", time.monotonic() + 20) is None:
         R.stop_proc(proc)
@@ -70,13 +72,14 @@ def result(reader: R.JsonLines, role: str, timeout: float) -> dict:
     return res
 
 
-def publish(broker: R.Broker, queue: str, args, delivery_time_ms: int | None) -> dict:
-    """--messages messages through proton Python's producer, each with x-opt-delivery-time if given."""
-    proc = R.start_client("proton", "producer", R.client_args(broker, queue) + [
-        "--messages", str(args.messages), "--size", str(args.size), "--timeout", str(int(args.ahead + 120))]
-        + R.message_options(args) + (["--delivery-time", str(delivery_time_ms)] if delivery_time_ms else []),
-        R.OUT / "clients.stderr.log")
-    return result(R.JsonLines(proc), "producer", args.ahead + 130)
+def publish(broker: R.Broker, queue: str, args, timeout: float, extra: list[str] | None = None,
+            client: str = "proton") -> dict:
+    """--messages messages through `client`'s producer (proton Python's by default) with `extra` options, all
+    confirmed."""
+    proc = R.start_client(client, "producer", R.client_args(broker, queue) + [
+        "--messages", str(args.messages), "--size", str(args.size), "--timeout", str(int(timeout))]
+        + R.message_options(args) + (extra or []), R.OUT / "clients.stderr.log")
+    return result(R.JsonLines(proc), "producer", timeout + 10)
 
 
 class Window:
@@ -97,12 +100,12 @@ class Window:
 def scheduled_rep(broker: R.Broker, args) -> dict:
     """One release: consumer waiting, messages published due --ahead s from now, measured around the due time."""
     queue = f"bench-sched-{uuid.uuid4().hex[:8]}"
-    consumer = attach_consumer(broker, queue, args)
+    consumer = attach_consumer(broker, queue, args, args.ahead + 120)
     due_ms = int((time.time() + args.ahead) * 1000)
     mono_minus_wall = time.monotonic() - time.time()
     due_mono = due_ms / 1000 + mono_minus_wall  # the due time on CLOCK_MONOTONIC, the clients' clock
     t0 = time.monotonic()
-    p = publish(broker, queue, args, due_ms)
+    p = publish(broker, queue, args, args.ahead + 120, ["--delivery-time", str(due_ms)])
     published_s = time.monotonic() - t0
     info = queue_info(broker, queue)
     idle = Window(broker)
@@ -126,9 +129,9 @@ def scheduled_rep(broker: R.Broker, args) -> dict:
 def backlog_rep(broker: R.Broker, args) -> dict:
     """The reference: the same number of messages queued plainly, then drained by a consumer attached after."""
     queue = f"bench-backlog-{uuid.uuid4().hex[:8]}"
-    publish(broker, queue, args, None)
+    publish(broker, queue, args, args.ahead + 120)
     window = Window(broker)
-    c = result(attach_consumer(broker, queue, args), "consumer", 130)
+    c = result(attach_consumer(broker, queue, args, args.ahead + 120), "consumer", 130)
     w = window.stop(c["client_cpu_us"])
     return {"span_ms": (c["last_recv_us"] - c["first_recv_us"]) / 1e3, "received": c["received"],
             "missing": c["missing"], **w, "broker_cpu_us_per_msg": w["broker_cpu_ms"] * 1e3 / args.messages}
@@ -169,40 +172,61 @@ def markdown(run: dict, args) -> str:
     return "\n".join(lines) + "\n"
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--messages", type=int, default=10000)
+def options(description: str, messages: int) -> argparse.ArgumentParser:
+    """The options of a script run by run_reps (this one's and bench/subscription.py's)."""
+    ap = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--messages", type=int, default=messages)
     ap.add_argument("--reps", type=int, default=3)
-    ap.add_argument("--ahead", type=float, default=8.0, help="seconds from the start of publishing to the due time")
     ap.add_argument("--size", type=int, default=100, help="body bytes (default 100)")
     ap.add_argument("--credit", type=int, default=1000, help="the consumer's credit (default 1000)")
-    ap.add_argument("--durable", action="store_true", help="header.durable=true on every message")
     ap.add_argument("--quiet-wait", type=float, default=20, help="before each repetition, wait up to this long "
                                                                  "for a quiet machine (run.py's wait_quiet)")
     ap.add_argument("--startup-timeout", type=float, default=60)
     ap.add_argument("--no-record", action="store_true", help="do not append to bench/RESULTS.md")
-    args = ap.parse_args(argv)
-    command = "python bench/scheduled.py " + " ".join(shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:]))
-    broker = R.CommandBroker(R.DEFAULT_HAQUEUE_CMD, "haqueue single broker (scheduled)", None, args.startup_timeout)
+    return ap
+
+
+def run_reps(script: str, argv: list[str] | None, args, repetition: Callable[[R.Broker, Any, int], dict],
+             markdown: Callable[[dict, Any], str], prepare: Callable[[R.Broker], None] | None = None) -> int:
+    """One haqueue broker of this tree (prepare(broker) once it listens), then --reps times repetition(broker,
+    args, i), each after a wait for a quiet machine; the run's JSON goes to bench/out/SCRIPT-*.json and its section,
+    markdown(run, args), is printed and appended to RESULTS.md."""
+    command = f"python bench/{script}.py " + " ".join(
+        shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:]))
+    broker = R.CommandBroker(R.DEFAULT_HAQUEUE_CMD, f"haqueue single broker ({script})", None, args.startup_timeout)
     run: dict = {"command": command, "commit": tree_commit(), "load": [R.loadavg()], "reps": []}
     try:
         broker.start()
+        if prepare is not None:
+            prepare(broker)
         for i in range(args.reps):
             if args.quiet_wait > 0:
                 R.wait_quiet(args.quiet_wait)
-            rep = {"scheduled": scheduled_rep(broker, args), "backlog": backlog_rep(broker, args)}
-            x, y = rep["scheduled"], rep["backlog"]
-            log(f"rep {i + 1}: scheduled {x['scheduled_before']} before due; first {x['first_ms']:.1f} ms, last "
-                f"{x['last_ms']:.1f} ms after it; {x['received']} received, {x['missing']} missing; broker "
-                f"{x['broker_cpu_ms']:.1f} ms (backlog {y['broker_cpu_ms']:.1f} ms, {y['span_ms']:.1f} ms first→last); "
-                f"other load {x['other_load_cores']:.2f}")
-            run["reps"].append(rep)
+            run["reps"].append(repetition(broker, args, i))
     finally:
         broker.stop()
     run.update(date=now(), load=run["load"] + [R.loadavg()])
-    (R.OUT / f"scheduled-{time.strftime('%Y%m%d-%H%M%S')}.json").write_text(json.dumps(run, indent=1, default=str))
+    (R.OUT / f"{script}-{time.strftime('%Y%m%d-%H%M%S')}.json").write_text(json.dumps(run, indent=1, default=str))
     R.print_and_record(markdown(run, args), args.no_record)
     return 0
+
+
+def repetition(broker: R.Broker, args, i: int) -> dict:
+    """A release and the backlog beside it."""
+    rep = {"scheduled": scheduled_rep(broker, args), "backlog": backlog_rep(broker, args)}
+    x, y = rep["scheduled"], rep["backlog"]
+    log(f"rep {i + 1}: scheduled {x['scheduled_before']} before due; first {x['first_ms']:.1f} ms, last "
+        f"{x['last_ms']:.1f} ms after it; {x['received']} received, {x['missing']} missing; broker "
+        f"{x['broker_cpu_ms']:.1f} ms (backlog {y['broker_cpu_ms']:.1f} ms, {y['span_ms']:.1f} ms first→last); "
+        f"other load {x['other_load_cores']:.2f}")
+    return rep
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = options(__doc__, 10000)
+    ap.add_argument("--ahead", type=float, default=8.0, help="seconds from the start of publishing to the due time")
+    ap.add_argument("--durable", action="store_true", help="header.durable=true on every message")
+    return run_reps("scheduled", argv, ap.parse_args(argv), repetition, markdown)
 
 
 if __name__ == "__main__":

@@ -4,9 +4,9 @@
  *
  *   client producer --port P --address A --messages N [--size S] [--inflight W] [--seq-base B] [--durable]
  *                   [--priorities K]
- *   client consumer --port P --address A --messages N [--credit C] [--seq-base B]
- *   (both: --host 127.0.0.1 --username U --password X --timeout T; --warmup and --stall are accepted
- *    and ignored)
+ *   client consumer --port P --address A --messages N [--credit C] [--seq-base B] [--subscription NAME]
+ *   (both: --host 127.0.0.1 --username U --password X --timeout T --container-id ID; --warmup and --stall
+ *    are accepted and ignored)
  *
  * At-least-once like the rhea clients: the producer sends unsettled transfers, at most W unsettled, within
  * the link's credit and the session's window, and counts the broker's settlements; the consumer grants C
@@ -15,7 +15,10 @@
  * 8-11 the sequence number (little-endian), as bench/js/common.js lays them out. SASL PLAIN when a username
  * is given, no SASL layer otherwise. Saturation only: --rate is refused. --priorities K: the header's priority
  * of the i-th message sent is i % K (a priority queue's load; the consumer counts the reordering in
- * out_of_order, which is no failure).
+ * out_of_order, which is no failure). --subscription NAME: the consumer's link is named NAME and its source is
+ * durable (unsettled-state) with expiry-policy never, a durable subscription when A is an exchange: with the same
+ * --container-id it resumes one (the connection's close ends the link without closing it, so it stays). The
+ * consumer's result gives the time its attach was sent (attach_us, the same clock as first_recv_us).
  *
  * Only what these two links need of AMQP 1.0 is here: the performatives are written with fixed-width
  * encodings, and read with a decoder of the primitive types that skips what it does not need.
@@ -47,7 +50,7 @@ enum { IN_SIZE = 1 << 20, MAX_FRAME = 65536 }; /* our max-frame-size: the broker
 /* ------------------------------------------------------------------ options, clock, result */
 
 static struct {
-    const char *role, *host, *address, *username, *password;
+    const char *role, *host, *address, *username, *password, *container_id, *subscription;
     int port, size, inflight, credit, timeout, priorities;
     long messages, seq_base;
     bool durable;
@@ -125,6 +128,15 @@ static void terminus(uint8_t descriptor, const char *address) /* source 0x28, ta
     size_t l = begin_list(descriptor);
     if (address) put_str(address); else put_null();
     end_list(l, 1);
+}
+
+static void durable_source(const char *address) /* durable: unsettled-state, expiry-policy: never */
+{
+    size_t l = begin_list(0x28);
+    put_str(address);
+    put_uint(2);
+    text(0xA3, "never", 5);
+    end_list(l, 3);
 }
 
 /* ------------------------------------------------------------------ reading AMQP values */
@@ -252,6 +264,7 @@ static int headers_expected = 1; /* protocol headers still to come (two with SAS
 static bool sasl_done;
 
 static double last_output_us;
+static double attach_us; /* when the attach was sent */
 
 static void flush_out(bool block)
 {
@@ -299,8 +312,9 @@ static void connect_to_broker(void)
     put("AMQP\x00\x01\x00\x00", 8);
     size_t f = begin_frame(0);
     size_t l = begin_list(OPEN);
-    char container[64];
-    snprintf(container, sizeof container, "bench-c-%s-%d", opt.role, (int)getpid());
+    char container[256];
+    if (opt.container_id) snprintf(container, sizeof container, "%s", opt.container_id);
+    else snprintf(container, sizeof container, "bench-c-%s-%d", opt.role, (int)getpid());
     put_str(container);
     put_null();                                      /* hostname */
     put_uint(MAX_FRAME);                             /* max-frame-size */
@@ -317,18 +331,20 @@ static void connect_to_broker(void)
     bool sender = !strcmp(opt.role, "producer");
     f = begin_frame(0);
     l = begin_list(ATTACH);
-    put_str(container);                                  /* name */
+    put_str(opt.subscription ? opt.subscription : container); /* name */
     put_uint(0);                                         /* handle */
     put_bool(!sender);                                /* role: receiver = true */
     put_null();                                          /* snd-settle-mode: mixed */
     put_null();                                          /* rcv-settle-mode: first */
-    terminus(0x28, sender ? NULL : opt.address);     /* source */
+    if (opt.subscription && !sender) durable_source(opt.address); /* source */
+    else terminus(0x28, sender ? NULL : opt.address);
     terminus(0x29, sender ? opt.address : NULL);     /* target */
     put_null();                                          /* unsettled */
     put_bool(false);                                  /* incomplete-unsettled */
     if (sender) put_uint(0); else put_null();                /* initial-delivery-count */
     end_list(l, 10);
     end_frame(f);
+    attach_us = now_us();
     flush_out(true);
     if (fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK) < 0) fail("fcntl: %s", strerror(errno));
 }
@@ -398,9 +414,10 @@ static void emit(int code)
         long n = C.received < opt.messages ? C.received : opt.messages;
         printf("{\"role\":\"consumer\",\"ok\":%s,\"timed_out\":%s,\"expected\":%ld,\"received\":%ld,\"missing\":%ld,"
                "\"duplicates\":%ld,\"out_of_order\":%ld,\"stray\":%ld,\"bad_body\":%ld,\"redelivered\":%ld,"
-               "\"first_recv_us\":%.1f,\"last_recv_us\":%.1f,\"recv_rate\":%.1f,\"warmup_messages\":0,",
+               "\"attach_us\":%.1f,\"first_recv_us\":%.1f,\"last_recv_us\":%.1f,\"recv_rate\":%.1f,"
+               "\"warmup_messages\":0,",
                code == 0 ? "true" : "false", code == 2 ? "true" : "false", opt.messages, C.received, missing,
-               C.duplicates, C.out_of_order, C.stray, C.bad_body, C.redelivered, C.first_recv, C.last_recv,
+               C.duplicates, C.out_of_order, C.stray, C.bad_body, C.redelivered, attach_us, C.first_recv, C.last_recv,
                C.received > 1 ? (C.received - 1) / ((C.last_recv - C.first_recv) / 1e6) : 0);
         double *copy = malloc(sizeof(double) * (size_t)(n ? n : 1));
         memcpy(copy, C.latency, sizeof(double) * (size_t)n);
@@ -813,6 +830,8 @@ int main(int argc, char **argv)
         else if (!strcmp(a, "--timeout")) opt.timeout = atoi(v);
         else if (!strcmp(a, "--username")) opt.username = v;
         else if (!strcmp(a, "--password")) opt.password = v;
+        else if (!strcmp(a, "--container-id") && strlen(v) < 256) opt.container_id = v;
+        else if (!strcmp(a, "--subscription") && strlen(v) < 256) opt.subscription = v;
         else if (!strcmp(a, "--warmup") || !strcmp(a, "--stall")) continue;
         else if (!strcmp(a, "--rate") && atof(v) == 0) continue;
         else { fprintf(stderr, "unknown or unsupported option %s %s (saturation runs only)\n", a, v); return 2; }
