@@ -272,23 +272,6 @@ def test_ledgers_find_lost_duplicated_unexpected_and_what_is_left(spark, tmp_pat
     assert rows(audit.bad_input, ["file", "problem", "lines"])[-1] == ("consumer.jsonl", "unknown op", 1)
 
 
-def long_run() -> EventLog:
-    """b0 confirms seq 1..3,000 from T0 naming b1, which has them all: 9,004 events; and, a second
-    earlier, seq 0, which b1 never logged. A fresh JVM takes seconds over its first jobs: long enough
-    for progress lines."""
-    log = EventLog()
-    log.message("b0", 1, schema.ENQUEUE, T0 - SECOND, schema.PRIMARY, 1, 0)
-    log.message("b0", 1, schema.COMPLETE, T0 - SECOND + 500, schema.PRIMARY, 1, 0, backups=["b1"])
-    for seq in range(1, 3_001):
-        t = T0 + seq * 20
-        log.message("b0", 1, schema.ENQUEUE, t, schema.PRIMARY, 1, seq)
-        log.message("b1", 2, schema.REPLICATE, t + 100, schema.BACKUP, 1, seq, mode=schema.LIVE, enqueued=t)
-        log.message("b0", 1, schema.COMPLETE, t + 500, schema.PRIMARY, 1, seq, backups=["b1"])
-    for broker, run, role in (("b0", 1, schema.PRIMARY), ("b1", 2, schema.BACKUP)):
-        log.mark(broker, run, T0 + SECOND, role, 1)
-    return log
-
-
 def test_a_failed_spark_job_exits_4_in_one_line_and_bad_paths_2(scenario_dir, tmp_path, monkeypatch):
     """An event file gone between Spark's listing and its tasks (as on a worker that does not see the
     events directory): the job fails, and the command says so in one line and exits 4, never 1, the code
