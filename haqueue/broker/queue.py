@@ -501,9 +501,7 @@ class Queue:
         consumers = self.consumers
         self._budget = SCAN_BUDGET
         views: dict[int, MessageFields] = {}  # each message's fields, decoded once this pass for every selector
-        if consumers and self.arranger is not None and self.arranger.picks:
-            self._dispatch_picked(now)
-        elif consumers and self.selective:
+        if consumers and (self.selective or (self.arranger is not None and self.arranger.picks)):
             self._dispatch_selective(now, views)
         elif consumers:
             exhausted = True
@@ -537,11 +535,13 @@ class Queue:
             self._schedule(self)
 
     def _dispatch_selective(self, now: float, views: dict[int, MessageFields]) -> None:
-        """Round robin as in dispatch, each consumer handed the next entry it may take: a consumer without
+        """Round robin as in dispatch, each consumer handed the next entry it may take: on a queue whose arranger
+        picks, what it picks for the consumer (a message group may be held for another); else a consumer without
         a selector the next available one, a selector consumer the next it matches, from its own cursor.
         A consumer that finds nothing is done for this pass (and told, for a drain); one that ran out of
         the pass's budget is not: the next pass goes on from its cursor."""
         consumers = self.consumers
+        arranger = self.arranger if self.arranger is not None and self.arranger.picks else None
         n = len(consumers)
         credits = [c.credit() for c in consumers]
         dry = [False] * n
@@ -552,7 +552,9 @@ class Queue:
                 i = (i + 1) % n
             consumer = consumers[i]
             selector = consumer.selector
-            if selector is None:
+            if arranger is not None:  # it takes no selector consumers
+                entry = arranger.next(consumer, now)
+            elif selector is None:
                 entry = self._next_available(now)
             else:
                 entry = self._next_match(consumer, selector, now, views) if self._budget > 0 else None
@@ -573,34 +575,6 @@ class Queue:
         for k in range(n):
             if dry[k]:
                 consumers[k].after_dispatch()
-
-    def _dispatch_picked(self, now: float) -> None:
-        """Round robin as in dispatch, each consumer handed what the queue's arranger picks for it (a message
-        group may be held for another consumer: then that one is done for this pass)."""
-        consumers = self.consumers
-        arranger: Arranger = self.arranger  # type: ignore[assignment]
-        n = len(consumers)
-        credits = [c.credit() for c in consumers]
-        remaining = sum(credits)
-        i = self._rotation % n
-        while remaining:
-            while not credits[i]:
-                i = (i + 1) % n
-            consumer = consumers[i]
-            entry = arranger.next(consumer, now)
-            if entry is None:
-                remaining -= credits[i]
-                credits[i] = 0
-                consumer.after_dispatch()
-            else:
-                entry.state = ACQUIRED
-                for observer in self.observers:
-                    observer.acquired(self, entry)
-                credits[i] -= 1
-                remaining -= 1
-                consumer.deliver(entry)
-            i = (i + 1) % n
-        self._rotation = i
 
     def first_available(self, heap: list[Returned], now: float) -> Entry | None:
         """For an arranger: the oldest available entry in one of its heaps, left there; those no longer
