@@ -581,14 +581,11 @@ class Queue:
         available are dropped from the heap on the way, an expired one dequeued."""
         while heap:
             entry = heap[0][2]
+            if entry.state == AVAILABLE and not (entry.expiry and entry.expiry <= now):
+                return entry
+            heapq.heappop(heap)  # off the heap before an expired one leaves: its leaving may rebuild the heap
             if entry.state == AVAILABLE:
-                if not (entry.expiry and entry.expiry <= now):
-                    return entry
-                heapq.heappop(heap)
-                self.expired += 1
-                self.dequeue(entry)
-            else:
-                heapq.heappop(heap)
+                self._drop_expired(entry)
         return None
 
     def _next_match(self, consumer: Subscriber, selector: Selector, now: float,

@@ -134,3 +134,14 @@ def test_groups_under_random_consumers_never_share_a_group_and_keep_its_order():
     assert settled == sent
     for group, seqs in first_seen.items():
         assert seqs == sorted(seqs), group
+
+
+def test_an_expired_message_on_a_priority_queue_is_dropped_as_expired_not_delivered():
+    queue = priority_queue()
+    queue.enqueue(encoded("stale", 9), 1.0)  # a monotonic deadline long past
+    queue.enqueue(encoded("fresh", 1), 0.0)
+    consumer = Taker()
+    queue.subscribe(consumer)
+    queue.dispatch()
+    assert [e.seq for e in consumer.got] == [2]
+    assert (queue.expired, queue.depth) == (1, 1)
