@@ -33,8 +33,8 @@ def add_lag_arguments(lag: argparse.ArgumentParser) -> None:
                           "confirmation (default 5s; as `audit watch --bound`)")
     lag.add_argument("--fail-on-loss", action="store_true",
                      help=f"exit {EXIT_LOSS} if a confirmed message is missing or lost, a message was confirmed "
-                          "while fewer than a majority held it (at risk) or a rejoining broker kept messages aside "
-                          f"(diverged); {EXIT_CANNOT_TELL} if the events cannot tell (backups hold messages no "
+                          "while fewer than a majority held it (at risk) or a rejoining broker kept confirmed messages "
+                          f"aside (diverged); {EXIT_CANNOT_TELL} if the events cannot tell (backups hold messages no "
                           "primary's log records)")
     _add_run_arguments(lag)
 

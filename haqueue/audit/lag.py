@@ -5,7 +5,7 @@ how far behind the backup ran (lag: its receive time minus the primary's enqueue
 confirmed messages never reached a backup that was ready, which reached it twice, which arrived
 out of order, and which dequeues it never applied; per queue, which messages were confirmed while
 fewer than a majority of the cluster held them (at risk) and which a rejoining broker kept aside
-because the new primary never had them (diverged). Only Spark SQL functions are used (no Python
+because the new primary never had them (diverged if confirmed as replicated, else kept aside). Only Spark SQL functions are used (no Python
 UDFs), so executors need PySpark alone; the driver collects the small result tables.
 
 Run locally (`local[*]`) by default; on a cluster through spark-submit (submit.py).
@@ -76,6 +76,10 @@ class Audit:
         return _total(self.queues, "diverged")
 
     @property
+    def kept_aside(self) -> int:
+        return _total(self.queues, "kept_aside")
+
+    @property
     def lost(self) -> int:
         return _total(self.ledgers, "lost")
 
@@ -127,7 +131,12 @@ def _analyse(ev: DataFrame, bad: DataFrame, bound: timedelta) -> Audit:
                 .withColumnRenamed("broker", "backup"))
     mirrored = (ev.filter((F.col("event") == schema.DEQUEUE) & (F.col("role") == schema.BACKUP))
                 .select("uid", "seq", F.col("broker").alias("backup"), "run"))
-    diverged = ev.filter((F.col("event") == schema.DIVERGED) & F.col("judged")).withColumnRenamed("broker", "backup")
+    aside = ev.filter((F.col("event") == schema.DIVERGED) & F.col("judged")).withColumnRenamed("broker", "backup")
+    # Kept aside and confirmed as replicated (a complete is logged before its confirmation leaves, so a killed
+    # primary's log lacks none): diverged. The rest its publisher was never told were safe: kept aside alone.
+    confirmed = completes.select("uid", "seq").distinct()
+    diverged = aside.join(confirmed, ["uid", "seq"], "left_semi")
+    kept_aside = aside.join(confirmed, ["uid", "seq"], "left_anti")
     runs = ev.groupBy("broker", "run").agg(F.min("t").alias("start"), F.max("t").alias("end"))
     # Where and when each message was first enqueued (a message keeps its uid and seq everywhere).
     origin = enqueues.groupBy("uid", "seq").agg(F.min("t").alias("t_enq"), F.min("epoch").alias("enq_epoch"))
@@ -140,7 +149,8 @@ def _analyse(ev: DataFrame, bad: DataFrame, bound: timedelta) -> Audit:
     problems = (_problems(completes, dequeues, replicas, mirrored, runs, marks, bound)
                 .unionByName(_as_problem(unattested, UNATTESTED, "t"))
                 .unionByName(_as_problem(_at_risk(completes, replicas, marks), AT_RISK, "t"))
-                .unionByName(_as_problem(diverged, DIVERGED, "t"))).persist()
+                .unionByName(_as_problem(diverged, DIVERGED, "t"))
+                .unionByName(_as_problem(kept_aside, KEPT_ASIDE, "t"))).persist()
     try:
         counts = problems.groupBy("queue", "backup", "problem").agg(F.sum("weight").alias("n")).toPandas()
         detail = (problems.orderBy("problem", "queue", "seq", "backup").limit(DETAIL_LIMIT)
@@ -179,12 +189,13 @@ def _per_backup(replicas: DataFrame, lag: DataFrame) -> DataFrame:
 
 # The problems table: one row per message and backup behind a count; weight is what it adds to it.
 _PROBLEM_COLUMNS = ("problem", "queue", "seq", "message_id", "backup", "t", "weight")
-MISSING, UNVERIFIED, DUPLICATE, OUT_OF_ORDER, NOT_MIRRORED, UNATTESTED, AT_RISK, DIVERGED = (
-    "missing", "unverified", "duplicate", "out of order", "dequeue not mirrored", "unattested", "at risk", "diverged")
+MISSING, UNVERIFIED, DUPLICATE, OUT_OF_ORDER, NOT_MIRRORED, UNATTESTED, AT_RISK, DIVERGED, KEPT_ASIDE = (
+    "missing", "unverified", "duplicate", "out of order", "dequeue not mirrored", "unattested", "at risk", "diverged",
+    "kept aside")
 # Problem -> its column in the backups table (and summed per queue), and in the queues table alone.
 _COUNT_COLUMNS = {MISSING: "missing", UNVERIFIED: "unverified", DUPLICATE: "duplicates",
                   OUT_OF_ORDER: "order_violations", NOT_MIRRORED: "dequeues_not_mirrored"}
-_QUEUE_COUNT_COLUMNS = {UNATTESTED: "unattested", AT_RISK: "at_risk", DIVERGED: "diverged"}
+_QUEUE_COUNT_COLUMNS = {UNATTESTED: "unattested", AT_RISK: "at_risk", DIVERGED: "diverged", KEPT_ASIDE: "kept_aside"}
 
 
 def _problems(completes: DataFrame, dequeues: DataFrame, replicas: DataFrame, mirrored: DataFrame,
@@ -475,6 +486,12 @@ def run_audit(events: str, out: str, master: str | None, since: int | None, unti
     finally:
         spark.stop()
     print(report.summary(audit))
-    if fail_on_loss and (audit.missing or audit.lost or audit.at_risk or audit.diverged):
+    return exit_code(audit) if fail_on_loss else EXIT_OK
+
+
+def exit_code(audit: Audit) -> int:
+    """--fail-on-loss's answer: a confirmed message lost, missing, at risk or kept aside (diverged) is a loss; a
+    message kept aside that was never confirmed as replicated is not (its publisher was not told it was safe)."""
+    if audit.missing or audit.lost or audit.at_risk or audit.diverged:
         return EXIT_LOSS
-    return EXIT_CANNOT_TELL if fail_on_loss and audit.unattested else EXIT_OK
+    return EXIT_CANNOT_TELL if audit.unattested else EXIT_OK

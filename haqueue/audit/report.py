@@ -100,7 +100,9 @@ def summary(audit: "Audit") -> str:
                         if q["unattested"] else "")
                      + (f", {q['at_risk']:,} at risk (confirmed while fewer than a majority held them)"
                         if q["at_risk"] else "")
-                     + (f", {q['diverged']:,} diverged (kept aside at a rejoin)" if q["diverged"] else ""))
+                     + (f", {q['diverged']:,} diverged (kept aside at a rejoin)" if q["diverged"] else "")
+                     + (f", {q['kept_aside']:,} kept aside at a rejoin (never confirmed as replicated)"
+                        if q["kept_aside"] else ""))
         for _, b in audit.backups[audit.backups["queue"] == q["queue"]].iterrows():
             lines.append(f"  backup {b['backup']}: {b['received']:,} received ({b['catchup']:,} in catch-up), "
                          f"lag p50 {_ms(b['lag_p50_ms'])} p95 {_ms(b['lag_p95_ms'])} p99 {_ms(b['lag_p99_ms'])} "
@@ -126,16 +128,21 @@ def _verdict(audit: "Audit") -> list[str]:
         (audit.at_risk, f"AT RISK: {_count(audit.at_risk, 'message')} confirmed while fewer than a majority of the "
                         f"cluster held them (ha.min_confirmations below a majority): a partition can lose such a "
                         f"message (see problems.csv)"),
-        (audit.diverged, f"DIVERGED: {_count(audit.diverged, 'message')} kept aside by a rejoining broker, never on "
+        (audit.diverged, f"DIVERGED: {_count(audit.diverged, 'confirmed message')} kept aside by a rejoining broker, never on "
                          f"the new primary: `haqueue diverged list` / `republish` on that broker's data_dir "
                          f"(see problems.csv)"),
         (audit.unattested, f"CANNOT TELL: {_count(audit.unattested, 'message')} held by backups with no record from "
                            f"the primary that sent them (its log lost its tail: a machine crash?), so loss there "
                            f"cannot be ruled out (see problems.csv)")]
     found = [line for count, line in findings if count]
-    return found or ["no loss: every confirmed message reached every backup that was ready"
-                     + ("; every message producers had confirmed was received or is still queued"
-                        if len(audit.ledgers) else "")]
+    verdict = found or ["no loss: every confirmed message reached every backup that was ready"
+                        + ("; every message producers had confirmed was received or is still queued"
+                           if len(audit.ledgers) else "")]
+    if audit.kept_aside:  # not a loss (no publisher was told they were safe), but a broker holds them in a file
+        verdict.append(f"KEPT ASIDE: {_count(audit.kept_aside, 'message')} never confirmed as replicated, held by "
+                       f"a rejoining broker and never on the new primary (a publisher may have sent it again): "
+                       f"`haqueue diverged list` / `republish` on that broker's data_dir (see problems.csv)")
+    return verdict
 
 
 def _count(n: int, noun: str) -> str:

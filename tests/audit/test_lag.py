@@ -54,11 +54,11 @@ def test_per_backup_figures(audit):
 
 def test_per_queue_figures(audit):
     assert rows(audit.queues, list(audit.queues.columns)) == [
-        ("q", 12, 12, 6, 2.0, 2.0, 2.0, 2.0, 3, 1, 0, 1, 1, 1, 0, 0, 0)]
+        ("q", 12, 12, 6, 2.0, 2.0, 2.0, 2.0, 3, 1, 0, 1, 1, 1, 0, 0, 0, 0)]
     assert list(audit.queues.columns) == [
         "queue", "enqueued", "completed", "dequeued", "completion_p50_ms", "completion_p95_ms", "completion_p99_ms",
         "completion_max_ms", "backups", "missing", "unverified", "duplicates", "order_violations",
-        "dequeues_not_mirrored", "unattested", "at_risk", "diverged"]
+        "dequeues_not_mirrored", "unattested", "at_risk", "diverged", "kept_aside"]
     assert audit.missing == 1 and audit.at_risk == 0  # every confirmation named 1 or 2 backups of 3 brokers
 
 
@@ -180,26 +180,32 @@ def test_command_line_writes_tables_chart_summary_and_fails_on_loss(scenario_dir
 
 def test_confirmations_at_risk_and_messages_kept_aside_are_named_and_fail_the_audit(tmp_path):
     """Issue 27's partition under the opt-out: b0 confirmed seq 4 and 5 alone (at risk), then kept them
-    aside at its rejoin (diverged, not a mirrored dequeue); --fail-on-loss exits 1 on them, nothing missing."""
+    aside at its rejoin (diverged, not a mirrored dequeue); --fail-on-loss exits 1 on them, nothing missing.
+    Seq 6, kept aside too but never confirmed, is named apart: not a loss."""
     events, out = partition_scenario().write(tmp_path / "events"), tmp_path / "out"
     result = run_audit_command(["audit", "lag", "--events", str(events), "--out", str(out), "--master", "local[2]",
                                 "--fail-on-loss"])
     assert result.returncode == 1, result.stdout + result.stderr[-3000:]
     summary = result.stdout.splitlines()
     assert "queue q: 6 enqueued, 6 confirmed (completion p50 2 ms p99 2 ms), 0 dequeued, 2 at risk (confirmed " \
-           "while fewer than a majority held them), 2 diverged (kept aside at a rejoin)" in summary
-    assert summary[-2:] == [
+           "while fewer than a majority held them), 2 diverged (kept aside at a rejoin), 1 kept aside at a rejoin " \
+           "(never confirmed as replicated)" in summary
+    assert summary[-3:] == [
         "AT RISK: 2 messages confirmed while fewer than a majority of the cluster held them (ha.min_confirmations "
         "below a majority): a partition can lose such a message (see problems.csv)",
-        "DIVERGED: 2 messages kept aside by a rejoining broker, never on the new primary: `haqueue diverged list` / "
-        "`republish` on that broker's data_dir (see problems.csv)"]
+        "DIVERGED: 2 confirmed messages kept aside by a rejoining broker, never on the new primary: "
+        "`haqueue diverged list` / `republish` on that broker's data_dir (see problems.csv)",
+        "KEPT ASIDE: 1 message never confirmed as replicated, held by a rejoining broker and never on the new "
+        "primary (a publisher may have sent it again): `haqueue diverged list` / `republish` on that broker's "
+        "data_dir (see problems.csv)"]
     queues = pd.read_csv(out / "queues.csv")
-    assert rows(queues, ["queue", "completed", "missing", "dequeues_not_mirrored", "at_risk", "diverged"]) == [
-        ("q", 6, 0, 0, 2, 2)]
+    assert rows(queues, ["queue", "completed", "missing", "dequeues_not_mirrored", "at_risk", "diverged",
+                         "kept_aside"]) == [("q", 6, 0, 0, 2, 2, 1)]
     problems = pd.read_csv(out / "problems.csv")
     assert rows(problems, ["problem", "queue", "seq", "message_id", "backup"]) == [
         ("at risk", "q", 4, "msg-4", None), ("at risk", "q", 5, "msg-5", None),
-        ("diverged", "q", 4, "msg-4", "b0"), ("diverged", "q", 5, "msg-5", "b0")]
+        ("diverged", "q", 4, "msg-4", "b0"), ("diverged", "q", 5, "msg-5", "b0"),
+        ("kept aside", "q", 6, "msg-6", "b0")]
 
 
 def _primary_and_backup(log: EventLog, seqs: range, replicated: set[int]) -> None:

@@ -10,7 +10,8 @@ pytest.importorskip("pyspark")
 pytest.importorskip("matplotlib")
 
 from haqueue.audit import report  # noqa: E402
-from haqueue.audit.lag import Audit  # noqa: E402
+from haqueue.audit.exits import EXIT_LOSS, EXIT_OK  # noqa: E402
+from haqueue.audit.lag import Audit, exit_code  # noqa: E402
 
 T = pd.Timestamp("2027-01-15 08:00:00")
 
@@ -27,7 +28,7 @@ def make_audit(missing: int) -> Audit:
                             "completion_p50_ms": 0.8, "completion_p95_ms": 2.0, "completion_p99_ms": 2.5,
                             "completion_max_ms": 9.0, "backups": 2, "missing": missing, "unverified": 2,
                             "duplicates": 3, "order_violations": 1, "dequeues_not_mirrored": 1, "unattested": 0,
-                            "at_risk": 0, "diverged": 0}])
+                            "at_risk": 0, "diverged": 0, "kept_aside": 0}])
     epochs = pd.DataFrame([
         {"epoch": 1, "primary": "b0", "first_event": T, "last_event": T + pd.Timedelta(seconds=5),
          "enqueued": 600, "completed": 600, "dequeued": 500, "inherited_dequeued": 0, "unattested": 0},
@@ -90,8 +91,22 @@ def test_confirmations_at_risk_and_diverged_messages_are_named_and_are_not_no_lo
     audit.queues["at_risk"], audit.queues["diverged"] = 0, 1
     lines = report.summary(audit).splitlines()
     assert lines[4].endswith(", 800 dequeued, 1 diverged (kept aside at a rejoin)")
-    assert lines[-1] == ("DIVERGED: 1 message kept aside by a rejoining broker, never on the new primary: "
+    assert lines[-1] == ("DIVERGED: 1 confirmed message kept aside by a rejoining broker, never on the new primary: "
                          "`haqueue diverged list` / `republish` on that broker's data_dir (see problems.csv)")
+    assert exit_code(audit) == EXIT_LOSS
+
+
+def test_messages_kept_aside_but_never_confirmed_are_named_and_are_no_loss():
+    """A primary killed after journalling a message, before confirming it, keeps it aside at its rejoin."""
+    audit = make_audit(missing=0)
+    audit.queues["kept_aside"] = 1
+    lines = report.summary(audit).splitlines()
+    assert lines[4].endswith(", 800 dequeued, 1 kept aside at a rejoin (never confirmed as replicated)")
+    assert lines[-2].startswith("no loss: ")
+    assert lines[-1] == ("KEPT ASIDE: 1 message never confirmed as replicated, held by a rejoining broker and never "
+                         "on the new primary (a publisher may have sent it again): `haqueue diverged list` / "
+                         "`republish` on that broker's data_dir (see problems.csv)")
+    assert exit_code(audit) == EXIT_OK
 
 
 def test_ledgers_are_summed_up_per_queue_and_a_lost_message_is_a_loss():
