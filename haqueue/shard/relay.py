@@ -5,6 +5,13 @@ links from it with the client's rights, which this process checked). When it dro
 its links are told (`owner_lost`) and it is made again to the address the directory gives, every
 RETRY_INTERVAL, until it opens (each link then re-attaches: `attach`) or shard.relay_timeout has passed
 with none, when the links are detached with amqp:link:detach-forced.
+
+A primary may go silent rather than close: its address (a Pacemaker VIP) moved to another node while the
+relay waited on an outcome, so neither the primary's close nor a reset reaches the relay until TCP's
+retransmissions, backed off for as long as the address was nowhere, find the new holder (a relayed
+publish once waited past its client's 20 s). So, as a backup with its primary, the connection has
+AMQP heartbeats (HEARTBEAT) and one that has not opened within HEARTBEAT is given up (a peer that
+accepts TCP but does not answer, or a SYN to an address between nodes).
 """
 from __future__ import annotations
 
@@ -20,6 +27,7 @@ from .directory import ShardDirectory
 log = logging.getLogger("haqueue.shard")
 
 RETRY_INTERVAL = 0.2  # seconds between attempts to reach a shard's primary
+HEARTBEAT = 2.0  # idle timeout of a connection to a shard's primary, and how long it may take to open
 DETACH_FORCED = "amqp:link:detach-forced"
 
 
@@ -57,7 +65,14 @@ class OwnerConnection:
         if self.conn is not None or not self.links:
             return
         host, port = self.relay.directory.primary(self.shard)
-        self.conn = self.relay.engine.connect(host, port, self, self.relay.user, self.relay.password)
+        conn = self.conn = self.relay.engine.connect(host, port, self, self.relay.user, self.relay.password,
+                                                     idle_timeout=HEARTBEAT)
+        self.relay.engine.call_later(HEARTBEAT, lambda: self._open_timeout(conn))
+
+    def _open_timeout(self, conn: Connection) -> None:
+        if conn is self.conn and not self.opened and not conn.closed:
+            log.debug("relay: shard %d's primary at %s did not answer within %.1fs", self.shard, conn.peer, HEARTBEAT)
+            conn.abort()
 
     # -- ConnectionHandler ------------------------------------------------------------------
     def on_open(self, conn: Connection) -> None:
