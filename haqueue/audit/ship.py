@@ -185,11 +185,14 @@ class Ship:
             if parts.PART.match(name) and name not in self.shipped.names:
                 path = os.path.join(self.source, name)
                 try:
-                    if parts.closed(path):
-                        done.bytes += self.ship(path, name)
-                        done.files += 1
+                    if not parts.closed(path):
+                        continue
                 except FileNotFoundError:
                     done.failures.append(f"{name} vanished from {self.source} before it was shipped")
+                    continue
+                try:
+                    done.bytes += self.ship(path, name)
+                    done.files += 1
                 except (OSError, ShipFailed) as e:
                     done.failures.append(f"cannot ship {name}: {e}")
         return done
