@@ -24,6 +24,7 @@ in as another Format.
 from __future__ import annotations
 
 import argparse
+import datetime
 import fcntl
 import hashlib
 import os
@@ -37,9 +38,10 @@ from dataclasses import dataclass, field
 from typing import TextIO
 
 from haqueue.audit import parts
+from haqueue.audit.command import duration
 from haqueue.audit.exits import EXIT_JOB_FAILED, EXIT_OK, EXIT_USAGE, UsageError
 
-DEFAULT_INTERVAL = 10.0  # seconds between rounds
+DEFAULT_INTERVAL = datetime.timedelta(seconds=10)  # between rounds
 _BLOCK = 1 << 20  # bytes copied at a time
 
 
@@ -222,19 +224,9 @@ def add_ship_arguments(ship: argparse.ArgumentParser) -> None:
     source.add_argument("--config", metavar="FILE", help="the broker's config file: ship its audit.dir")
     when = ship.add_mutually_exclusive_group()
     when.add_argument("--once", action="store_true", help="ship what is closed now and stop")
-    when.add_argument("--interval", metavar="SECONDS", type=_seconds, default=DEFAULT_INTERVAL,
-                      help=f"seconds between rounds, until interrupted (default {DEFAULT_INTERVAL:g})")
+    when.add_argument("--interval", metavar="DURATION", type=duration, default=DEFAULT_INTERVAL,
+                      help=f"time between rounds, until interrupted (default {DEFAULT_INTERVAL.total_seconds():g}s)")
     ship.add_argument("--debug", action="store_true", help="on a failure, show the whole traceback")
-
-
-def _seconds(text: str) -> float:
-    try:
-        seconds = float(text)
-    except ValueError:
-        seconds = 0.0
-    if not seconds > 0:
-        raise argparse.ArgumentTypeError(f"expected a positive number of seconds, got {text!r}")
-    return seconds
 
 
 def run_ship(args: argparse.Namespace) -> int:
@@ -252,7 +244,7 @@ def run_ship(args: argparse.Namespace) -> int:
                 print(f"haqueue audit ship: {failure}", file=sys.stderr, flush=True)
             if args.once:
                 return EXIT_JOB_FAILED if done.failures else EXIT_OK
-            time.sleep(args.interval)
+            time.sleep(args.interval.total_seconds())
     except UsageError as e:
         print(f"haqueue: audit ship: {e}", file=sys.stderr)
         return EXIT_USAGE

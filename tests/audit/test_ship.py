@@ -8,6 +8,7 @@ planted as a named pipe: ship blocks writing into it while the test reads what i
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -50,10 +51,10 @@ def plant_pipe(to: Path, name: str) -> Path:
     return pipe
 
 
-def start_ship(source: Path, to: Path) -> subprocess.Popen:
+def start_ship(source: Path, to: Path, *when: str) -> subprocess.Popen:
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")])))
     return subprocess.Popen([sys.executable, "-m", "haqueue", "audit", "ship", "--from", str(source), "--to",
-                             str(to), "--once"], cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE,
+                             str(to), *(when or ["--once"])], cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
 
 
@@ -103,9 +104,12 @@ def test_a_broker_killed_with_kill_9_leaves_its_last_file_closed_and_it_is_shipp
     parts = sorted(p.name for p in events.glob("*.jsonl"))
     early = sorted(p.name for p in to.iterdir())
     assert early and early == parts[:len(early)] and len(early) < len(parts) and same_files(events, to, early)
-    after = run_haqueue(["audit", "ship", "--config", str(b.config_path), "--to", str(to), "--once"])
-    assert after.returncode == 0, after.stderr
-    assert same_files(events, to, parts)
+    running_ship = start_ship(events, to, "--interval", "200ms")  # as a service runs it, until stopped
+    wait_for(lambda: same_files(events, to, parts), 10, interval=0.1, message="the killed broker's last file shipped")
+    running_ship.send_signal(signal.SIGINT)
+    out, err = running_ship.communicate(timeout=10)
+    assert (running_ship.returncode, err) == (0, ""), err
+    assert re.fullmatch(rf"haqueue audit ship: {len(parts) - len(early)} files? \([\d.]+ MB\) to {to}\n", out), out
     assert b'"event":"enqueue"' in b"".join((to / name).read_bytes() for name in parts)
 
 
