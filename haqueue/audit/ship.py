@@ -1,7 +1,7 @@
 """`haqueue audit ship`: copy a broker's closed event files to a place every Spark executor reads, each
-exactly once, whole, and resumably (design/audit-events.md, "Getting the events to the audit").
+exactly once, whole, and resumably (design/audit-events.md, "Getting every node's events to the audit").
 
-It runs beside a broker, on its node, and must stay light: the standard library only, no JVM. A file is
+It runs beside a broker, on its node, and must stay light: no PySpark, no JVM. A file is
 shipped once its writer has closed it (parts.py: the writer's lock is gone, by rotation, exit or kill -9).
 The destination is a directory on a mounted share (NFS, CephFS...: a path or `file://`).
 
