@@ -12,6 +12,7 @@ The JVMs start once for the module, while the brokers run; the brokers' events s
 from __future__ import annotations
 
 import json
+import os
 import re
 import sys
 from pathlib import Path
@@ -35,6 +36,8 @@ DROPPED = 5  # the live copy b2 drops
 @pytest.fixture(scope="module")
 def standalone(tmp_path_factory):
     pytest.importorskip("pyspark")
+    if os.geteuid() != 0:
+        pytest.skip("the workers' mount namespaces need root")
     from pyspark.sql import SparkSession
 
     running = SparkSession.getActiveSession()  # an earlier test's, local: a command would join it
