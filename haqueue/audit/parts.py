@@ -20,8 +20,9 @@ def name(prefix: str, part: int) -> str:
 
 
 def hold(fd: int) -> None:
-    """The writer's lock on the file it opened: no one else writes to it, and it is not closed."""
-    fcntl.flock(fd, fcntl.LOCK_EX)
+    """The writer's lock on the file it opened: no one else writes to it, and it is not closed. Never waits:
+    BlockingIOError if `closed` is testing the file at that instant."""
+    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
 
 
 def closed(path: str) -> bool:

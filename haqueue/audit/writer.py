@@ -49,9 +49,7 @@ class Writer:
         """Append the groups' lines with one write; past max_bytes the next write opens the next file."""
         try:
             if self.file is None:
-                self.part += 1
-                self.file = open(os.path.join(self.directory, parts.name(self.prefix, self.part)), "ab", buffering=0)
-                self._hold()
+                self.file = self._open_next()
                 self.size = self.dropped = self.window = 0
                 self.opened = time.monotonic()
             self.size += _lines.write(self.file.fileno(), groups, read_id)
@@ -64,12 +62,21 @@ class Writer:
             log.error("audit: cannot write to %s: %s", self.directory, e)
             self.close()  # what follows goes to a new file: a line cut here stays the last of its file
 
-    def _hold(self) -> None:
-        assert self.file is not None
-        try:
-            parts.hold(self.file.fileno())
-        except OSError as e:  # a file system without locks (an NFS mount without lockd): write all the same
-            log.warning("audit: cannot lock %s (%s): `audit ship` cannot tell it is still open", self.file.name, e)
+    def _open_next(self) -> BinaryIO:
+        """The next part, locked (parts.py). Should `audit ship` be testing the new file's lock at that very
+        instant, the file is left empty (ship never ships an empty file) and the part after it taken: the
+        broker never waits for ship."""
+        while True:
+            self.part += 1
+            file = open(os.path.join(self.directory, parts.name(self.prefix, self.part)), "ab", buffering=0)
+            try:
+                parts.hold(file.fileno())
+            except BlockingIOError:
+                file.close()
+                continue
+            except OSError as e:  # a file system without locks (an NFS mount without lockd): write all the same
+                log.warning("audit: cannot lock %s (%s): `audit ship` cannot tell it is still open", file.name, e)
+            return file
 
     def expire(self, seconds: float) -> None:
         """Close the file if it has been open `seconds`: its events reach `audit ship` within a bounded
