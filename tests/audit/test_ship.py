@@ -7,6 +7,7 @@ To stop a ship mid-copy deterministically, the destination's hidden file it writ
 planted as a named pipe: ship blocks writing into it while the test reads what it sent."""
 from __future__ import annotations
 
+import fcntl
 import os
 import re
 import signal
@@ -17,6 +18,7 @@ from pathlib import Path
 
 from ha_harness import send_all, wait_for
 from harness import REPO_ROOT, run_haqueue
+from haqueue.audit import parts
 from haqueue.audit.writer import Writer
 
 PART_BYTES = 1 << 20  # more than a pipe holds: a ship copying a part into the pipe blocks until it is read
@@ -101,16 +103,16 @@ def test_a_broker_killed_with_kill_9_leaves_its_last_file_closed_and_it_is_shipp
     running = run_haqueue(["audit", "ship", "--config", str(b.config_path), "--to", str(to), "--once"])
     assert running.returncode == 0, running.stderr
     b.kill()
-    parts = sorted(p.name for p in events.glob("*.jsonl"))
+    written = sorted(p.name for p in events.glob("*.jsonl") if p.stat().st_size)  # one left empty is never shipped
     early = sorted(p.name for p in to.iterdir())
-    assert early and early == parts[:len(early)] and len(early) < len(parts) and same_files(events, to, early)
+    assert early and early == written[:len(early)] and len(early) < len(written) and same_files(events, to, early)
     running_ship = start_ship(events, to, "--interval", "200ms")  # as a service runs it, until stopped
-    wait_for(lambda: same_files(events, to, parts), 10, interval=0.1, message="the killed broker's last file shipped")
+    wait_for(lambda: same_files(events, to, written), 10, interval=0.1, message="the killed broker's last file shipped")
     running_ship.send_signal(signal.SIGINT)
     out, err = running_ship.communicate(timeout=10)
     assert (running_ship.returncode, err) == (0, ""), err
-    assert re.fullmatch(rf"haqueue audit ship: {len(parts) - len(early)} files? \([\d.]+ MB\) to {to}\n", out), out
-    assert b'"event":"enqueue"' in b"".join((to / name).read_bytes() for name in parts)
+    assert re.fullmatch(rf"haqueue audit ship: {len(written) - len(early)} files? \([\d.]+ MB\) to {to}\n", out), out
+    assert b'"event":"enqueue"' in b"".join((to / name).read_bytes() for name in written)
 
 
 def test_bad_input_is_one_line_and_its_exit_code(tmp_path):
@@ -144,3 +146,17 @@ def test_bad_input_is_one_line_and_its_exit_code(tmp_path):
     assert [p.name for p in to.iterdir()] == ["b0-000002.jsonl"]
     result = ship(source, to)
     assert result.returncode == 0 and same_files(source, to, ["b0-000001.jsonl", "b0-000002.jsonl"])
+
+
+def test_a_new_file_ship_is_testing_is_left_empty_and_the_writer_never_waits(tmp_path):
+    """Ship tests a file's lock at the instant its writer made it: the writer takes the next part instead of
+    waiting (the broker's loop never waits for ship); the empty file is never shipped."""
+    writer = Writer(str(tmp_path), "b0", PART_BYTES)
+    with open(tmp_path / "b0-000001.jsonl", "ab") as tested:
+        fcntl.flock(tested.fileno(), fcntl.LOCK_SH)  # as parts.closed holds it, for an instant
+        writer.write([b'{"t": 1}\n'])
+    assert [(p.name, p.read_bytes()) for p in sorted(tmp_path.iterdir())] == [
+        ("b0-000001.jsonl", b""), ("b0-000002.jsonl", b'{"t": 1}\n')]
+    assert not parts.closed(str(tmp_path / "b0-000001.jsonl")) and not parts.closed(str(tmp_path / "b0-000002.jsonl"))
+    writer.close()
+    assert parts.closed(str(tmp_path / "b0-000002.jsonl"))
