@@ -147,12 +147,15 @@ class Shipped:
         except BlockingIOError:
             raise UsageError(f"another `audit ship` is shipping {source} to {destination.uri}") from None
         self.file.seek(0)
-        lines = self.file.read().splitlines()
-        # A torn last line (a ship killed while noting it) names no file: that one is asked of the destination.
-        self.names = {line for line in lines[1:] if parts.PART.match(line)}
+        text = self.file.read()
+        lines = text.splitlines(keepends=True)
+        # A torn last line (a machine crash while noting it) names no file: that one is asked of the destination.
+        self.names = {line[:-1] for line in lines[1:] if line.endswith("\n") and parts.PART.match(line[:-1])}
         if not lines:
             self.file.write(f"# shipped to {destination.root} as *{form.suffix}\n")
-            self.file.flush()
+        elif not text.endswith("\n"):
+            self.file.write("\n")
+        self.file.flush()
 
     def add(self, name: str) -> None:
         self.file.write(name + "\n")
