@@ -65,9 +65,9 @@ def shipped(tmp_path_factory, standalone) -> tuple[Path, list[Path], str]:
     c[2].env = {"HAQUEUE_TEST_DROP_REPLICA": f"{QUEUE}:{DROPPED}"}
     try:
         c.start_cluster()
-        send_all(c.public, QUEUE, [Message(id="m-0", durable=True)])  # the queue, on every backup
+        send_all(c.public, QUEUE, [Message(id="m-0", durable=True)])  # the queue, caught up on every backup
         for b in c.brokers[1:]:
-            c.wait_depth(b, QUEUE, 1)
+            c.wait_ready(b, queues=[QUEUE])
         send_all(c.public, QUEUE, [Message(id=f"m-{i}", durable=True) for i in range(1, 20)])
     finally:
         c.shutdown()
