@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, Callable
 from haqueue.admin import AdminClient, AdminError, Refused
 # argparse only: PySpark loads when an audit runs
 from haqueue.audit.command import add_lag_arguments, add_watch_arguments, run_lag, run_watch
+from haqueue.audit.ship import add_ship_arguments, run_ship
 from haqueue.config import (DEFAULT_LISTEN, EXCHANGE_TYPES, SYNC_MODES, ConfigError, MetricsConfig, TlsConfig,
                             config_from_args, load_config, parse_address)
 
@@ -725,6 +726,14 @@ def _add_audit(commands: Subparsers) -> None:
                                        "--bound (MISSING). Runs until interrupted, --for SECONDS, or --once.")
     add_watch_arguments(watch)
     watch.set_defaults(func=run_watch)
+    ship = sub.add_parser("ship", help="copy a broker's closed event files to a shared directory, each once",
+                          description="Run on each broker's node: copy the broker's closed (rotated) event files "
+                                      "to a directory every Spark executor reads, each exactly once and whole, "
+                                      "resuming where a killed run stopped; the file a broker still writes waits "
+                                      "until it is closed (audit.max_bytes, audit.rotate_seconds, exit). Exits 2 on "
+                                      "a usage error, 4 if a file could not be shipped (--once).")
+    add_ship_arguments(ship)
+    ship.set_defaults(func=run_ship)
 
 
 if __name__ == "__main__":

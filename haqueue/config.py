@@ -140,6 +140,7 @@ class AuditConfig:
 
     dir: str
     max_bytes: int = 64 * 1024 * 1024  # a file is closed and the next one started past this size
+    rotate_seconds: float = 300.0  # ... or once it has been open this long (`audit ship` copies closed files)
 
 
 @dataclass
@@ -585,7 +586,7 @@ _TOP: dict[str, Check] = {
     "tls": lambda value, path: _tls(value, path, ("cert_file", "key_file")),
     "limits": _record(LimitsConfig, _LIMITS),
     "ha": _ha,
-    "audit": _record(AuditConfig, {"dir": _name, "max_bytes": _int(4096)},
+    "audit": _record(AuditConfig, {"dir": _name, "max_bytes": _int(4096), "rotate_seconds": _positive_seconds},
                      ("dir",)),
     "metrics": _record(MetricsConfig, {"listen": _address}, ("listen",)),
     "store": _record(StoreConfig, {"enabled": _bool, "segment_bytes": _int(4096), "compact_ratio": _ratio,

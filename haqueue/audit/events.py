@@ -53,6 +53,7 @@ class AuditLog:
         self.mark_due = True  # the next write ends with a mark (the run starts)
         self.lines = LineFormatter(broker.name, shard, len(ha.config.brokers) if ha is not None else 1)
         self.writer = Writer(config.dir, broker.name, config.max_bytes)
+        self.rotate_seconds = config.rotate_seconds
         self.primary_side = ha is None or ha.primary is not None  # what this broker logs: clients' doings
         for queue in broker.registry.queues():
             self._watch(queue)
@@ -113,9 +114,11 @@ class AuditLog:
     context_changing = write
 
     def tick(self) -> None:
-        """The engine's timer: a mark (the log is complete up to now), and deleted queues forgotten."""
+        """The engine's timer: a mark (the log is complete up to now), the file closed if it is old enough
+        to go to `audit ship`, and deleted queues forgotten."""
         self.mark_due = True
         self.write()
+        self.writer.expire(self.rotate_seconds)
         for queue in [q for q in self.queues if q.deleted]:  # their last records are written
             del self.owners[self.queues.pop(queue)]
 

@@ -20,7 +20,8 @@ import os
 import re
 from collections.abc import Iterator
 
-_PART = re.compile(r"(?P<broker>.+)-(?P<part>\d+)\.jsonl$")  # writer.py's file names
+from haqueue.audit import parts
+
 _BLOCK = 16 << 20  # bytes copied at a time
 END_OF_INPUT = "end-of-input.jsonl"
 
@@ -152,14 +153,14 @@ def _stem(name: str) -> str:
 def _finished(sizes: dict[str, int]) -> set[str]:
     """The parts a later part of the same broker (same directory) follows: their writer closed them."""
     newest: dict[tuple[str, str], int] = {}
-    parts: dict[str, tuple[str, str, int]] = {}
+    found: dict[str, tuple[str, str, int]] = {}
     for name in sizes:
-        match = _PART.match(os.path.basename(name))
+        match = parts.PART.match(os.path.basename(name))
         if match:
             key = (os.path.dirname(name), match["broker"])
-            parts[name] = (*key, int(match["part"]))
+            found[name] = (*key, int(match["part"]))
             newest[key] = max(newest.get(key, 0), int(match["part"]))
-    return {name for name, (directory, broker, part) in parts.items() if part < newest[(directory, broker)]}
+    return {name for name, (directory, broker, part) in found.items() if part < newest[(directory, broker)]}
 
 
 def _publish(temp: str) -> None:

@@ -169,8 +169,13 @@ def _start(spark: SparkSession, watch: Watch, stager: Stager, checkpoint: str) -
     spark.conf.set("spark.sql.streaming.multipleWatermarkPolicy", "max")
     # State stays in memory (the default store): a few seconds of events. RocksDB's commits made each
     # micro-batch 2-3 times slower here, and so every window and alarm later.
-    if (spark.sparkContext.master or "").startswith("local"):  # one state store per operator: each costs a commit
-        spark.conf.set("spark.sql.shuffle.partitions", "1")
+    # A state store per operator and shuffle partition, each a commit per micro-batch: one partition on a
+    # local master, one per core on a cluster (Spark's 200 there kept a --once watch of a few hundred events
+    # running for minutes on two one-core workers). A setting given (--conf, spark-submit's) stands.
+    context = spark.sparkContext
+    if "spark.sql.shuffle.partitions" not in watch.conf and not context.getConf().contains("spark.sql.shuffle.partitions"):
+        local = (context.master or "").startswith("local")
+        spark.conf.set("spark.sql.shuffle.partitions", "1" if local else str(context.defaultParallelism))
     stager.stage()
     if watch.once:  # past every window and bound: all is final
         stager.finish(int((watch.window + measures.COPY_HORIZON + 2 * watch.bound + LATENESS

@@ -338,9 +338,9 @@ def long_run() -> EventLog:
     return log
 
 
-def spark_submit(args: list[str], python: str) -> subprocess.CompletedProcess:
-    """The spark-submit form of `haqueue audit lag ARGS` (submit.py), on local[2], the driver's Python
-    `python` (PYSPARK_DRIVER_PYTHON and PYSPARK_PYTHON, as design/audit-events.md says)."""
+def spark_submit(args: list[str], python: str, master: str = "local[2]", conf: list[str] = []) -> subprocess.CompletedProcess:
+    """The spark-submit form of `haqueue audit lag ARGS` (submit.py), on `master` with spark-submit's options
+    `conf`, the driver's Python `python` (PYSPARK_DRIVER_PYTHON and PYSPARK_PYTHON, as design/audit-events.md says)."""
     import pyspark
 
     from haqueue.audit import submit
@@ -349,8 +349,8 @@ def spark_submit(args: list[str], python: str) -> subprocess.CompletedProcess:
     options = shlex.split(os.environ.get("PYSPARK_SUBMIT_ARGS", "pyspark-shell"))[:-1]
     env = {**os.environ, "PYSPARK_DRIVER_PYTHON": python, "PYSPARK_PYTHON": python,
            "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))}
-    command = [str(Path(pyspark.__file__).parent / "bin" / "spark-submit"), "--master", "local[2]", *options,
-               "--conf", "spark.ui.enabled=false", submit.__file__, *args]
+    command = [str(Path(pyspark.__file__).parent / "bin" / "spark-submit"), "--master", master, *options,
+               "--conf", "spark.ui.enabled=false", *conf, submit.__file__, *args]
     return subprocess.run(command, capture_output=True, text=True, timeout=600, env=env, cwd=REPO_ROOT)
 
 

@@ -197,6 +197,7 @@ BAD = [
     ("limits: {idle_timeout: .inf}", "limits.idle_timeout: must be a non-negative number of seconds"),
     ("limits: {max_conections: 5}", "limits.max_conections: unknown key (known: max_connections,"),
     ("limits: 5", "limits: must be a map, got 5"),
+    ("audit: {dir: d, rotate_seconds: 0}", "audit.rotate_seconds: must be a positive number of seconds, got 0"),
 ]
 
 
