@@ -499,10 +499,14 @@ def _add_cluster(commands: Subparsers) -> None:
                     help="ha.sync of every broker: when a publish is confirmed (design/store.md; default all)")
     up.add_argument("--tls", metavar="DIR", help="brokers talk to each other (and the supervisor to them) over TLS "
                                                  "with DIR/ca.pem, DIR/cert.pem and DIR/key.pem (ha.tls)")
+    up.add_argument("--console-port", type=int, default=CONSOLE_PORT, metavar="PORT",
+                    help=f"broker i serves the web console on 127.0.0.1:PORT + i (default {CONSOLE_PORT}; "
+                         f"0: none; not yet with --shards)")
     up.set_defaults(func=_cluster_up)
 
 
 TLS_FILES = {"ca_file": "ca.pem", "cert_file": "cert.pem", "key_file": "key.pem"}  # cluster up --tls DIR
+CONSOLE_PORT = 15672  # cluster up's first web console, where RabbitMQ's management plugin has its own
 
 
 def _cluster_up(args: argparse.Namespace) -> int:
@@ -529,7 +533,7 @@ def _cluster_up(args: argparse.Namespace) -> int:
     if args.replicas is not None:
         _error("--replicas goes with --shards")
         return EXIT_USAGE
-    return cluster_up(args.size, args.dir, parse_address(args.public), args.base_port, extra)
+    return cluster_up(args.size, args.dir, parse_address(args.public), args.base_port, extra, args.console_port)
 
 
 # ---- haqueue place -----------------------------------------------------------------------

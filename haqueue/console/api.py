@@ -139,11 +139,11 @@ class ConsoleApi:
         raise Refusal(404, f"no such API path: {request.path}")
 
     def _check_change(self, request: Request, session: Session | None, match: re.Match[str]) -> None:
-        if request.body and request.headers.get_content_type() != "application/json":
-            raise Refusal(415, "send the body as application/json")
         if session is not None and not self.sessions.csrf_ok(session, request.headers.get(CSRF_HEADER)):
             raise Refusal(403, f"missing or wrong {CSRF_HEADER} header: a change needs the session's CSRF token "
                                f"(GET /api/session gives it)")
+        if request.body and request.headers.get_content_type() != "application/json":
+            raise Refusal(415, "send the body as application/json")
         if self.ha is not None and self.ha.primary is None and match.re not in (PROMOTE, LOGOUT):
             raise Refusal(409, f"{self.broker.name} is a backup: a change made here would be made here alone; send it "
                                f"to the primary's console", backup=True)

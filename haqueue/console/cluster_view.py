@@ -26,6 +26,7 @@ log = logging.getLogger("haqueue.console")
 REFRESH_EVERY = 1.0  # seconds between two reads of the cluster while a page watches
 IDLE_AFTER = 10.0  # seconds after the last page's request when reading stops
 PEER_TIMEOUT = 1.0  # seconds a broker has to answer
+FIRST_READ_WAIT = 2.0  # seconds a page waits for a first read (within the page's own 3 s for an answer)
 UNREACHABLE = "unreachable"
 
 
@@ -51,7 +52,7 @@ class ClusterView:
                 self._thread.start()
             if self._view is None or time.time() - self._view["read_at"] > IDLE_AFTER:
                 self._changed.wait_for(lambda: self._view is not None and
-                                       time.time() - self._view["read_at"] <= IDLE_AFTER, PEER_TIMEOUT * 4)
+                                       time.time() - self._view["read_at"] <= IDLE_AFTER, FIRST_READ_WAIT)
             view = dict(self._view or {"brokers": [], "read_at": time.time()})
         view["age"] = round(time.time() - view.pop("read_at"), 1)
         return view

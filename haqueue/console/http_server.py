@@ -43,6 +43,7 @@ App = Callable[[Request], Reply]
 
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"  # keep-alive: a page polling every second reuses its connection
+    default_request_version = "HTTP/1.0"  # what a malformed request line is answered in (0.9 has no status line)
     server_version = "haqueue-console"
     timeout = IDLE_SECONDS
     server: "ConsoleServer"

@@ -35,6 +35,9 @@ def serve_console(broker: "Broker", config: HttpConfig, ha: "HaBroker | None" = 
     if ha is not None:
         hosts += [h for h, _ in ha.config.brokers] + ([ha.config.public[0]] if ha.config.public else [])
     _warm_up()
+    # The cluster view's admin connections: proton logs each at INFO, once a second to a dead broker (the
+    # supervisor quiets it alike).
+    logging.getLogger("proton").setLevel(logging.WARNING)
     app = ConsoleApi(broker, sessions, Origins(hosts, config.allow_origins), ha,
                      ClusterView(ha, shard) if ha is not None else None, audit_dir, "")
     try:

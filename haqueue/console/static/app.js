@@ -186,6 +186,7 @@ async function logout() {
   try { await api("/api/logout", {method: "POST"}); } catch (e) { /* gone already */ }
   state.token = state.csrf = state.user = null;
   sessionStorage.clear();
+  byId("login-user").value = "";
   showUser();
   showLogin();
 }
