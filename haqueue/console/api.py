@@ -254,16 +254,23 @@ class ConsoleApi:
                                         for m in found]})
 
     def declare_queue(self, call: Call) -> Reply:
+        return self._declare(call, "queue", {})
+
+    def delete_queue(self, call: Call) -> Reply:
+        return self._delete(call, "queue")
+
+    def _declare(self, call: Call, type_: str, fields: dict[str, Any]) -> Reply:
+        """CREATE of a queue (`{name, args}`) or an exchange (`{name, type, args}`: the type goes with the args)."""
         body = call.json()
         name, args = body.get("name"), body.get("args", {})
         if not isinstance(name, str) or not name or not isinstance(args, dict):
-            raise Refusal(400, "a queue needs a \"name\" (a non-empty string) and may have \"args\" (an object)")
-        answer = self.calls.request(call.session.user, "CREATE", "queue", name, args)
+            raise Refusal(400, f"a {type_} needs a \"name\" (a non-empty string) and may have \"args\" (an object)")
+        answer = self.calls.request(call.session.user, "CREATE", type_, name, {**args, **fields})
         info = self._ok(answer)
         return _json(answer.status, _plain(info))
 
-    def delete_queue(self, call: Call) -> Reply:
-        self._ok(self.calls.request(call.session.user, "DELETE", "queue", call.name()))
+    def _delete(self, call: Call, type_: str) -> Reply:
+        self._ok(self.calls.request(call.session.user, "DELETE", type_, call.name()))
         return _json(200, {"deleted": call.name()})
 
     def purge(self, call: Call) -> Reply:
@@ -284,17 +291,10 @@ class ConsoleApi:
         return self._page(call, "exchange")
 
     def declare_exchange(self, call: Call) -> Reply:
-        body = call.json()
-        name, type_, args = body.get("name"), body.get("type", "direct"), body.get("args", {})
-        if not isinstance(name, str) or not name or not isinstance(args, dict):
-            raise Refusal(400, "an exchange needs a \"name\", a \"type\" and may have \"args\" (an object)")
-        answer = self.calls.request(call.session.user, "CREATE", "exchange", name, {**args, "type": type_})
-        info = self._ok(answer)
-        return _json(answer.status, _plain(info))
+        return self._declare(call, "exchange", {"type": str(call.json().get("type", "direct"))})
 
     def delete_exchange(self, call: Call) -> Reply:
-        self._ok(self.calls.request(call.session.user, "DELETE", "exchange", call.name()))
-        return _json(200, {"deleted": call.name()})
+        return self._delete(call, "exchange")
 
     def bindings(self, call: Call) -> Reply:
         query = call.request.query
