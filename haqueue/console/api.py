@@ -83,7 +83,7 @@ PUBLIC, CHANGES = 1, 2  # a route's flags: answered without a login; changes som
 
 class ConsoleApi:
     def __init__(self, broker: "Broker", sessions: Sessions, origins: Origins, ha: "HaBroker | None",
-                 cluster: "ClusterView | None", audit_dir: str | None, url: str) -> None:
+                 cluster: "ClusterView | None", audit_dir: str | None) -> None:
         self.broker = broker
         self.calls = ManagementCalls(broker)
         self.sessions = sessions
@@ -92,9 +92,8 @@ class ConsoleApi:
         self.ha = ha
         self.cluster = cluster
         self.audit_dir = audit_dir
-        self.url = url
+        self.url = ""  # set once the listener is bound (its port may be chosen then)
         self.static = StaticFiles()
-        self.secure = url.startswith("https:")
 
     # -- dispatch ------------------------------------------------------------------------------------
     def __call__(self, request: Request) -> Reply:
@@ -169,7 +168,7 @@ class ConsoleApi:
         cookie = f"{COOKIE}={session.token}; HttpOnly; SameSite=Strict; Path=/; Max-Age={SESSION_SECONDS}"
         return _json(200, {"user": session.user, "token": session.token, "csrf": self.sessions.csrf(session),
                            "expires": int(session.expires)},
-                     [("Set-Cookie", cookie + ("; Secure" if self.secure else ""))])
+                     [("Set-Cookie", cookie + ("; Secure" if self.url.startswith("https:") else ""))])
 
     def logout(self, call: Call) -> Reply:
         self.sessions.logout(call.session)

@@ -39,13 +39,12 @@ def serve_console(broker: "Broker", config: HttpConfig, ha: "HaBroker | None" = 
     # supervisor quiets it alike).
     logging.getLogger("proton").setLevel(logging.WARNING)
     app = ConsoleApi(broker, sessions, Origins(hosts, config.allow_origins), ha,
-                     ClusterView(ha, shard) if ha is not None else None, audit_dir, "")
+                     ClusterView(ha, shard) if ha is not None else None, audit_dir)
     try:
         server = ConsoleServer((host, port), app, tls)
     except OSError as e:
         raise OSError(e.errno, f"http.listen {host}:{port}: {e.strerror}") from None
     app.url = console_url(host, server.server_address[1], tls is not None, ha)
-    app.secure = tls is not None
     broker.status_hooks.append(lambda status: status.__setitem__("console", app.url))
     threading.Thread(target=server.serve_forever, name="console-http", daemon=True).start()
     log.info("console on %s", app.url)
