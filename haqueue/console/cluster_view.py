@@ -37,6 +37,7 @@ class ClusterView:
         self.shard = shard
         self.own = "%s:%d" % (ha.config_address.host, ha.config_address.port) if ha.config_address else None
         self._clients: dict[str, AdminClient] = {}
+        self._names: dict[str, str] = {}  # by address, as last read: a broker that no longer answers is still named
         self._view: dict[str, Any] | None = None
         self._wanted = 0.0  # time.monotonic() of the last request
         self._changed = threading.Condition()
@@ -113,7 +114,9 @@ class ClusterView:
                 answers[address] = (self._ask(address, "READ", "broker"), self._ask(address, "READ", "ha"))
             except Exception as e:  # noqa: BLE001 - whatever kept it from answering is what the page shows
                 answers[address] = str(e) or type(e).__name__
-        view = cluster_brokers(answers)
+        self._names.update({address: answer[0]["name"] for address, answer in answers.items()
+                            if not isinstance(answer, str)})
+        view = cluster_brokers(answers, self._names)
         view["public"] = "%s:%d" % self.config.public if self.config.public else None
         if self.shard is not None:
             view["shards"] = self._shards()
@@ -128,7 +131,8 @@ class ClusterView:
         return cluster_status(layout, read_all(layout, lambda address: self._ask(address, "READ", "ha")))["shards"]
 
 
-def cluster_brokers(answers: dict[str, tuple[dict[str, Any], dict[str, Any]] | str]) -> dict[str, Any]:
+def cluster_brokers(answers: dict[str, tuple[dict[str, Any], dict[str, Any]] | str],
+                    names: dict[str, str]) -> dict[str, Any]:
     """The overview's `brokers` from each broker's (READ broker, READ ha), or why it did not answer: the primary
     is the one that says so with the highest epoch (a deposed one not yet fenced says so too, for a moment), and a
     backup's readiness and lag are the primary's view of it."""
@@ -139,7 +143,8 @@ def cluster_brokers(answers: dict[str, tuple[dict[str, Any], dict[str, Any]] | s
     brokers = []
     for address, answer in answers.items():
         if isinstance(answer, str):
-            brokers.append({"name": None, "address": address, "role": None, "state": UNREACHABLE, "error": answer})
+            brokers.append({"name": names.get(address), "address": address, "role": None, "state": UNREACHABLE,
+                            "error": answer})
             continue
         status, ha = answer
         broker: dict[str, Any] = {"name": status["name"], "address": address, "role": ha["role"],

@@ -62,7 +62,7 @@ class Sessions:
         with self._checking:
             if not self._authenticate(user, password):
                 return None
-        expires = time.time() + SESSION_SECONDS
+        expires = float(int(time.time()) + SESSION_SECONDS)  # whole seconds, as the token holds it
         payload = _b64(json.dumps({"u": user, "e": int(expires), "n": _b64(os.urandom(9))}).encode())
         return Session(user, f"{payload}.{self._sign(payload)}", expires)
 
