@@ -3,16 +3,18 @@ console, and each backup's readiness, lag and catch-up as the primary reports th
 shard map as `haqueue admin cluster status` gives it.
 
 Each broker is asked what `haqueue admin` would ask (`READ broker`, `READ ha`) at its peer address, as the HA peer
-user (with `ha.tls`), over connections kept open; this broker's own answers are read on its loop. A thread reads
+user (with `ha.tls`), over connections kept open; this broker's own answers are read on its loop, and on a primary
+a backup it has connected is not asked again (the primary's view of it is what the overview shows). A thread reads
 them once a second, and only while a page has asked within the last IDLE_AFTER seconds: a closed page costs
-nothing, and a dead broker's timeout never holds up a page (it shows what was last read, and how old it is).
+nothing, an open one on the primary's console costs the cluster no request, and a dead broker's timeout never
+holds up a page (it shows what was last read, and how old it is).
 """
 from __future__ import annotations
 
 import logging
 import threading
 import time
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
 
 from ..admin import AdminClient, AdminError
 from ..loop_calls import on_loop
@@ -37,7 +39,9 @@ class ClusterView:
         self.shard = shard
         self.own = "%s:%d" % (ha.config_address.host, ha.config_address.port) if ha.config_address else None
         self._clients: dict[str, AdminClient] = {}
-        self._names: dict[str, str] = {}  # by address, as last read: a broker that no longer answers is still named
+        # Each broker's answers by address, as last read: a broker that no longer answers is still named, and a
+        # backup the primary has connected need not be asked again
+        self._known: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {}
         self._view: dict[str, Any] | None = None
         self._wanted = 0.0  # time.monotonic() of the last request
         self._changed = threading.Condition()
@@ -77,10 +81,10 @@ class ClusterView:
 
     # -- reading -------------------------------------------------------------------------------------
     def _ask(self, address: str, operation: str, type_: str) -> dict[str, Any]:
-        """An answer of the broker at `address`; this one's is read on its loop."""
-        if address == self.own:
-            reads: dict[str, Callable[[], dict[str, Any]]] = {"broker": self.ha.broker.status, "ha": self.ha.status}
-            return on_loop(self.ha.broker.engine.call_soon_threadsafe, reads[type_], PEER_TIMEOUT * 5)
+        """An answer of the broker at `address`, over a connection kept open."""
+        if address == self.own:  # a shard's layout names this process too
+            read = self.ha.broker.status if type_ == "broker" else self.ha.status
+            return on_loop(self.ha.broker.engine.call_soon_threadsafe, read, PEER_TIMEOUT * 5)
         for attempt in (1, 2):  # a connection kept open may have been closed meanwhile: then one new one
             kept = address in self._clients
             try:
@@ -107,16 +111,33 @@ class ClusterView:
             client.close()
 
     def _read(self) -> dict[str, Any]:
+        """Every broker's (READ broker, READ ha), or why it could not be had. On a primary, a backup it has
+        connected is not asked: what the overview shows of it is the primary's view (its state, lag and catch-up)
+        and what it said when last asked (its name and console), so that a page open on the primary's console
+        costs the cluster no request at all once every backup is connected."""
         answers: dict[str, tuple[dict[str, Any], dict[str, Any]] | str] = {}
+        own: tuple[dict[str, Any], dict[str, Any]] | None = None
+        if self.own is not None:
+            own = on_loop(self.ha.broker.engine.call_soon_threadsafe,
+                          lambda: (self.ha.broker.status(), self.ha.status()), PEER_TIMEOUT * 5)
+            answers[self.own] = own
+        connected = {b["name"]: b for b in own[1].get("backups", [])} if own and own[1]["role"] == "primary" else {}
         for host, port in self.config.brokers:
             address = f"{host}:{port}"
+            known = self._known.get(address)
+            if address == self.own:
+                continue
+            if known is not None and known[0]["name"] in connected and own is not None:
+                seen = connected[known[0]["name"]]
+                answers[address] = ({"name": known[0]["name"], "console": known[0].get("console")},
+                                    {"role": "backup", "state": seen["state"], "epoch": own[1]["epoch"]})
+                continue
             try:
                 answers[address] = (self._ask(address, "READ", "broker"), self._ask(address, "READ", "ha"))
             except Exception as e:  # noqa: BLE001 - whatever kept it from answering is what the page shows
                 answers[address] = str(e) or type(e).__name__
-        self._names.update({address: answer[0]["name"] for address, answer in answers.items()
-                            if not isinstance(answer, str)})
-        view = cluster_brokers(answers, self._names)
+        self._known.update({address: answer for address, answer in answers.items() if not isinstance(answer, str)})
+        view = cluster_brokers(answers, {address: answer[0]["name"] for address, answer in self._known.items()})
         view["public"] = "%s:%d" % self.config.public if self.config.public else None
         if self.shard is not None:
             view["shards"] = self._shards()
@@ -149,7 +170,7 @@ def cluster_brokers(answers: dict[str, tuple[dict[str, Any], dict[str, Any]] | s
         status, ha = answer
         broker: dict[str, Any] = {"name": status["name"], "address": address, "role": ha["role"],
                                   "state": ha["state"], "epoch": ha["epoch"], "console": status.get("console"),
-                                  "connections": status["connections"], "queues": status["queues"]}
+                                  "connections": status.get("connections"), "queues": status.get("queues")}
         if address == primary:
             broker.update(sync=ha.get("sync"), min_confirmations=ha.get("min_confirmations"),
                           holders=ha.get("holders"), confirming=ha.get("confirming"))
