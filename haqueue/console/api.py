@@ -118,15 +118,17 @@ class ConsoleApi:
             if request.method not in ("GET", "HEAD"):
                 raise Refusal(405, f"{request.method} {request.path}: the pages are only read")
             return self.static.reply(request.path)
-        token = _bearer(request) or _cookie(request, COOKIE)
-        if origin is not None and not self.origins.allows(origin, request.host, _bearer(request) is not None):
+        bearer = _bearer(request)
+        token = bearer or _cookie(request, COOKIE)
+        session = self.sessions.session(token)
+        signed_in = bearer is not None and session is not None and session.token == bearer  # a valid one, not any
+        if origin is not None and not self.origins.allows(origin, request.host, signed_in):
             raise Refusal(403, f"a page from {origin} may call this console only with a session token (log in); "
                                f"add it to http.allow_origins to let its pages in")
         for method, pattern, handler, flags in ROUTES:
             match = pattern.fullmatch(request.path)
             if match is None or method != request.method:
                 continue
-            session = self.sessions.session(token)
             if session is None and not flags & PUBLIC:
                 raise Refusal(401, "log in first" if not token else "the session has expired or was logged out; "
                                                                     "log in again", login=True)

@@ -212,18 +212,29 @@ def test_bad_http_requests_get_clear_answers_and_the_broker_serves_on(console_cl
     status, answer = _http(address, "POST", f"/api/queues/{QUEUE}/purge", b"confirm=yes",
                            {**cookie, "Content-Type": "application/x-www-form-urlencoded"})
     assert status == 403 and "X-CSRF-Token" in answer["error"], answer
-    status, answer = _http(address, "POST", "/api/queues", b"x" * (1 << 20),
-                           {**cookie, **json_type, "X-CSRF-Token": login["csrf"]})
-    assert status == 413 and "at most 65536" in answer["error"], answer
+    # a huge body is refused from its Content-Length, before it is read
+    host, port = address.rsplit(":", 1)
+    with socket.create_connection((host, int(port)), 5) as s:
+        s.sendall(f"POST /api/queues HTTP/1.1\r\nHost: {address}\r\nContent-Type: application/json\r\n"
+                  f"X-CSRF-Token: {login['csrf']}\r\nCookie: haqueue_session={login['token']}\r\n"
+                  f"Content-Length: {1 << 30}\r\n\r\n{{".encode())
+        answer_413 = s.makefile("rb").read().decode()
+    assert answer_413.startswith("HTTP/1.1 413") and "at most 65536" in answer_413, answer_413
     status, answer = _http(address, "POST", "/api/queues", b"{not json",
                            {**cookie, **json_type, "X-CSRF-Token": login["csrf"]})
     assert status == 400 and "not JSON" in answer["error"], answer
+    for credentials in ({}, {"Authorization": "Bearer forged"}):  # a page of another site, with no valid token
+        status, answer = _http(address, "GET", "/api/overview", headers={"Origin": "https://elsewhere.example",
+                                                                          **credentials})
+        assert status == 403 and "may call this console only with a session token" in answer["error"], answer
+    status, answer = _http(address, "GET", "/api/overview", headers={"Origin": "https://elsewhere.example",
+                                                                      "Authorization": f"Bearer {login['token']}"})
+    assert status == 200, answer
     status, answer = _http(address, "GET", "/api/nothing-here", headers=cookie)
     assert status == 404, answer
     status, answer = _http(address, "GET", "/api/overview", headers={**cookie, "X-Big": "y" * 70000})
     assert status == 431 or status == 400, (status, answer)
 
-    host, port = address.rsplit(":", 1)
     with socket.create_connection((host, int(port)), 5) as s:
         s.sendall(b"NONSENSE\r\n\r\n")
         assert s.recv(4096).startswith(b"HTTP/1.1 400"), "a malformed request line"
