@@ -3,7 +3,8 @@ and a real headless Chromium (Debian's `chromium` and `chromium-driver`, which `
 Selenium. Selenium is given the browser and its driver, so it never looks for or downloads one of its own.
 
 `console_cluster`  a started 3-broker HaCluster (b0 primary), users `ops` (admin, allowed everything) and `app`
-                   (send and receive on orders.*), anonymous clients refused; `console_urls` its consoles by name.
+                   (send and receive on orders.*), anonymous clients refused, audit events in `audit_dir`;
+                   `console_setup.console_url(broker)` a broker's console.
 `browser`          a headless Chromium for the module; `screenshot(name)` saves the page into the module's
                    temporary output directory (not the repository).
 """
@@ -15,17 +16,20 @@ from typing import Callable, Iterator
 
 import pytest
 
+from console_setup import APP_PASSWORD
 from ha_harness import HaCluster, unexpected_exits
 from harness import free_port
 
 CHROMIUM, CHROMEDRIVER = "/usr/bin/chromium", "/usr/bin/chromedriver"
-APP_PASSWORD = "app-secret"
 
 
 @pytest.fixture(scope="module")
 def console_cluster(tmp_path_factory) -> Iterator[HaCluster]:
     users = {"app": {"password": APP_PASSWORD, "allow": {"send": ["orders.*"], "receive": ["orders.*"]}}}
-    c = HaCluster(tmp_path_factory.mktemp("cluster"), 3, extra={"anonymous": False, "users": users})
+    audit = tmp_path_factory.mktemp("audit")
+    c = HaCluster(tmp_path_factory.mktemp("cluster"), 3,
+                  extra={"anonymous": False, "users": users, "audit": {"dir": str(audit)}})
+    c.audit_dir = audit
     for b in c:
         b.config["http"] = {"listen": f"127.0.0.1:{free_port()}"}
     try:
@@ -36,10 +40,6 @@ def console_cluster(tmp_path_factory) -> Iterator[HaCluster]:
         c.shutdown()
         print(c.log_tails(60))
         assert not crashed, crashed
-
-
-def console_url(b) -> str:
-    return f"http://{b.config['http']['listen']}/"
 
 
 @pytest.fixture(scope="module")

@@ -17,7 +17,7 @@ from selenium.common.exceptions import NoAlertPresentException, NoSuchElementExc
     StaleElementReferenceException, WebDriverException
 from selenium.webdriver.common.by import By
 
-from conftest import APP_PASSWORD, console_url
+from console_setup import APP_PASSWORD, console_url
 from ha_harness import OPS_USER, connect
 from harness import wait_for
 
@@ -179,6 +179,23 @@ def test_restricted_user_sees_only_its_queues_and_is_refused_a_purge(console_clu
     c.wait_depth(primary, QUEUE, 3)
     _nav(browser, "overview")
     wait_for(_seen(lambda: "Only an admin" in _text(browser, "brokers-box")), 10, message="no cluster view for app")
+
+
+def test_admin_sees_the_latest_audit_report(console_cluster, browser, screenshot):
+    """A report `haqueue audit lag --out` wrote into audit.dir: its summary and lag.png on the Audit page."""
+    c = console_cluster
+    report = c.audit_dir / "report"
+    report.mkdir()
+    (report / "summary.txt").write_text("replication lag per queue and backup\nno confirmed message lost\n")
+    (report / "lag.png").write_bytes(screenshot("audit-before").read_bytes())  # any PNG: the page shows it
+    _click(browser, By.ID, "logout")
+    _log_in(browser, OPS_USER, c.password)
+    _nav(browser, "audit")
+    wait_for(_seen(lambda: "no confirmed message lost" in _text(browser, "audit-summary")), 10, message="the summary")
+    wait_for(lambda: browser.execute_script("const i = document.querySelector('img.lag'); "
+                                            "return i !== null && i.complete && i.naturalWidth > 0"), 10,
+             message="lag.png shown")
+    screenshot("audit")
 
 
 def _http(address: str, method: str, path: str, body: bytes | None = None,
