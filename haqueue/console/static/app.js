@@ -216,7 +216,7 @@ const views = {
       return el("div", {},
         el("h2", {text: "Brokers"}), el("div", {id: "brokers-box"}),
         el("h2", {text: "Totals"}), el("ul", {class: "figures", id: "totals"}),
-        el("h2", {text: "Message rates (this broker, all queues)"}), el("div", {id: "rates", class: "chart"}),
+        el("h2", {id: "rates-title", text: "Message rates (this broker, all queues)"}), el("div", {id: "rates", class: "chart"}),
         el("div", {id: "shards-box"}));
     },
     async refresh() {
@@ -227,7 +227,7 @@ const views = {
         el("th", {scope: "row", text: b.name || "?"}), cell(b.address || ""),
         cell(b.role || "–", false, b.role ? "role-" + b.role : null), cell(b.state || "", false, "state-" + b.state),
         cell(number(b.epoch), true), cell(b.sync || ""),
-        cell(b.role === "backup" ? (b.ready ? "ready" : "no") : "", false),
+        cell(b.role === "backup" && b.ready !== undefined ? (b.ready ? "ready" : "no") : "", false),
         cell(number(b.lag), true), cell(b.lag_seconds === undefined || b.lag_seconds === null ? "–" : b.lag_seconds.toFixed(3), true),
         cell(b.catchup && b.catchup.total ? `${b.catchup.done}/${b.catchup.total}` : "–", true),
         cell(b.console ? el("a", {href: b.console, text: b.console}) : (b.error || "")),
@@ -246,6 +246,7 @@ const views = {
         figure("messages", number(t.messages), "total-messages"), figure("bytes", size(t.bytes)),
         figure("connections", number(t.connections)), figure("memory alarm", t.memory_alarm ? "ON" : "off")] :
         [el("li", {class: "muted", text: "(admins only)"})]));
+      byId("rates-title").hidden = !o.rates;
       if (o.rates) chart("overview", byId("rates"), o.rates, "");
       if (o.shards) byId("shards-box").replaceChildren(el("h2", {text: "Shards"}), table("shards",
         ["shard", "primary", "preferred", {label: "epoch", num: 1}, "backups"].map(h => typeof h === "string" ? {label: h} : h),
