@@ -8,14 +8,18 @@ VENV := .venv
 # openssl: the TLS tests make their certificates with it. prometheus: its server scrapes a cluster in a test,
 # and its promtool checks packaging/'s alert rules. iptables: the nemesis suite cuts nodes apart with it (tests/nemesis).
 # g++ and libqpid-proton-cpp12-dev: a proton C++ client the redirect tests build (tests/cpp).
-APT_PACKAGES := python3-venv python3-dev gcc pkg-config libssl-dev libsasl2-dev openssl pacemaker corosync pcs resource-agents pacemaker-cli-utils libxml2-utils iproute2 iptables prometheus g++ libqpid-proton-cpp12-dev
+# chromium and chromium-driver: the web console's tests drive the pages in a real headless browser (tests/console).
+APT_PACKAGES := python3-venv python3-dev gcc pkg-config libssl-dev libsasl2-dev openssl pacemaker corosync pcs resource-agents pacemaker-cli-utils libxml2-utils iproute2 iptables prometheus g++ libqpid-proton-cpp12-dev chromium chromium-driver
+CONSOLE_NPM := haqueue/console/npm
+CONSOLE_VENDOR := haqueue/console/static/vendor
 PROTON := $(shell grep -o 'python-qpid-proton==[0-9.]*' pyproject.toml)
 PROTON_OK := $(VENV)/bin/python -c 'import proton, sys; sys.exit(not (proton.SSL.present() and proton.SASL.extended()))'
 
 .PHONY: setup apt build run test quick clean
 
 # bench/js: the benchmark's rhea clients, which the audit's failover tests also drive.
-setup: $(VENV)/.installed $(VENV)/.compiled tests/js/node_modules/.installed bench/js/node_modules/.installed
+setup: $(VENV)/.installed $(VENV)/.compiled tests/js/node_modules/.installed bench/js/node_modules/.installed \
+	$(CONSOLE_VENDOR)/.installed
 
 # The hot path compiled by mypyc (setup.py) again whenever a source it may hold changed; until then
 # haqueue runs it from source (haqueue/_compiled.py).
@@ -50,6 +54,13 @@ $(VENV)/.compiled: $(VENV)/.installed $(wildcard haqueue/broker/*.py haqueue/bro
 	touch haqueue/_hot_path__mypyc*.so
 	touch $@
 
+# The web console's charting library (uPlot), from npm at build time into the package's static files (not in
+# git): the pages need no network when they run.
+$(CONSOLE_VENDOR)/.installed: $(CONSOLE_NPM)/node_modules/.installed
+	mkdir -p $(CONSOLE_VENDOR)
+	cp $(CONSOLE_NPM)/node_modules/uplot/dist/uPlot.iife.min.js $(CONSOLE_NPM)/node_modules/uplot/dist/uPlot.min.css $(CONSOLE_VENDOR)/
+	touch $@
+
 %/node_modules/.installed: %/package.json | apt
 	cd $* && npm install --no-audit --no-fund
 	touch $@
@@ -64,5 +75,5 @@ quick: setup
 	$(VENV)/bin/pytest -q -m "not slow"
 
 clean:
-	rm -rf $(VENV) tests/js/node_modules bench/js/node_modules build
+	rm -rf $(VENV) tests/js/node_modules bench/js/node_modules $(CONSOLE_NPM)/node_modules $(CONSOLE_VENDOR) build
 	find haqueue -name '*.so' -delete

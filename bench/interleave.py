@@ -27,6 +27,11 @@ Set-ups (--setups, comma-separated):
                     primary; a saturation run uses K queues at once (or --pairs), spread over the shards;
                     clients connect to their queue's shard, or with :relay to the next one (every link
                     relayed: the relay's cost)
+  single+console, cluster[:MODE]+console
+                    the same serving the web console (`http: {listen}`; the cluster's on ports of their own)
+  single+page, cluster[:MODE]+page
+                    and a page open on it: a thread asking what the page asks every second (the overview and
+                    the queue table, bench/console_page.py); beside +console, the console's cost
   rabbit-classic    RabbitMQ, one node, durable classic queue
   rabbit-quorum     RabbitMQ, 3 nodes on this machine, quorum queue of 3
   single+prioN, old:DIR+prioN, rabbit-classic+prioN (after +audit if both)
@@ -43,6 +48,7 @@ times: time from the process start to the port accepting connections and to the 
     python bench/interleave.py --setups cluster:quorum_disk,cluster:all_disk,rabbit-quorum --durable
     python bench/interleave.py --setups single,old:/tmp/hq-old --no-latency --target-ratio 0.95
     python bench/interleave.py --setups single+audit,single,old:/tmp/hq-old+audit,old:/tmp/hq-old --no-latency
+    python bench/interleave.py --setups cluster+page,cluster+console --no-latency --clients c   # the console's cost
     python bench/interleave.py --setups single,rabbit-classic --pairs 10 --no-latency   # 10 queues at once
     python bench/interleave.py --setups single:10,single --no-latency --clients c        # 10 queues against 1
     python bench/interleave.py --setups shards:4,shards:2,shards:1 --no-latency   # K shards, K queues
@@ -69,6 +75,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import run as R  # noqa: E402  bench/run.py, used as a library
 import setups as S  # noqa: E402
+from console_page import PagePoller  # noqa: E402
 from sharded import ShardedCluster  # noqa: E402
 
 HOST = R.HOST
@@ -80,6 +87,11 @@ AUDIT = "+audit"
 PRIO = re.compile(r"\+prio(\d+)$")  # +prioN: queues with N priority levels
 PRIO_KINDS = ("single", "old", "rabbit-classic")  # the set-ups that take +prioN
 HEADER_PRIORITIES = 10  # the producers of a run with a +prioN set-up send header priorities 0-9 in turn
+# +console: the same broker serving its web console, no page open; +page: and a page open (bench/console_page.py)
+CONSOLE, PAGE = "+console", "+page"
+CONSOLE_CMD = ("sh -c 'printf \"name: %s\\nlisten:\\n  - 127.0.0.1:%s\\ndata_dir: %s\\nhttp:\\n  listen: 127.0.0.1:{http}\\n\" "
+               "{{name}} {{port}} {{data_dir}} > {{data_dir}}/b.yaml && exec {{python}} -m haqueue broker --config "
+               "{{data_dir}}/b.yaml'")
 AUDIT_CMD = ("sh -c 'cd {tree} && printf \"name: %s\\nlisten:\\n  - 127.0.0.1:%s\\ndata_dir: %s\\naudit:\\n  dir: %s/audit\\n\" "
              "{{name}} {{port}} {{data_dir}} {{data_dir}} > {{data_dir}}/b.yaml && "
              "exec {{python}} -m haqueue broker --config {{data_dir}}/b.yaml'")
@@ -110,6 +122,9 @@ def default_label(spec: str) -> str:
         return default_label(plain) + f", {levels} priority levels"
     if spec.endswith(AUDIT):
         return default_label(spec.removesuffix(AUDIT)) + " + audit"
+    for suffix, what in ((CONSOLE, " + console"), (PAGE, " + console, page open")):
+        if spec.endswith(suffix):
+            return default_label(spec.removesuffix(suffix)) + what
     kind, _, arg = spec.partition(":")
     return {"single": "haqueue single broker" + (f", {arg} queues at once" if arg else ""),
             "old": f"haqueue single broker ({arg})",
@@ -125,6 +140,8 @@ def make_setup(spec: str, startup_timeout: float) -> R.Broker:
         if plain.removesuffix(AUDIT).partition(":")[0] not in PRIO_KINDS:
             raise ValueError(f"{spec}: only single[:P], old:DIR (either with +audit) and rabbit-classic take +prioN")
         return with_priorities(make_setup(plain, startup_timeout), spec, levels)
+    if spec.endswith(CONSOLE) or spec.endswith(PAGE):
+        return console_setup(spec, startup_timeout)
     audit = spec.endswith(AUDIT)
     kind, _, arg = spec.removesuffix(AUDIT).partition(":")
     if audit and kind in ("single", "old"):
@@ -152,6 +169,22 @@ def make_setup(spec: str, startup_timeout: float) -> R.Broker:
                      "rabbit-classic, rabbit-quorum; +audit, +prioN)")
 
 
+def console_setup(spec: str, startup_timeout: float) -> R.Broker:
+    """single or cluster[:MODE] serving the web console (`console`: its URL); +page: a page will poll it."""
+    plain = spec.removesuffix(CONSOLE).removesuffix(PAGE)
+    kind, _, mode = plain.partition(":")
+    if kind == "single" and not mode:
+        http = R.free_port()
+        broker: R.Broker = R.CommandBroker(CONSOLE_CMD.format(http=http), default_label(spec), None, startup_timeout)
+        broker.console = f"http://127.0.0.1:{http}/"
+    elif kind == "cluster" and "@" not in mode:
+        broker = S.HaCluster(default_label(spec), size=3, sync=mode or None, console=True)
+    else:
+        raise ValueError(f"{spec}: only single and cluster[:MODE] take {CONSOLE} or {PAGE}")
+    broker.page = PAGE if spec.endswith(PAGE) else None
+    return broker
+
+
 def with_priorities(broker: R.Broker, spec: str, levels: int) -> R.Broker:
     """The set-up whose queues are declared with `levels` priority levels."""
     if isinstance(broker, R.RabbitBroker):  # its label, made at start, names the argument
@@ -173,6 +206,9 @@ def start_all(specs: list[str], args) -> dict[str, R.Broker]:
             s = R.smoke(b)
             if "error" in s:
                 raise RuntimeError(f"{spec}: smoke test failed: {s['error']}; {b.describe_failure()}")
+            if getattr(b, "page", None):
+                b.page = PagePoller(b.console)
+                b.page.start()
     except BaseException:
         stop_all(brokers)
         raise
@@ -181,6 +217,8 @@ def start_all(specs: list[str], args) -> dict[str, R.Broker]:
 
 def stop_all(brokers: dict[str, R.Broker]) -> None:
     for spec, b in brokers.items():
+        if isinstance(getattr(b, "page", None), PagePoller):
+            log(f"{spec}: the page made {b.page.stop()}")
         try:
             b.stop()
         except Exception as e:  # stop the others anyway

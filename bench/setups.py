@@ -158,7 +158,7 @@ class HaCluster(R.LoggedProcess, R.Broker):
     """`haqueue cluster up --size N [--sync MODE]`: supervisor + N brokers; clients use the public address.
     `tree`: run the haqueue of another tree (its brokers inherit the directory `python -m` imports from)."""
 
-    def __init__(self, label: str, size: int = 3, sync: str | None = None, tree: Path = REPO):
+    def __init__(self, label: str, size: int = 3, sync: str | None = None, tree: Path = REPO, console: bool = False):
         self.label = label
         self.size = size
         self.tree = tree
@@ -169,6 +169,13 @@ class HaCluster(R.LoggedProcess, R.Broker):
         self.log_path = OUT / f"ha-cluster-{time.strftime('%Y%m%d-%H%M%S')}-{self.port}.log"
         self.cmd = [str(VENV_PY), "-m", "haqueue", "cluster", "up", "--size", str(size), "--dir", self.dir,
                     "--public", f"{HOST}:{self.port}", "--base-port", str(self.base)] + (["--sync", sync] if sync else [])
+        # The web consoles, on ports of their own (cluster up's default ports may be another set-up's), or none; a
+        # tree from before them has neither.
+        self.console: str | None = None
+        if "--console-port" in (tree / "haqueue" / "cli.py").read_text():
+            first = free_ports(size, consecutive=True)[0] if console else 0
+            self.cmd += ["--console-port", str(first)]
+            self.console = f"http://{HOST}:{first}/" if console else None
         self.proc: subprocess.Popen | None = None
         self.password = ""
         self.roles: dict[str, str] = {}

@@ -109,6 +109,9 @@ def _broker(args: argparse.Namespace) -> int:
         if config.metrics is not None:
             from haqueue.metrics import serve_metrics
             serve_metrics(broker, config.metrics, ha, store)
+        if config.http is not None:  # last: it reads what the others add (HA's role, the shard map)
+            from haqueue.console import serve_console
+            serve_console(broker, config.http, ha, config.shard, config.audit.dir if config.audit else None)
     return run(config, [plugins])
 
 
@@ -180,6 +183,7 @@ def _add_admin(commands: Subparsers) -> None:
     _add_queue(actions)
     _add_exchange(actions)
     _add_binding(actions)
+    _add_connection(actions)
     _add_ha(actions)
     _add_admin_cluster(actions)
     store = actions.add_parser("store", help="the broker's durable store")
@@ -261,6 +265,12 @@ def _add_queue(actions: Subparsers) -> None:
     add.add_argument("name")
     _add_arg_option(add)
     _add_action(sub, "del", _queue_del, "delete a queue").add_argument("name")
+    _add_action(sub, "purge", _queue_purge, "drop every message no consumer holds; prints how many went").add_argument(
+        "name")
+    peek = _add_action(sub, "peek", _queue_peek, "print the first messages (seq, state, message as base64 AMQP) "
+                                                 "without taking them, one JSON object a line")
+    peek.add_argument("name")
+    peek.add_argument("--count", metavar="N", type=_whole_number, default=10, help="how many (default 10, at most 100)")
     _add_list(sub, "queue", "print one JSON object per queue (name, depth, consumers, args), by name")
 
 
@@ -270,6 +280,16 @@ def _queue_add(client: AdminClient, args: argparse.Namespace) -> None:
 
 def _queue_del(client: AdminClient, args: argparse.Namespace) -> None:
     _call(client, "DELETE", "queue", args.name)
+
+
+def _queue_purge(client: AdminClient, args: argparse.Namespace) -> None:
+    _print_json(_call(client, "PURGE", "queue", args.name))
+
+
+def _queue_peek(client: AdminClient, args: argparse.Namespace) -> None:
+    import base64
+    for item in _call(client, "PEEK", "queue", args.name, {"count": args.count}):
+        _print_json({**item, "message": base64.b64encode(item["message"]).decode()})
 
 
 def _add_list(sub: Subparsers, type_: str, help: str) -> None:
@@ -319,6 +339,19 @@ def _add_binding(actions: Subparsers) -> None:
         p.add_argument("exchange")
         p.add_argument("queue")
         p.add_argument("--key", default="", help="binding key (default: empty)")
+
+
+def _add_connection(actions: Subparsers) -> None:
+    p = actions.add_parser("connection", help="list or close client connections (admin)")
+    sub = p.add_subparsers(dest="connection_command", metavar="COMMAND", required=True)
+    _add_list(sub, "connection", "print one JSON object per connection (name: its peer address, user, container, "
+                                 "links), by name")
+    close = _add_action(sub, "close", _connection_close, "close a connection (amqp:connection:forced)")
+    close.add_argument("name", help="the connection's name in `connection list` (its peer address)")
+
+
+def _connection_close(client: AdminClient, args: argparse.Namespace) -> None:
+    _call(client, "DELETE", "connection", args.name, {"reason": "closed by an administrator (haqueue admin)"})
 
 
 def _binding(args: argparse.Namespace) -> dict[str, str]:
@@ -467,10 +500,14 @@ def _add_cluster(commands: Subparsers) -> None:
                     help="ha.sync of every broker: when a publish is confirmed (design/store.md; default all)")
     up.add_argument("--tls", metavar="DIR", help="brokers talk to each other (and the supervisor to them) over TLS "
                                                  "with DIR/ca.pem, DIR/cert.pem and DIR/key.pem (ha.tls)")
+    up.add_argument("--console-port", type=int, default=CONSOLE_PORT, metavar="PORT",
+                    help=f"broker i serves the web console on 127.0.0.1:PORT + i (default {CONSOLE_PORT}; "
+                         f"0: none; not yet with --shards)")
     up.set_defaults(func=_cluster_up)
 
 
 TLS_FILES = {"ca_file": "ca.pem", "cert_file": "cert.pem", "key_file": "key.pem"}  # cluster up --tls DIR
+CONSOLE_PORT = 15672  # cluster up's first web console, where RabbitMQ's management plugin has its own
 
 
 def _cluster_up(args: argparse.Namespace) -> int:
@@ -497,7 +534,7 @@ def _cluster_up(args: argparse.Namespace) -> int:
     if args.replicas is not None:
         _error("--replicas goes with --shards")
         return EXIT_USAGE
-    return cluster_up(args.size, args.dir, parse_address(args.public), args.base_port, extra)
+    return cluster_up(args.size, args.dir, parse_address(args.public), args.base_port, extra, args.console_port)
 
 
 # ---- haqueue place -----------------------------------------------------------------------

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import socket
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
@@ -161,6 +162,17 @@ class MetricsConfig:
 
 
 @dataclass
+class HttpConfig:
+    """The `http:` section: the web console and its JSON API (design/console.md)."""
+
+    listen: tuple[str, int]
+    tls: TlsConfig | None = None  # served over HTTPS with this certificate
+    # Origins (scheme://host:port) of pages allowed to call this console's API besides those of the cluster's own
+    # hosts (ha.brokers, ha.public): a console reached by a host name the cluster's addresses do not use.
+    allow_origins: list[str] = field(default_factory=list)
+
+
+@dataclass
 class AllowConfig:
     """What a user may do (design/permissions.md): address globs per action, and the admin operations."""
 
@@ -218,6 +230,7 @@ class BrokerConfig:
     audit: AuditConfig | None = None
     store: StoreConfig = field(default_factory=StoreConfig)
     metrics: MetricsConfig | None = None  # None: no metrics endpoint
+    http: HttpConfig | None = None  # None: no web console
     shard: ShardConfig | None = None  # set for one shard's process of a sharded cluster
 
 
@@ -589,9 +602,24 @@ _TOP: dict[str, Check] = {
     "audit": _record(AuditConfig, {"dir": _name, "max_bytes": _int(4096), "rotate_seconds": _positive_seconds},
                      ("dir",)),
     "metrics": _record(MetricsConfig, {"listen": _address}, ("listen",)),
+    "http": lambda value, path: _http(value, path),  # defined below
     "store": _record(StoreConfig, {"enabled": _bool, "segment_bytes": _int(4096), "compact_ratio": _ratio,
                                     "page_above": _int(0)}),
 }
+
+
+def _origin(value: Any, path: str) -> str:
+    """scheme://host[:port], as a browser sends it in Origin."""
+    ok = isinstance(value, str) and re.fullmatch(r"https?://[^/\s:]+(:[0-9]{1,5})?", value) is not None
+    _expect(ok, path, 'an origin "http://HOST:PORT" or "https://HOST:PORT" (no path)', value)
+    return value
+
+
+def _http(value: Any, path: str) -> HttpConfig:
+    fields = _fields(value, path, {"listen": _address, "tls": _record(TlsConfig, {"cert_file": _name, "key_file": _name},
+                                                                      ("cert_file", "key_file")),
+                                   "allow_origins": _list_of(_origin)}, ("listen",))
+    return HttpConfig(**fields)
 
 
 def _unique(items: Sequence[QueueConfig | ExchangeConfig], path: str) -> None:

@@ -7,16 +7,19 @@ from __future__ import annotations
 
 import logging
 from collections import deque
+from operator import attrgetter
 from typing import Any, Callable, Protocol
 
 from proton import Message
 
 from .access import ADMIN, MANAGE, RECEIVE, SEE, SEND, Access
-from .errors import BrokerError, DECODE, INVALID_FIELD, NOT_FOUND, NOT_IMPLEMENTED, RESOURCE_LOCKED
+from .connection import Connection
+from .errors import (BrokerError, CONNECTION_FORCED, DECODE, INVALID_FIELD, NOT_FOUND, NOT_IMPLEMENTED,
+                     RESOURCE_LOCKED)
 from .management_turns import Turns
 from .proton_adapter import ACCEPTED, REJECTED, Link, LinkHandler
-from .query_pages import Listings
-from .queue import Queue
+from .query_pages import Listing, Listings
+from .queue import ACQUIRED, DEFERRED, Queue
 from .registry import Registry
 
 log = logging.getLogger("haqueue.management")
@@ -26,6 +29,8 @@ ADDRESS = "$management"
 # The credit a client holds on a $management link: requests it may have waiting, one more granted as each is
 # answered. It bounds what the broker buffers and decodes for one client (a publisher's window, up to 2,000).
 WINDOW = 100
+PEEK_DEFAULT, PEEK_MOST = 10, 100  # messages a PEEK answers by default, and at most
+ENTRY_STATES = {ACQUIRED: "acquired", DEFERRED: "scheduled"}  # a peeked message's state, else "available"
 
 # (name, request body) -> (status code, answer body)
 Operation = Callable[[str | None, dict[str, Any]], tuple[int, Any]]
@@ -82,6 +87,7 @@ class ManagementHost(Protocol):
 
     access: Access
     registry: Registry
+    connections: set[Connection]
 
     def status(self) -> dict[str, Any]:
         """The broker's own status (the `broker` READ)."""
@@ -119,6 +125,15 @@ class Management:
                       _on_name(SEE))
         self.register("binding", "CREATE", self._bind, _binding_needs)
         self.register("binding", "DELETE", self._unbind, _binding_needs)
+        self.register("queue", "PURGE", lambda name, body: (200, {"purged": self._node(name, "queue").purge_available()}),
+                      _on_name(MANAGE))
+        self.register("queue", "PEEK", self._peek, _on_name(RECEIVE))
+        # Connections are an admin's to see and close; they change without the registry knowing, so a QUERY of
+        # them lists them afresh each time.
+        self.queries.listings["connection"] = Listing(lambda body: broker.connections, attrgetter("peer"),
+                                                      _connection_names, _connection_info, admin_only=True)
+        self.register("connection", "READ", lambda name, body: (200, _connection_info(self._connection(name), True)))
+        self.register("connection", "DELETE", self._close_connection)
         self.register("broker", "READ", lambda name, body: (200, broker.status()))
 
     def register(self, type_: str, operation: str, handler: Operation, needs: Needs | None = None) -> None:
@@ -202,6 +217,27 @@ class Management:
         type_ = str(args.pop("type", "direct"))
         return self._created(*self.broker.registry.declare_exchange(_name(name), type_, args), args)
 
+    def _peek(self, name: str | None, body: dict[str, Any]) -> tuple[int, Any]:
+        """The first `count` messages (default PEEK_DEFAULT, at most PEEK_MOST) as they are held, taken by a
+        consumer or not, without taking them: a browser's first look, answered at once."""
+        count = body.get("count", PEEK_DEFAULT)
+        if isinstance(count, bool) or not isinstance(count, int) or not 0 <= count <= PEEK_MOST:
+            raise BrokerError(INVALID_FIELD, f"'count' must be a whole number 0..{PEEK_MOST}, got {count!r}")
+        queue = self._node(name, "queue")
+        return 200, [{"seq": e.seq, "state": ENTRY_STATES.get(e.state, "available"), "message": e.data}
+                     for e in queue.first(count)]
+
+    def _connection(self, name: str | None) -> Connection:
+        """A connection by its name in a QUERY: its peer address."""
+        conn = next((c for c in self.broker.connections if c.peer == name), None)
+        if conn is None:
+            raise BrokerError(NOT_FOUND, f"no connection from '{name}'")
+        return conn
+
+    def _close_connection(self, name: str | None, body: dict[str, Any]) -> tuple[int, Any]:
+        self._connection(name).close(CONNECTION_FORCED, str(body.get("reason") or "closed by an administrator"))
+        return 204, None
+
     def _bind(self, name: str | None, body: dict[str, Any]) -> tuple[int, Any]:
         exchange, queue, key, args = _binding_fields(body)
         binding, created = self.broker.registry.bind(exchange, queue, key, args)
@@ -211,6 +247,25 @@ class Management:
         exchange, queue, key, _ = _binding_fields(body)
         self.broker.registry.unbind(exchange, queue, key)
         return 204, None
+
+
+def _connection_names(conn: Connection) -> tuple[str, ...]:
+    """What a QUERY's filter matches: its peer address, container id and user."""
+    return conn.peer, conn.remote_container, conn.user or ""
+
+
+def _connection_info(conn: Connection, links: bool = False) -> dict[str, Any]:
+    """A connection's attributes; with `links`, each of its links (a READ: a QUERY's page would grow too large)."""
+    remote = conn.remote_properties or {}
+    listener = conn.listener.options if conn.listener is not None else None
+    info: dict[str, Any] = {"name": conn.peer, "user": conn.user, "container": conn.remote_container,
+                            "listener": f"{listener.host}:{listener.port}" if listener is not None else None,
+                            "tls": conn.tls is not None, "links": len(conn.links),
+                            "product": str(remote.get("product", "")), "version": str(remote.get("version", ""))}
+    if links:
+        info["links"] = [{"name": link.name, "address": link.address or "",
+                          "role": "consumer" if link.is_sender else "publisher"} for link in conn.links.values()]
+    return info
 
 
 def _failure(e: Exception) -> tuple[int, str]:

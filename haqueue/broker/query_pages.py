@@ -37,6 +37,8 @@ class Listing:
     key: Callable[[Any], Any]
     names: Callable[[Any], tuple[str, ...]]
     info: Callable[[Any], dict[str, Any]]
+    # Only admins may list them (connections), which change without the registry knowing: listed afresh each time.
+    admin_only: bool = False
 
 
 class _Found(NamedTuple):
@@ -72,7 +74,10 @@ class Listings:
         offset = _whole(props, "offset", 0)
         pattern, after = _text(props, "filter"), _text(props, "after")
         listing = self.listings[type_]
-        found = self._matching(type_, listing, user, pattern, body)
+        if listing.admin_only:
+            self.access.check(user, ADMIN, f"QUERY {type_}")
+        found = self._list(listing, user, pattern, body) if listing.admin_only else \
+            self._matching(type_, listing, user, pattern, body)
         start = offset + (0 if after is None else bisect.bisect_right(found.keys, _cursor(after)))
         page = _page(listing.info, found.items[start:start + count])
         end = start + len(page)
@@ -94,12 +99,16 @@ class Listings:
     def _list(self, listing: Listing, user: str | None, pattern: str | None, body: dict[str, Any]) -> _Found:
         """The listing's objects `user` may see and `pattern` (a glob) matches, in the order of their keys."""
         items = list(listing.objects(body))
-        sees = None if self.access.may(user, ADMIN) else partial(self.access.may, user, SEE)
+        sees = self.seer(user)
         matches = None if pattern is None else re.compile(fnmatch.translate(pattern)).match
         if sees is not None or matches is not None:
             items = [item for item in items if _shown(listing.names(item), sees, matches)]
         items.sort(key=listing.key)
         return _Found([listing.key(item) for item in items], items)
+
+    def seer(self, user: str | None) -> Callable[[str], bool] | None:
+        """Whether `user` may see an object of a name (QUERY's permission cut); None: it sees every one (an admin)."""
+        return None if self.access.may(user, ADMIN) else partial(self.access.may, user, SEE)
 
     def _bindings(self, body: dict[str, Any]) -> list[Binding]:
         """Every binding, or those of the body's `exchange` or `queue`."""

@@ -29,6 +29,7 @@ AVAILABLE: Final = 0
 ACQUIRED: Final = 1
 DEQUEUED: Final = 2
 DEFERRED: Final = 3  # held back by a plug-in until a time (scheduled delivery): live, but no one is handed it
+PURGE_BATCH: Final = 10_000  # paged messages a purge reads back at a time
 
 
 class Entry:
@@ -882,6 +883,30 @@ class Queue:
     def purge(self) -> None:
         for entry in self.entries():
             self.dequeue(entry)
+
+    def purge_available(self) -> int:
+        """Drop every message no consumer holds (management's PURGE), as consumed ones leave: journalled and
+        replicated dequeues. Acquired ones stay until their consumer settles them. Paged messages are read back
+        first, so a purge costs the loop in proportion to the queue's depth (a cold path). How many went."""
+        while self.pager is not None and self.pager.count:
+            self._depage(PURGE_BATCH)
+        gone = [e for e in self._log[self._head:] if e.state == AVAILABLE or e.state == DEFERRED]
+        for entry in gone:
+            self.dequeue(entry)
+        return len(gone)
+
+    def first(self, n: int) -> list[Entry]:
+        """The first `n` live messages in seq order, taken or not (management's PEEK: a look that takes nothing);
+        paged ones are read back as copies only if fewer are in memory."""
+        found: list[Entry] = []
+        log, i = self._log, self._head
+        while i < len(log) and len(found) < n:
+            if log[i].state != DEQUEUED:
+                found.append(log[i])
+            i += 1
+        if len(found) < n and self.pager is not None and self.pager.count:
+            found += self.pager.peek()[:n - len(found)]
+        return found
 
     def delete(self) -> None:
         """Deleted by an admin or its owner: drop the messages, detach the subscribers."""

@@ -50,6 +50,7 @@ class Member:
     address: tuple[str, int]  # where the supervisor reaches it (its peer listener)
     args: list[str]  # of `haqueue broker`
     log_path: str
+    console: str | None = None  # its web console's URL, if it serves one
     process: subprocess.Popen[bytes] | None = None
     log_file: Any = field(default=None, repr=False)
 
@@ -73,8 +74,10 @@ class Supervisor:
 
     @classmethod
     def local(cls, size: int, directory: str, public: tuple[str, int], base_port: int, host: str = "127.0.0.1",
-              backup_timeout: float = 5.0, extra: dict[str, Any] | None = None) -> "Supervisor":
-        """`size` brokers on `host`, broker i listening on base_port + i, sharing `public`."""
+              backup_timeout: float = 5.0, extra: dict[str, Any] | None = None,
+              console_port: int | None = None) -> "Supervisor":
+        """`size` brokers on `host`, broker i listening on base_port + i, sharing `public`; with `console_port`,
+        broker i serves its web console on console_port + i."""
         directory = os.path.abspath(directory)
         password = secrets.token_hex(16)
         extra = extra or {}
@@ -86,9 +89,11 @@ class Supervisor:
             name = f"broker-{i}"
             config = {"name": name, "listen": [f"{host}:{base_port + i}"], "data_dir": os.path.join(directory, name),
                       "ha": ha, **{key: value for key, value in extra.items() if key != "ha"}}
+            if console_port:
+                config["http"] = {"listen": f"{host}:{console_port + i}"}
             path = write_private_yaml(directory, f"{name}.yaml", config)
-            members.append(Member(name, (host, base_port + i), ["--config", path],
-                                  os.path.join(directory, f"{name}.log")))
+            members.append(Member(name, (host, base_port + i), ["--config", path], os.path.join(directory, f"{name}.log"),
+                                  f"http://{host}:{console_port + i}/" if console_port else None))
         return cls(members, HA_USER, password, TlsConfig(**tls) if tls else None)
 
     def admin(self, member: Member, timeout: float = 5.0) -> AdminClient:
@@ -266,9 +271,10 @@ class Supervisor:
 
 
 def cluster_up(size: int, directory: str, public: tuple[str, int], base_port: int,
-               extra: dict[str, Any] | None = None) -> int:
-    """`extra`: config keys given to every broker (e.g. `audit`); its `ha` keys go into the `ha` section."""
-    supervisor = Supervisor.local(size, directory, public, base_port, extra=extra)
+               extra: dict[str, Any] | None = None, console_port: int | None = None) -> int:
+    """`extra`: config keys given to every broker (e.g. `audit`); its `ha` keys go into the `ha` section.
+    `console_port`: broker i serves its web console on console_port + i."""
+    supervisor = Supervisor.local(size, directory, public, base_port, extra=extra, console_port=console_port)
 
     def report() -> None:
         print_members(supervisor)
@@ -280,6 +286,9 @@ def print_members(supervisor: Supervisor) -> None:
     for member in supervisor.members:
         role = "primary" if member is supervisor.primary else "backup"
         print(f"{member.name} {member.endpoint} {role} (log {member.log_path})", flush=True)
+    for member in supervisor.members:
+        if member.console is not None:
+            print(f"console {member.console} {member.name}", flush=True)
 
 
 def supervise(supervisors: list[Supervisor], report: Callable[[], None]) -> int:

@@ -21,6 +21,7 @@ from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
 from ..config import MetricsConfig
+from ..loop_calls import LoopUnresponsive, on_loop
 from .broker_metrics import BrokerSource
 from .ha_metrics import HaSource
 from .store_metrics import StoreSource
@@ -45,10 +46,6 @@ class Source(Protocol):
     def families(self, sample: Any) -> Iterable[Metric]: ...
 
 
-class LoopUnresponsive(Exception):
-    """The broker's loop did not copy its values in time."""
-
-
 class LoopCollector(Collector):
     """A prometheus_client collector whose values are copied on the broker's loop at each scrape."""
 
@@ -65,20 +62,14 @@ class LoopCollector(Collector):
             yield from source.families(sample)
 
     def _snapshot(self) -> list[Any]:
-        done = threading.Event()
-        taken: list[list[Any]] = []
-
-        def take() -> None:  # on the broker's thread
-            try:
-                taken.append([source.sample() for source in self.sources])
-            finally:
-                done.set()
-        self.call_soon_threadsafe(take)
-        if not done.wait(SNAPSHOT_TIMEOUT):
-            raise LoopUnresponsive(f"the broker's loop did not answer within {SNAPSHOT_TIMEOUT:g} s")
-        if not taken:
-            raise LoopUnresponsive("reading the broker's values failed (its log has the error)")
-        return taken[0]
+        try:
+            return on_loop(self.call_soon_threadsafe, lambda: [source.sample() for source in self.sources],
+                           SNAPSHOT_TIMEOUT)
+        except LoopUnresponsive:
+            raise
+        except Exception as e:  # noqa: BLE001 - a source failed on the loop: the scrape fails, saying so
+            log.exception("reading the broker's values failed")
+            raise LoopUnresponsive(f"reading the broker's values failed: {e!r}") from e
 
 
 class _Server(ThreadingMixIn, WSGIServer):

@@ -80,12 +80,13 @@ class Supervised:
         self.size = size
         self.tls = tls  # what the test's admin calls present (cluster up --tls)
         self.base = _free_run(ports or size)  # the brokers' ports (`ports` of them: a sharded cluster's)
+        self.console = _free_run(size)  # their web consoles' (cluster up's default, 15672 on, may be taken here)
         self.public = f"127.0.0.1:{free_port()}"
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")]))
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "haqueue", "cluster", "up", "--size", str(size), "--dir", str(directory),
-             "--public", self.public, "--base-port", str(self.base), *args],
+             "--public", self.public, "--base-port", str(self.base), "--console-port", str(self.console), *args],
             stdout=subprocess.PIPE, stderr=open(directory.parent / "supervisor.err", "wb"), text=True,
             env=env, cwd=REPO_ROOT, start_new_session=True)
         self.lines: queue.Queue[str | None] = queue.Queue()
@@ -179,6 +180,8 @@ def test_cluster_up_prints_addresses_and_exits_on_sigterm(supervised):
         assert line.startswith(f"broker-{i} 127.0.0.1:{s.base + i} "), line
     assert sum(" primary" in line for line in brokers) == 1, brokers
     assert f"public {s.public}" in lines
+    assert [line for line in lines if line.startswith("console ")] == \
+        [f"console http://127.0.0.1:{s.console + i}/ broker-{i}" for i in range(3)], lines
     send_all(s.public, "sq", range(3))
     assert [m.body for m in receive(s.public, "sq", 3)] == [0, 1, 2]
     pids = [s.broker_pid(f"broker-{i}") for i in range(3)]

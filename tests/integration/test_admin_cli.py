@@ -1,11 +1,13 @@
 """`python -m haqueue admin -b HOST:PORT ...` against a running broker."""
 from __future__ import annotations
 
+import base64
 import json
 import threading
 
 import pytest
 from proton import Message
+from proton.reactor import Container
 
 from clients import Client
 from harness import free_port, run_haqueue
@@ -69,6 +71,40 @@ def test_exchange_add_del_and_bindings(broker):
     assert p.returncode == 0, p.stderr
     with Client(broker) as c:
         assert c.mgmt("READ", "exchange", "cli.x", expect=None).status == 404
+
+
+def test_queue_peek_and_purge_leave_what_a_consumer_holds(broker):
+    """peek shows the first messages and takes none; purge drops what no consumer holds (the console's actions)."""
+    with Client(broker) as c:
+        c.send("cli.pq", [Message(body=f"m{i}", properties={"i": i}) for i in range(5)])
+        p = admin(broker, "queue", "peek", "cli.pq", "--count", "3")
+        assert p.returncode == 0, p.stderr
+        peeked = json_lines(p.stdout)
+        assert [item["seq"] for item in peeked] == [1, 2, 3] and {item["state"] for item in peeked} == {"available"}
+        first = Message()
+        first.decode(base64.b64decode(peeked[0]["message"]))
+        assert (first.body, first.properties) == ("m0", {"i": 0})
+        assert c.queue_depth("cli.pq") == 5
+        held = c.conn.create_receiver("cli.pq", credit=1)
+        assert held.receive(timeout=5).body == "m0"  # acquired, not settled: the purge leaves it
+        p = admin(broker, "queue", "purge", "cli.pq")
+        assert (p.returncode, json.loads(p.stdout)) == (0, {"purged": 4}), p.stderr
+        assert c.queue_depth("cli.pq") == 1
+        assert admin(broker, "queue", "peek", "cli.pq", "--count", "200").returncode == 1  # at most 100
+
+
+def test_connection_list_and_close(broker):
+    with Client(broker, container=Container(container_id="cli-victim")) as victim:
+        p = admin(broker, "connection", "list", "--filter", "cli-victim")
+        assert p.returncode == 0, p.stderr
+        [listed] = json_lines(p.stdout)
+        assert listed["container"] == "cli-victim" and listed["user"] == "anonymous", listed
+        p = admin(broker, "connection", "close", listed["name"])
+        assert p.returncode == 0, p.stderr
+        with pytest.raises(Exception, match="forced|closed by an administrator"):
+            victim.send("cli.q2", ["after close"])
+    p = admin(broker, "connection", "close", "127.0.0.1:1")
+    assert p.returncode == 1 and "no connection from '127.0.0.1:1'" in p.stderr, p.stderr
 
 
 def test_refused_request_exits_1_with_reason(broker):

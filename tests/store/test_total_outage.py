@@ -51,7 +51,7 @@ def test_the_stalest_broker_back_first_is_not_promoted_and_the_freshest_store_wi
 
 def _cluster_up(directory, public: int, base: int) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "haqueue", "cluster", "up", "--dir", str(directory),
-                             "--public", f"127.0.0.1:{public}", "--base-port", str(base)],
+                             "--public", f"127.0.0.1:{public}", "--base-port", str(base), "--console-port", "0"],
                             cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             start_new_session=True)
 

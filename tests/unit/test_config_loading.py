@@ -198,6 +198,12 @@ BAD = [
     ("limits: {max_conections: 5}", "limits.max_conections: unknown key (known: max_connections,"),
     ("limits: 5", "limits: must be a map, got 5"),
     ("audit: {dir: d, rotate_seconds: 0}", "audit.rotate_seconds: must be a positive number of seconds, got 0"),
+    ("http: {listen: 15672}", 'http.listen: must be a string HOST:PORT, got 15672'),
+    ("http: {}", "http.listen: missing"),
+    ("http: {listen: 'h:1', tls: {cert_file: c.pem, key_file: k.pem, ca_file: x}}",
+     "http.tls.ca_file: unknown key (known: cert_file, key_file)"),
+    ("http: {listen: 'h:1', allow_origins: ['console.example.com']}",
+     'http.allow_origins[0]: must be an origin "http://HOST:PORT" or "https://HOST:PORT" (no path), got "console.example.com"'),
 ]
 
 

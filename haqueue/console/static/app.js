@@ -1,0 +1,531 @@
+// The haqueue console's pages: one page of HTML whose views (#/, #/queues, #/queue/NAME, #/connections,
+// #/exchanges, #/audit) read the JSON API (design/console.md) and refresh their figures every second.
+// The API is that of the primary's console when it answers, else of any broker of the cluster that does: when
+// the broker it talks to dies, the page goes on with another (the session token is good at every broker).
+"use strict";
+
+const REFRESH_MS = 1000;      // figures refresh at most this often
+const TIMEOUT_MS = 3000;      // a request that takes longer counts as its broker not answering
+const PAGE_SIZES = [25, 50, 100, 250, 500];
+
+const state = {
+  base: "",                    // the console the API calls go to ("" = this page's own)
+  token: sessionStorage.getItem("haqueue.token"),
+  csrf: sessionStorage.getItem("haqueue.csrf"),
+  user: null,
+  brokers: [],                 // [{name, role, console}] as last seen: where to go when the current one dies
+  talkingTo: null,
+  busy: false,
+  view: null,                  // the current view: {render(), refresh()}
+  charts: {},
+  queues: {offset: 0, limit: 50, sort: "name", order: "asc", filter: ""},
+};
+
+// ---- the API -------------------------------------------------------------------------------------------
+class ApiError extends Error {
+  constructor(status, message, body) { super(message); this.status = status; this.body = body || {}; }
+}
+
+async function call(base, path, options = {}) {
+  const headers = {};
+  if (state.token) headers["Authorization"] = "Bearer " + state.token;
+  const method = options.method || "GET";
+  if (method !== "GET") {
+    headers["X-CSRF-Token"] = state.csrf || "";
+    headers["Content-Type"] = "application/json";
+  }
+  let response;
+  try {
+    response = await fetch(base + path, {method, headers, body: options.body ? JSON.stringify(options.body) : undefined,
+                                         credentials: base ? "omit" : "same-origin",
+                                         signal: AbortSignal.timeout(TIMEOUT_MS)});
+  } catch (e) {
+    throw new ApiError(0, `no answer from ${base || location.origin} (${e.name})`);
+  }
+  const body = (response.headers.get("Content-Type") || "").startsWith("application/json") ? await response.json() : {};
+  if (!response.ok) throw new ApiError(response.status, body.error || response.statusText, body);
+  return body;
+}
+
+// A call to the current console; if it does not answer, the others are tried (the primary's first).
+async function api(path, options = {}) {
+  try {
+    return await call(state.base, path, options);
+  } catch (e) {
+    if (e.status === 401) { showLogin(e.message); throw e; }
+    if (e.status !== 0 || options.method && options.method !== "GET") throw e;
+    await failOver();
+    return call(state.base, path, options);
+  }
+}
+
+function consoles() {
+  const own = location.origin + "/";
+  const known = state.brokers.filter(b => b.console).sort((a, b) => (b.role === "primary") - (a.role === "primary"));
+  const urls = known.map(b => b.console);
+  if (!urls.includes(own)) urls.push(own);
+  return urls.map(url => url === own ? "" : url.replace(/\/$/, ""));
+}
+
+async function failOver() {
+  for (const base of consoles()) {
+    if (base === state.base) continue;
+    try {
+      const overview = await call(base, "/api/overview");
+      state.base = base;
+      learn(overview);
+      return;
+    } catch (e) {
+      if (e.status === 401) { state.base = base; showLogin(e.message); throw e; }
+    }
+  }
+  throw new ApiError(0, "no broker of the cluster answers");
+}
+
+// What an overview says of the cluster; moves to the primary's console if this is not it.
+function learn(overview) {
+  if (overview.brokers && overview.brokers.length) state.brokers = overview.brokers;
+  state.talkingTo = overview.broker;
+  const here = overview.broker;
+  const primary = state.brokers.find(b => b.role === "primary" && b.console);
+  const primaryBase = primary && (primary.console === location.origin + "/" ? "" : primary.console.replace(/\/$/, ""));
+  if (primary && here.role !== "primary" && primaryBase !== state.base) {
+    call(primaryBase, "/api/overview").then(() => { state.base = primaryBase; }).catch(() => {});
+  }
+  text(byId("talking-to"), `talking to ${here.name} (${here.role}${here.state ? ", " + here.state : ""}) at ` +
+       `${state.base || location.origin}`);
+}
+
+// ---- small DOM helpers ---------------------------------------------------------------------------------
+function byId(id) { return document.getElementById(id); }
+function text(node, value) { node.textContent = value; return node; }
+function el(tag, attributes = {}, ...children) {
+  const node = document.createElement(tag);
+  for (const [key, value] of Object.entries(attributes)) {
+    if (value === undefined || value === null || value === false) continue;
+    if (key.startsWith("on")) node.addEventListener(key.slice(2), value);
+    else if (key === "text") node.textContent = value;
+    else node.setAttribute(key, value === true ? "" : value);
+  }
+  for (const child of children.flat()) if (child !== null && child !== undefined) node.append(child);
+  return node;
+}
+function number(n) { return n === null || n === undefined ? "–" : Number(n).toLocaleString("en"); }
+function size(n) {
+  if (n === null || n === undefined) return "–";
+  const units = ["B", "KiB", "MiB", "GiB"];
+  let i = 0;
+  while (n >= 1024 && i < units.length - 1) { n /= 1024; i++; }
+  return (i ? n.toFixed(1) : n) + " " + units[i];
+}
+function rate(n) { return n === null || n === undefined ? "–" : Number(n).toFixed(1); }
+// A message for the user (role=alert); one from the refresh loop is cleared by the next refresh that works.
+function notice(message, ok = false, from = "action") {
+  const node = byId("notice");
+  node.hidden = !message;
+  node.className = ok ? "ok" : "";
+  node.dataset.from = from;
+  text(node, message || "");
+}
+function table(id, headers, rows, caption) {
+  return el("table", {id}, caption ? el("caption", {class: "muted", text: caption}) : null,
+            el("thead", {}, el("tr", {}, headers.map(h => el("th", {scope: "col", class: h.num ? "num" : null},
+                                                              h.node || h.label)))),
+            el("tbody", {}, rows));
+}
+function cell(value, num = false, cls = null) {
+  return el("td", {class: [num ? "num" : null, cls].filter(Boolean).join(" ") || null}, value);
+}
+function figure(label, value, id) {
+  return el("li", {}, el("span", {class: "value", id, text: value}), el("span", {class: "muted", text: label}));
+}
+
+// ---- charts (uPlot, copied from npm by make setup) ------------------------------------------------------------
+function chart(key, container, points, title) {
+  if (typeof uPlot === "undefined") {
+    container.replaceChildren(el("p", {class: "muted", text: "(no chart: the charting library is not installed; run make setup)"}));
+    return;
+  }
+  const data = [points.map(p => p[0]), points.map(p => p[1]), points.map(p => p[2])];
+  const existing = state.charts[key];
+  if (existing && existing.root.isConnected) { existing.setData(data); return; }
+  const width = Math.max(320, Math.min(container.clientWidth || 900, 1100));
+  state.charts[key] = new uPlot({title, width, height: 220,
+    series: [{}, {label: "in msg/s", stroke: "#1f5fbf", width: 2}, {label: "out msg/s", stroke: "#157f3b", width: 2}],
+    axes: [{}, {label: "msg/s"}]}, data, container);
+}
+
+// ---- login ---------------------------------------------------------------------------------------------
+function showLogin(message) {
+  byId("login").hidden = false;
+  byId("page").hidden = true;
+  if (message && message !== "log in first") notice(message);
+  byId("login-user").focus();
+}
+
+async function login(event) {
+  event.preventDefault();
+  const user = byId("login-user").value, password = byId("login-password").value;
+  try {
+    const answer = await call(state.base, "/api/login", {method: "POST", body: {user, password}});
+    state.token = answer.token; state.csrf = answer.csrf; state.user = answer.user;
+    sessionStorage.setItem("haqueue.token", answer.token);
+    sessionStorage.setItem("haqueue.csrf", answer.csrf);
+    byId("login-password").value = "";
+    byId("login").hidden = true;
+    byId("page").hidden = false;
+    notice("");
+    showUser();
+    route();
+  } catch (e) {
+    notice(e.message);
+  }
+}
+
+async function logout() {
+  try { await api("/api/logout", {method: "POST"}); } catch (e) { /* gone already */ }
+  state.token = state.csrf = state.user = null;
+  sessionStorage.clear();
+  byId("login-user").value = "";
+  showUser();
+  showLogin();
+}
+
+function showUser() {
+  text(byId("user"), state.user ? `logged in as ${state.user}` : "");
+  byId("logout").hidden = !state.user || state.user === "anonymous";
+}
+
+// ---- actions -------------------------------------------------------------------------------------------------
+// A change, sent to the primary's console (a backup refuses changes): the answer or the refusal in the notice.
+async function act(what, path, options) {
+  try {
+    const answer = await api(path, options);
+    notice(what + ": done", true);
+    return answer;
+  } catch (e) {
+    notice(`${what}: refused: ${e.message}`);
+    return null;
+  }
+}
+
+// ---- views -----------------------------------------------------------------------------------------------
+const views = {
+  overview: {
+    render() {
+      return el("div", {},
+        el("h2", {text: "Brokers"}), el("div", {id: "brokers-box"}),
+        el("h2", {text: "Totals"}), el("ul", {class: "figures", id: "totals"}),
+        el("h2", {id: "rates-title", text: "Message rates (this broker, all queues)"}), el("div", {id: "rates", class: "chart"}),
+        el("div", {id: "shards-box"}));
+    },
+    async refresh() {
+      const o = await api("/api/overview");
+      learn(o);
+      const brokers = (o.brokers || []).map(b => el("tr", {"data-name": b.name || b.address, "data-role": b.role || "",
+                                                          "data-state": b.state || "", "data-ready": String(!!b.ready)},
+        el("th", {scope: "row", text: b.name || "?"}), cell(b.address || ""),
+        cell(b.role || "–", false, b.role ? "role-" + b.role : null), cell(b.state || "", false, "state-" + b.state),
+        cell(number(b.epoch), true), cell(b.sync || ""),
+        cell(b.role === "backup" && b.ready !== undefined ? (b.ready ? "ready" : "no") : "", false),
+        cell(number(b.lag), true), cell(b.lag_seconds === undefined || b.lag_seconds === null ? "–" : b.lag_seconds.toFixed(3), true),
+        cell(b.catchup && b.catchup.total ? `${b.catchup.done}/${b.catchup.total}` : "–", true),
+        cell(b.console ? el("a", {href: b.console, text: b.console}) : (b.error || "")),
+        cell(o.admin && b.role === "backup" && b.console ?
+             el("button", {type: "button", "aria-label": `promote ${b.name}`, onclick: () => promote(b)}, "Promote") : "")));
+      byId("brokers-box").replaceChildren(
+        o.admin ? el("p", {class: "muted", text: `primary: ${o.primary || "none"}` +
+                                              (o.public ? `; clients connect to ${o.public}` : "") +
+                                              (o.age !== undefined ? `; read ${o.age} s ago` : "")}) :
+                  el("p", {class: "muted", text: "Only an admin sees the brokers' state and lag."}),
+        table("brokers", ["broker", "address", "role", "state", {label: "epoch", num: 1}, "sync", "ready",
+                          {label: "lag msgs", num: 1}, {label: "lag s", num: 1}, {label: "catch-up", num: 1},
+                          "console", ""].map(h => typeof h === "string" ? {label: h} : h), brokers));
+      const t = o.totals;
+      byId("totals").replaceChildren(...(t ? [figure("queues", number(t.queues), "total-queues"),
+        figure("messages", number(t.messages), "total-messages"), figure("bytes", size(t.bytes)),
+        figure("connections", number(t.connections)), figure("memory alarm", t.memory_alarm ? "ON" : "off")] :
+        [el("li", {class: "muted", text: "(admins only)"})]));
+      byId("rates-title").hidden = !o.rates;
+      if (o.rates) chart("overview", byId("rates"), o.rates, "");
+      if (o.shards) byId("shards-box").replaceChildren(el("h2", {text: "Shards"}), table("shards",
+        ["shard", "primary", "preferred", {label: "epoch", num: 1}, "backups"].map(h => typeof h === "string" ? {label: h} : h),
+        o.shards.map(s => el("tr", {}, el("th", {scope: "row", text: s.shard}), cell(s.primary || "none"),
+          cell(s.preferred), cell(number(s.epoch), true),
+          cell(s.backups.map(b => `${b.name} ${b.state}${b.lag !== null ? " lag " + b.lag : ""}`).join(", "))))));
+    },
+  },
+
+  queues: {
+    render() {
+      const q = state.queues;
+      const sizeSelect = el("select", {id: "page-size", onchange: e => { q.limit = +e.target.value; q.offset = 0; refreshNow(); }},
+                            PAGE_SIZES.map(n => el("option", {value: n, selected: n === q.limit, text: n})));
+      return el("div", {},
+        el("h2", {text: "Queues"}),
+        el("form", {class: "inline", role: "search", onsubmit: e => e.preventDefault()},
+          el("label", {for: "queue-filter", text: "Filter"}),
+          el("input", {id: "queue-filter", type: "search", value: q.filter, placeholder: "part of a name, or a glob",
+                       oninput: e => { q.filter = e.target.value; q.offset = 0; refreshNow(); }}),
+          el("label", {for: "page-size", text: "Rows"}), sizeSelect),
+        el("div", {id: "queues-box"}),
+        el("div", {class: "pager"},
+          el("button", {type: "button", id: "prev", onclick: () => { q.offset = Math.max(0, q.offset - q.limit); refreshNow(); }}, "Previous"),
+          el("span", {id: "page-info", "aria-live": "polite"}),
+          el("button", {type: "button", id: "next", onclick: () => { q.offset += q.limit; refreshNow(); }}, "Next")),
+        el("h2", {text: "Declare a queue"}),
+        el("form", {class: "inline", id: "declare-queue", onsubmit: declareQueue},
+          el("label", {for: "new-queue", text: "Name"}), el("input", {id: "new-queue", required: true}),
+          el("label", {for: "new-queue-args", text: "Arguments (JSON)"}),
+          el("input", {id: "new-queue-args", placeholder: '{"max_depth": 1000}'}),
+          el("button", {type: "submit"}, "Declare")));
+    },
+    async refresh() {
+      const q = state.queues;
+      const params = new URLSearchParams({offset: q.offset, limit: q.limit, sort: q.sort, order: q.order, filter: q.filter});
+      const answer = await api("/api/queues?" + params);
+      const columns = [["name", "queue"], ["depth", "depth", 1], ["bytes", "bytes", 1], ["rate_in", "in/s", 1],
+                       ["rate_out", "out/s", 1], ["consumers", "consumers", 1], [null, "x-replicate"], [null, "limits"]];
+      const headers = columns.map(([key, label, num]) => ({num, label, node: key ? el("button", {type: "button",
+        "aria-sort": q.sort === key ? (q.order === "asc" ? "ascending" : "descending") : null,
+        "aria-label": `sort by ${label}`, onclick: () => sortBy(key)},
+        label + (q.sort === key ? (q.order === "asc" ? " ▲" : " ▼") : "")) : null}));
+      const rows = answer.items.map(r => el("tr", {"data-name": r.name},
+        el("th", {scope: "row"}, el("a", {href: "#/queue/" + encodeURIComponent(r.name), text: r.name})),
+        cell(number(r.depth), true, "depth"), cell(size(r.bytes), true), cell(rate(r.rate_in), true),
+        cell(rate(r.rate_out), true), cell(number(r.consumers), true), cell(r.replicate || "–"),
+        cell(limits(r))));
+      byId("queues-box").replaceChildren(table("queues-table", headers, rows,
+                                               `${number(answer.total)} queues`));
+      text(byId("page-info"), answer.total ? `${answer.offset + 1}–${answer.offset + answer.items.length} of ${number(answer.total)}` : "none");
+      byId("prev").disabled = answer.offset === 0;
+      byId("next").disabled = answer.offset + answer.items.length >= answer.total;
+    },
+  },
+
+  queue: {
+    render(name) {
+      return el("div", {},
+        el("h2", {}, "Queue ", el("span", {id: "queue-name", text: name})),
+        el("ul", {class: "figures", id: "queue-figures"}),
+        el("p", {},
+          el("button", {type: "button", id: "purge", class: "danger", onclick: () => purge(name)}, "Purge"), " ",
+          el("button", {type: "button", id: "delete-queue", class: "danger", onclick: () => deleteQueue(name)}, "Delete")),
+        el("h2", {text: "Message rates"}), el("div", {id: "queue-rates", class: "chart"}),
+        el("h2", {text: "First messages (not taken)"}), el("div", {id: "peek-box"}),
+        el("p", {class: "muted", id: "queue-args"}));
+    },
+    async refresh(name) {
+      const path = "/api/queues/" + encodeURIComponent(name);
+      const [q, peek] = await Promise.all([api(path), api(path + "/messages?count=10").catch(e => ({error: e.message}))]);
+      byId("queue-figures").replaceChildren(figure("depth", number(q.depth), "queue-depth"), figure("bytes", size(q.bytes)),
+        figure("consumers", number(q.consumers)), figure("enqueued", number(q.enqueued)),
+        figure("dequeued", number(q.dequeued)), figure("expired", number(q.expired)),
+        figure("dead-lettered", number(q.dead_lettered)), figure("x-replicate", q.replicate || "–"));
+      text(byId("queue-args"), "arguments: " + JSON.stringify(q.args));
+      chart("queue:" + name, byId("queue-rates"), q.rates, "");
+      byId("peek-box").replaceChildren(peek.error ? el("p", {class: "bad", text: peek.error}) :
+        peek.messages.length === 0 ? el("p", {class: "muted", text: "(empty)"}) :
+        table("peek", ["seq", "state", "size", "properties", "body"].map(label => ({label, num: label === "seq" || label === "size"})),
+          peek.messages.map(m => el("tr", {}, cell(m.seq, true), cell(m.state), cell(size(m.size), true),
+            cell(JSON.stringify({...m.properties, ...m.application_properties})),
+            el("td", {class: "body-preview", text: m.error || m.body})))));
+    },
+  },
+
+  connections: {
+    render() { return el("div", {}, el("h2", {text: "Connections"}), el("div", {id: "connections-box"})); },
+    async refresh() {
+      const answer = await api("/api/connections?limit=500");
+      byId("connections-box").replaceChildren(table("connections", ["peer", "user", "container", "client",
+        {label: "links", num: 1}, "TLS", ""].map(h => typeof h === "string" ? {label: h} : h),
+        answer.items.map(c => el("tr", {"data-name": c.name}, el("th", {scope: "row", text: c.name}), cell(c.user || "–"),
+          cell(c.container), cell(`${c.product} ${c.version}`.trim()), cell(number(c.links), true), cell(c.tls ? "yes" : "no"),
+          cell(el("button", {type: "button", class: "danger", "aria-label": `close connection from ${c.name}`,
+                             onclick: () => closeConnection(c.name)}, "Close")))),
+        `${number(answer.total)} connections`));
+    },
+  },
+
+  exchanges: {
+    render() {
+      return el("div", {},
+        el("h2", {text: "Exchanges"}), el("div", {id: "exchanges-box"}),
+        el("form", {class: "inline", onsubmit: declareExchange},
+          el("label", {for: "new-exchange", text: "Name"}), el("input", {id: "new-exchange", required: true}),
+          el("label", {for: "new-exchange-type", text: "Type"}),
+          el("select", {id: "new-exchange-type"}, ["direct", "topic", "fanout"].map(t => el("option", {text: t}))),
+          el("button", {type: "submit"}, "Declare exchange")),
+        el("h2", {text: "Bindings"}), el("div", {id: "bindings-box"}),
+        el("form", {class: "inline", onsubmit: bind},
+          el("label", {for: "bind-exchange", text: "Exchange"}), el("input", {id: "bind-exchange", required: true}),
+          el("label", {for: "bind-queue", text: "Queue"}), el("input", {id: "bind-queue", required: true}),
+          el("label", {for: "bind-key", text: "Key"}), el("input", {id: "bind-key"}),
+          el("button", {type: "submit"}, "Bind")));
+    },
+    async refresh() {
+      const [exchanges, bindings] = await Promise.all([api("/api/exchanges?limit=500"), api("/api/bindings?limit=500")]);
+      byId("exchanges-box").replaceChildren(table("exchanges", [{label: "exchange"}, {label: "type"}, {label: "arguments"}, {label: ""}],
+        exchanges.items.map(x => el("tr", {"data-name": x.name}, el("th", {scope: "row", text: x.name}), cell(x.type),
+          cell(JSON.stringify(x.args)), cell(el("button", {type: "button", class: "danger", "aria-label": `delete exchange ${x.name}`,
+                                                          onclick: () => deleteExchange(x.name)}, "Delete")))),
+        `${number(exchanges.total)} exchanges`));
+      byId("bindings-box").replaceChildren(table("bindings", [{label: "exchange"}, {label: "queue"}, {label: "key"}, {label: ""}],
+        bindings.items.map(b => el("tr", {}, cell(b.exchange), cell(b.queue), cell(b.key),
+          cell(el("button", {type: "button", class: "danger", "aria-label": `unbind ${b.queue} from ${b.exchange}`,
+                             onclick: () => unbind(b)}, "Unbind")))),
+        `${number(bindings.total)} bindings`));
+    },
+  },
+
+  audit: {
+    render() { return el("div", {}, el("h2", {text: "Replication audit"}), el("div", {id: "audit-box"})); },
+    async refresh() {
+      const box = byId("audit-box");
+      if (box.dataset.shown) return;  // a report changes rarely: read once per visit
+      const answer = await api("/api/audit").catch(e => ({error: e.message}));
+      box.dataset.shown = "1";
+      if (answer.error || !answer.report) {
+        box.replaceChildren(el("p", {class: "muted", text: answer.error ||
+          `No report yet: run haqueue audit lag --events ${answer.events} --out ${answer.events}/report`}));
+        return;
+      }
+      const image = el("img", {class: "lag", alt: "replication lag per queue and backup (lag.png)"});
+      box.replaceChildren(el("p", {class: "muted", text: `${answer.report}, written ${new Date(answer.written * 1000).toLocaleString()}`}),
+                          el("pre", {id: "audit-summary", text: answer.summary}), answer.chart ? image : null);
+      if (answer.chart) {  // fetched with the session's token, which an <img src> would not send to another broker
+        const response = await fetch(state.base + "/api/audit/lag.png", {headers: state.token ? {Authorization: "Bearer " + state.token} : {}});
+        if (response.ok) image.src = URL.createObjectURL(await response.blob());
+      }
+    },
+  },
+};
+
+function limits(r) {
+  const parts = [];
+  if (r.max_depth) parts.push(`${number(r.max_depth)} msgs`);
+  if (r.max_bytes) parts.push(size(r.max_bytes));
+  return parts.length ? parts.join(", ") + ` (${r.overflow})` : "–";
+}
+
+function sortBy(key) {
+  const q = state.queues;
+  q.order = q.sort === key && q.order === "asc" ? "desc" : (q.sort === key ? "asc" : (key === "name" ? "asc" : "desc"));
+  q.sort = key;
+  q.offset = 0;
+  refreshNow();
+}
+
+async function purge(name) {
+  if (!confirm(`Purge every message of ${name} that no consumer holds?`)) return;
+  const answer = await act(`purge ${name}`, `/api/queues/${encodeURIComponent(name)}/purge`, {method: "POST"});
+  if (answer) notice(`purge ${name}: ${answer.purged} messages dropped`, true);
+  refreshNow();
+}
+async function deleteQueue(name) {
+  if (!confirm(`Delete the queue ${name} and its messages?`)) return;
+  if (await act(`delete ${name}`, `/api/queues/${encodeURIComponent(name)}`, {method: "DELETE"})) location.hash = "#/queues";
+}
+async function declareQueue(event) {
+  event.preventDefault();
+  let args = {};
+  try { args = byId("new-queue-args").value ? JSON.parse(byId("new-queue-args").value) : {}; }
+  catch (e) { notice("the arguments are not JSON: " + e.message); return; }
+  await act(`declare ${byId("new-queue").value}`, "/api/queues", {method: "POST", body: {name: byId("new-queue").value, args}});
+  refreshNow();
+}
+async function declareExchange(event) {
+  event.preventDefault();
+  await act(`declare exchange ${byId("new-exchange").value}`, "/api/exchanges",
+            {method: "POST", body: {name: byId("new-exchange").value, type: byId("new-exchange-type").value}});
+  refreshNow();
+}
+async function deleteExchange(name) {
+  if (!confirm(`Delete the exchange ${name}?`)) return;
+  await act(`delete exchange ${name}`, `/api/exchanges/${encodeURIComponent(name)}`, {method: "DELETE"});
+  refreshNow();
+}
+async function bind(event) {
+  event.preventDefault();
+  await act("bind", "/api/bindings", {method: "POST", body: {exchange: byId("bind-exchange").value,
+                                                             queue: byId("bind-queue").value, key: byId("bind-key").value}});
+  refreshNow();
+}
+async function unbind(b) {
+  await act(`unbind ${b.queue} from ${b.exchange}`, "/api/bindings/delete", {method: "POST", body: b});
+  refreshNow();
+}
+async function closeConnection(name) {
+  if (!confirm(`Close the connection from ${name}?`)) return;
+  await act(`close ${name}`, `/api/connections/${encodeURIComponent(name)}`, {method: "DELETE"});
+  refreshNow();
+}
+async function promote(broker) {
+  if (!confirm(`Make ${broker.name} the primary?`)) return;
+  try {  // at that broker's own console: it promotes itself, refusing as `haqueue admin ha promote` would
+    const base = broker.console === location.origin + "/" ? "" : broker.console.replace(/\/$/, "");
+    await call(base, "/api/promote", {method: "POST", body: {force: false}});
+    notice(`promote ${broker.name}: done`, true);
+  } catch (e) {
+    notice(`promote ${broker.name}: refused: ${e.message}`);
+  }
+}
+
+// ---- routing and the refresh loop ------------------------------------------------------------------------------
+function current() {
+  const hash = location.hash || "#/";
+  if (hash.startsWith("#/queue/")) return ["queue", decodeURIComponent(hash.slice("#/queue/".length))];
+  const page = hash.slice(2) || "overview";
+  return [views[page] ? page : "overview", null];
+}
+
+function route() {
+  const [page, argument] = current();
+  for (const link of document.querySelectorAll("nav a")) {
+    if (link.dataset.page === (page === "queue" ? "queues" : page)) link.setAttribute("aria-current", "page");
+    else link.removeAttribute("aria-current");
+  }
+  state.charts = {};
+  state.view = {page, argument};
+  byId("page").replaceChildren(views[page].render(argument));
+  refreshNow();
+}
+
+async function refreshNow() {
+  if (state.busy || !byId("login").hidden) return;
+  state.busy = true;
+  const {page, argument} = state.view;
+  try {
+    await views[page].refresh(argument);
+    if (byId("notice").dataset.from === "refresh") notice("");
+  } catch (e) {
+    if (e.status !== 401) notice(e.message, false, "refresh");
+  } finally {
+    state.busy = false;
+  }
+}
+
+async function start() {
+  byId("login-form").addEventListener("submit", login);
+  byId("logout").addEventListener("click", logout);
+  window.addEventListener("hashchange", route);
+  setInterval(refreshNow, REFRESH_MS);
+  try {
+    const session = await call("", "/api/session");
+    text(byId("talking-to"), `talking to ${session.broker} at ${location.origin}`);
+    if (!session.user) {
+      state.view = {page: current()[0], argument: current()[1]};
+      showLogin();
+      return;
+    }
+    state.user = session.user;
+    state.token = session.token;
+    state.csrf = session.csrf;
+  } catch (e) {
+    notice(e.message);
+  }
+  showUser();
+  route();
+}
+
+document.addEventListener("DOMContentLoaded", start);

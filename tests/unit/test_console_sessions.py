@@ -1,0 +1,44 @@
+"""The console's logins and which pages may call it (haqueue/console/sessions.py, origins.py)."""
+from __future__ import annotations
+
+from haqueue.console.origins import Origins
+from haqueue.console.sessions import Sessions
+
+USERS = {"ops": "p1"}
+
+
+def _sessions(secret: str | None = "cluster-password", anonymous: bool = False) -> Sessions:
+    return Sessions(lambda user, password: USERS.get(user) == password, anonymous, secret)
+
+
+def test_a_login_is_good_at_every_broker_sharing_the_secret_until_logged_out_there():
+    here, there, elsewhere = _sessions(), _sessions(), _sessions("another cluster")
+    assert here.login("ops", "wrong") is None and here.login("nobody", "p1") is None
+    session = here.login("ops", "p1")
+    assert session is not None and session.user == "ops"
+    assert there.session(session.token) == session  # another broker of the cluster takes it
+    assert elsewhere.session(session.token) is None
+    assert here.csrf_ok(session, there.csrf(session)) and not here.csrf_ok(session, "forged")
+    assert not here.csrf_ok(session, None)
+    payload, _, signature = session.token.partition(".")
+    assert here.session(payload[:-2] + "xx." + signature) is None  # tampered
+    here.logout(session)
+    assert here.session(session.token) is None and there.session(session.token) == session
+
+
+def test_anonymous_clients_need_no_login_where_the_config_lets_them_in():
+    assert _sessions(anonymous=False).session(None) is None
+    anonymous = _sessions(anonymous=True).session("not a token")
+    assert anonymous is not None and anonymous.user == "anonymous" and anonymous.anonymous
+    assert _sessions(anonymous=True).login("anonymous", "") is None
+
+
+def test_pages_of_the_clusters_hosts_may_call_others_need_a_token():
+    origins = Origins(["0.0.0.0", "127.0.0.1", "10.0.0.2"], ["https://console.example.com"])
+    assert origins.allows("http://127.0.0.1:15673", "127.0.0.1:15672", with_token=False)
+    assert origins.allows("http://localhost:15673", "127.0.0.1:15672", with_token=False)  # a loopback host's name
+    assert origins.allows("http://10.0.0.2:15672", "10.0.0.1:15672", with_token=False)
+    assert origins.allows("https://console.example.com", "10.0.0.1:15672", with_token=False)
+    assert origins.allows("http://broker1:15672", "broker1:15672", with_token=False)  # its own, by any name
+    assert not origins.allows("https://evil.example", "127.0.0.1:15672", with_token=False)
+    assert origins.allows("https://evil.example", "127.0.0.1:15672", with_token=True)
