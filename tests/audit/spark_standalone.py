@@ -2,9 +2,9 @@
 the package's directory): a master on 127.0.0.1 and one-core workers, each on a loopback address of its own
 (127.0.0.2, 127.0.0.3...: Spark takes them for two machines, as it must, or it reads shuffle blocks of one
 host's executors straight from the other's disk) and in a mount namespace of its own (`unshare`, as root) in
-which /tmp and pytest's temporary directories are empty file systems (tmpfs) but for `root`, bound back at
-its own path: a worker sees `root/shared`, standing for a share (NFS) mounted on every node at the same
-path, and nothing of the brokers' or the driver's own directories.
+which the directories `hidden` names (pytest's temporary ones) are empty file systems (tmpfs), `root` bound
+back at its own path should it be inside one: a worker sees `root/shared`, standing for a share (NFS)
+mounted on every node at the same path, and nothing of the brokers' or the driver's own directories.
 
 Every process is started in a process group of its own (a worker's executors are in its group), and
 `stop` ends those groups: no JVM is left behind.
@@ -119,8 +119,6 @@ class StandaloneCluster:
 
 
 def hidden_from_workers(base_temp: Path) -> list[str]:
-    """/tmp, and pytest's base temporary directory if it is elsewhere: the brokers' directories are there."""
-    hidden = ["/tmp"]
-    if not base_temp.resolve().is_relative_to("/tmp"):
-        hidden.append(str(base_temp.resolve()))
-    return hidden
+    """pytest's base temporary directory, where the brokers' and the driver's directories are; not all of /tmp,
+    which may hold the clone and its virtualenv (SPARK_HOME: a CI clone in /tmp hid the workers' own JVM)."""
+    return [str(base_temp.resolve())]
