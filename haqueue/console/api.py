@@ -241,7 +241,7 @@ class ConsoleApi:
             rows.sort(key=lambda r: getattr(r, sort), reverse=order == "desc")
         page = rows[offset:offset + limit]
         return _json(200, {"total": len(rows), "offset": offset, "limit": limit, "taken": latest.taken,
-                           "shard": self.shard.index if self.shard is not None else None,
+                           "broker": self.broker.name, "shard": self.shard.index if self.shard is not None else None,
                            "shards": self.shard.shards if self.shard is not None else None,
                            "items": [self._queue_row(r) for r in page]})
 
@@ -263,6 +263,7 @@ class ConsoleApi:
         info = self._ok(self._owned_here(call))
         rates = self.samples.watch(name)
         info["replicate"] = info["args"].get("x-replicate", self._replicate_default())
+        info["broker"] = self.broker.name  # a shard's queue is shown by its shard's primary, maybe not the page's
         info["rates"] = [list(rate) for rate in rates]
         return _json(200, _plain(info))
 

@@ -28,7 +28,7 @@ FILE = "console-logouts.json"  # in the broker's data_dir: {session id: when its
 TYPE = "console-session"  # the management type of the operation DELETE a broker is told a logout with
 PEER_TIMEOUT = 1.0  # seconds a broker has to answer
 PASS_ON_WAIT = 2.0  # seconds a logout waits for the others (within the page's 3 s for an answer)
-RETRY_EVERY = 5.0  # seconds between two tries to tell a broker that did not answer
+RETRY_EVERY = 2.0  # seconds between two tries to tell a broker that did not answer (a refused connect, if down)
 NOT_IMPLEMENTED = 501  # a broker without a console takes no session token: nothing to end there
 
 
@@ -113,6 +113,9 @@ class Logouts:
                             self._untold[peer].pop(session_id, None)
                         self._retry_at.pop(peer, None)
                     else:
+                        if peer not in self._retry_at:
+                            log.warning("console: %s has not taken a logout; telling it again every %.0f s",
+                                        peer, RETRY_EVERY)
                         self._retry_at[peer] = time.monotonic() + RETRY_EVERY
                     self._changed.notify_all()
 
@@ -126,5 +129,5 @@ class Logouts:
                         raise AdminError(description)
             return True
         except AdminError as e:
-            log.warning("console: %s has not taken a logout yet (%s); trying again in %.0f s", peer, e, RETRY_EVERY)
+            log.debug("console: %s has not taken a logout: %s", peer, e)
             return False

@@ -249,10 +249,9 @@ const views = {
   overview: {
     render() {
       return el("div", {},
-        el("h2", {id: "brokers-title", text: "Brokers"}), el("div", {id: "brokers-box"}),
+        el("h2", {id: "brokers-title", text: "Brokers"}), el("div", {id: "brokers-box"}), el("div", {id: "shards-box"}),
         el("h2", {text: "Totals"}), el("ul", {class: "figures", id: "totals"}),
-        el("h2", {id: "rates-title", text: "Message rates (this broker, all queues)"}), el("div", {id: "rates", class: "chart"}),
-        el("div", {id: "shards-box"}));
+        el("h2", {id: "rates-title", text: "Message rates (this broker, all queues)"}), el("div", {id: "rates", class: "chart"}));
     },
     async refresh() {
       const o = await api("/api/overview");
@@ -340,8 +339,8 @@ const views = {
         cell(number(r.depth), true, "depth"), cell(size(r.bytes), true), cell(rate(r.rate_in), true),
         cell(rate(r.rate_out), true), cell(number(r.consumers), true), cell(r.replicate || "–"),
         cell(limits(r))));
-      byId("queues-box").replaceChildren(table("queues-table", headers, rows,
-                                               `${number(answer.total)} queues`));
+      byId("queues-box").replaceChildren(table("queues-table", headers, rows, `${number(answer.total)} queues` +
+                                               (answer.shards ? ` of shard ${answer.shard}, on ${answer.broker}` : "")));
       text(byId("page-info"), answer.total ? `${answer.offset + 1}–${answer.offset + answer.items.length} of ${number(answer.total)}` : "none");
       byId("prev").disabled = answer.offset === 0;
       byId("next").disabled = answer.offset + answer.items.length >= answer.total;
@@ -352,6 +351,7 @@ const views = {
     render(name) {
       return el("div", {},
         el("h2", {}, "Queue ", el("span", {id: "queue-name", text: name})),
+        el("p", {class: "muted", id: "queue-where"}),
         el("ul", {class: "figures", id: "queue-figures"}),
         el("p", {},
           el("button", {type: "button", id: "purge", class: "danger", onclick: () => purge(name)}, "Purge"), " ",
@@ -369,6 +369,8 @@ const views = {
         figure("dequeued", number(q.dequeued)), figure("expired", number(q.expired)),
         figure("dead-lettered", number(q.dead_lettered)), figure("x-replicate", q.replicate || "–"));
       text(byId("queue-args"), "arguments: " + JSON.stringify(q.args));
+      text(byId("queue-where"), `on ${q.broker}` + (state.owners["queue:" + name] !== undefined ?
+                                                    ` (its shard's primary), at ${state.owners["queue:" + name]}` : ""));
       chart("queue:" + name, byId("queue-rates"), q.rates, "");
       byId("peek-box").replaceChildren(peek.error ? el("p", {class: "bad", text: peek.error}) :
         peek.messages.length === 0 ? el("p", {class: "muted", text: "(empty)"}) :
@@ -450,11 +452,11 @@ const views = {
 // A sharded cluster's queue table is one shard's at a time (its primary's own): the list to choose it.
 function shardChoice(answer) {
   const q = state.queues, select = byId("queue-shard");
-  q.shard = answer.shard;
+  if (q.shard === null) q.shard = answer.shard;  // first that of the console the page talks to
   if (select.options.length !== answer.shards) {
     select.replaceChildren(...Array.from({length: answer.shards}, (_, k) => el("option", {value: k, text: `shard ${k}`})));
   }
-  select.value = String(answer.shard);
+  select.value = String(q.shard);
   select.hidden = byId("queue-shard-label").hidden = false;
 }
 
