@@ -59,7 +59,7 @@ class Logouts:
         with self._changed:
             for peer in self._peers:
                 self._untold.setdefault(peer, {})[session_id] = expires
-            if self._thread is None:
+            if self._peers and self._thread is None:
                 self._thread = threading.Thread(target=self._run, name="console-logouts", daemon=True)
                 self._thread.start()
             self._changed.notify_all()

@@ -56,9 +56,10 @@ def test_a_queue_of_another_shard_is_shown_by_its_primarys_console(sharded, brow
     assert (status, answer["console"]) == (421, f"http://127.0.0.2:{sharded.console + 1}/"), answer  # a script's
 
     nav(browser, "queues")
-    wait_for(seen(lambda: Select(browser.find_element(By.ID, "queue-shard")).first_selected_option.text == "shard 0"),
-             10, message="shard 0's queues first")
-    assert QUEUE_OF_SHARD_1 not in queue_rows(browser)
+    wait_for(seen(lambda: Select(browser.find_element(By.ID, "queue-shard")).first_selected_option.text == "shard 0"
+                  and "queues of shard 0, on n1.s0" in text(browser, "queues-box")
+                  and QUEUE_OF_SHARD_1 not in queue_rows(browser)), 10, message=f"shard 0's queues first, without "
+                                                                          f"{QUEUE_OF_SHARD_1}")
     Select(browser.find_element(By.ID, "queue-shard")).select_by_value("1")
     wait_for(seen(lambda: queue_rows(browser).get(QUEUE_OF_SHARD_1) == str(MESSAGES)), 10,
              message=f"{QUEUE_OF_SHARD_1} at depth {MESSAGES} in shard 1's table")

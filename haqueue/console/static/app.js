@@ -369,8 +369,8 @@ const views = {
         figure("dequeued", number(q.dequeued)), figure("expired", number(q.expired)),
         figure("dead-lettered", number(q.dead_lettered)), figure("x-replicate", q.replicate || "–"));
       text(byId("queue-args"), "arguments: " + JSON.stringify(q.args));
-      text(byId("queue-where"), `on ${q.broker}` + (state.owners["queue:" + name] !== undefined ?
-                                                    ` (its shard's primary), at ${state.owners["queue:" + name]}` : ""));
+      const owner = state.owners["queue:" + name];
+      text(byId("queue-where"), `on ${q.broker}` + (owner !== undefined ? ` (its shard's primary), at ${owner || location.origin}` : ""));
       chart("queue:" + name, byId("queue-rates"), q.rates, "");
       byId("peek-box").replaceChildren(peek.error ? el("p", {class: "bad", text: peek.error}) :
         peek.messages.length === 0 ? el("p", {class: "muted", text: "(empty)"}) :
