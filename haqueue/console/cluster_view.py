@@ -192,6 +192,7 @@ class ClusterView:
                 return None
         return self._consoles[name]
 
+
 def cluster_brokers(answers: dict[str, tuple[dict[str, Any], dict[str, Any]] | str],
                     names: dict[str, str]) -> dict[str, Any]:
     """The overview's `brokers` from each broker's (READ broker, READ ha), or why it did not answer: the primary
