@@ -34,7 +34,7 @@ class ShardedCluster(R.LoggedProcess, R.Broker):
         self.log_path = R.OUT / f"shards-{time.strftime('%Y%m%d-%H%M%S')}-{self.port}.log"
         self.cmd = [str(S.VENV_PY), "-m", "haqueue", "cluster", "up", "--size", "1", "--shards", str(shards),
                     "--replicas", "1", "--dir", self.dir, "--public", f"{HOST}:{self.port}",
-                    "--base-port", str(self.base)]
+                    "--base-port", str(self.base), "--console-port", "0"]  # the brokers alone, as setups.py's
         self.proc: subprocess.Popen | None = None
         self.password = ""
         self.addresses: dict[str, str] = {}  # queue -> the name used for it, owned by the shard it was given

@@ -502,7 +502,7 @@ def _add_cluster(commands: Subparsers) -> None:
                                                  "with DIR/ca.pem, DIR/cert.pem and DIR/key.pem (ha.tls)")
     up.add_argument("--console-port", type=int, default=CONSOLE_PORT, metavar="PORT",
                     help=f"broker i serves the web console on 127.0.0.1:PORT + i (default {CONSOLE_PORT}; "
-                         f"0: none; not yet with --shards)")
+                         f"0: none); with --shards, shard i's processes on their node's address, PORT + i")
     up.set_defaults(func=_cluster_up)
 
 
@@ -530,7 +530,7 @@ def _cluster_up(args: argparse.Namespace) -> int:
         from haqueue.shard.local_cluster import sharded_cluster_up
         replicas = min(3, args.size) if args.replicas is None else args.replicas
         return sharded_cluster_up(args.size, args.shards, replicas, args.dir, parse_address(args.public)[1],
-                                  args.base_port, extra)
+                                  args.base_port, extra, args.console_port)
     if args.replicas is not None:
         _error("--replicas goes with --shards")
         return EXIT_USAGE

@@ -19,8 +19,12 @@ from typing import TYPE_CHECKING, Any, Callable
 from urllib.parse import unquote
 
 from ..broker.access import ADMIN
+from ..config import ShardConfig
 from ..loop_calls import LoopUnresponsive, on_loop
+from ..shard.forwarding_queues import FORWARD
+from ..shard.ownership import shard_of_name
 from .http_server import Reply, Request
+from .logouts import Logouts
 from .management_calls import Answer, ManagementCalls
 from .messages import describe
 from .origins import PREFLIGHT_HEADERS, Origins
@@ -82,9 +86,11 @@ PUBLIC, CHANGES = 1, 2  # a route's flags: answered without a login; changes som
 
 
 class ConsoleApi:
-    def __init__(self, broker: "Broker", sessions: Sessions, origins: Origins, ha: "HaBroker | None",
-                 cluster: "ClusterView | None", audit_dir: str | None) -> None:
+    def __init__(self, broker: "Broker", sessions: Sessions, logouts: Logouts, origins: Origins, ha: "HaBroker | None",
+                 cluster: "ClusterView | None", audit_dir: str | None, shard: ShardConfig | None) -> None:
         self.broker = broker
+        self.logouts = logouts
+        self.shard = shard
         self.calls = ManagementCalls(broker)
         self.sessions = sessions
         self.origins = origins
@@ -173,8 +179,11 @@ class ConsoleApi:
                      [("Set-Cookie", cookie + ("; Secure" if self.url.startswith("https:") else ""))])
 
     def logout(self, call: Call) -> Reply:
-        self.sessions.logout(call.session)
-        return _json(200, {"user": None}, [("Set-Cookie", f"{COOKIE}=; HttpOnly; SameSite=Strict; Path=/; Max-Age=0")])
+        """Ended here and at every other broker of the cluster; `untold`: those that have not taken it yet (they are
+        told again until they do)."""
+        untold = self.logouts.end(call.session.id, call.session.expires) if call.session.token is not None else []
+        return _json(200, {"user": None, "untold": untold},
+                     [("Set-Cookie", f"{COOKIE}=; HttpOnly; SameSite=Strict; Path=/; Max-Age=0")])
 
     # -- the overview ------------------------------------------------------------------------------------
     def overview(self, call: Call) -> Reply:
@@ -183,7 +192,8 @@ class ConsoleApi:
         admin = own is not None
         serving = own if admin else on_loop(self.broker.engine.call_soon_threadsafe, self.broker.status, 5.0)
         answer: dict[str, Any] = {"broker": {"name": serving["name"], "role": serving["role"],
-                                             "state": serving["state"], "console": self.url},
+                                             "state": serving["state"], "console": self.url,
+                                             **({"shard": self.shard.index} if self.shard is not None else {})},
                                   "admin": admin, "user": user}
         if self.cluster is not None:
             view = self.cluster.view()
@@ -211,6 +221,12 @@ class ConsoleApi:
         if sort not in SORTS or order not in ("asc", "desc"):
             raise Refusal(400, f"sort must be one of {', '.join(SORTS)} and order asc or desc")
         offset, limit = call.whole("offset", 0), call.whole("limit", PAGE_DEFAULT, PAGE_MOST)
+        if self.shard is not None and "shard" in query:  # another shard's are its primary's to show
+            asked = call.whole("shard", self.shard.index)
+            if not asked < self.shard.shards:
+                raise Refusal(400, f"no shard {asked}: the shards are 0 to {self.shard.shards - 1}")
+            if asked != self.shard.index:
+                raise self._elsewhere(asked, f"shard {asked}'s queue table")
         latest, _ = self.samples.current()
         sees = self.broker.management.queries.seer(call.session.user)  # QUERY's own permission cut
         rows = [r for r in latest.rows.values() if sees is None or sees(r.name)]
@@ -225,6 +241,8 @@ class ConsoleApi:
             rows.sort(key=lambda r: getattr(r, sort), reverse=order == "desc")
         page = rows[offset:offset + limit]
         return _json(200, {"total": len(rows), "offset": offset, "limit": limit, "taken": latest.taken,
+                           "broker": self.broker.name, "shard": self.shard.index if self.shard is not None else None,
+                           "shards": self.shard.shards if self.shard is not None else None,
                            "items": [self._queue_row(r) for r in page]})
 
     def _queue_row(self, row: QueueRow) -> dict[str, Any]:
@@ -242,14 +260,16 @@ class ConsoleApi:
 
     def queue(self, call: Call) -> Reply:
         name = call.name()
-        info = self._ok(self.calls.request(call.session.user, "READ", "queue", name))
+        info = self._ok(self._owned_here(call))
         rates = self.samples.watch(name)
         info["replicate"] = info["args"].get("x-replicate", self._replicate_default())
+        info["broker"] = self.broker.name  # a shard's queue is shown by its shard's primary, maybe not the page's
         info["rates"] = [list(rate) for rate in rates]
         return _json(200, _plain(info))
 
     def peek(self, call: Call) -> Reply:
         count = call.whole("count", 10, 100)
+        self._owned_here(call)
         found = self._ok(self.calls.request(call.session.user, "PEEK", "queue", call.name(), {"count": count}))
         return _json(200, {"messages": [{"seq": m["seq"], "state": m["state"], **describe(m["message"])}
                                         for m in found]})
@@ -258,6 +278,7 @@ class ConsoleApi:
         return self._declare(call, "queue", {})
 
     def delete_queue(self, call: Call) -> Reply:
+        self._owned_here(call)
         return self._delete(call, "queue")
 
     def _declare(self, call: Call, type_: str, fields: dict[str, Any]) -> Reply:
@@ -275,7 +296,30 @@ class ConsoleApi:
         return _json(200, {"deleted": call.name()})
 
     def purge(self, call: Call) -> Reply:
+        self._owned_here(call)
         return _json(200, self._ok(self.calls.request(call.session.user, "PURGE", "queue", call.name())))
+
+    # -- shards ------------------------------------------------------------------------------------
+    def _owned_here(self, call: Call) -> Answer:
+        """The queue's READ; refused with where it is if another shard owns it: here it is a forwarding queue
+        (messages in transit) or, auto-created at its owner, nothing."""
+        name = call.name()
+        answer = self.calls.request(call.session.user, "READ", "queue", name)
+        if self.shard is not None:
+            owner = answer.body["args"].get(FORWARD) if answer.status == 200 else \
+                shard_of_name(name, self.shard.shards) if answer.status == 404 else None
+            if owner is not None and owner != self.shard.index:
+                raise self._elsewhere(int(owner), f"the queue {name}")
+        return answer
+
+    def _elsewhere(self, shard: int, what: str) -> Refusal:
+        """421 and the console of the primary of `shard`, whose queues its console alone shows as they are."""
+        found = [s for s in (self.cluster.view().get("shards") or []) if s["shard"] == shard] if self.cluster else []
+        if not found or not found[0].get("console"):
+            return Refusal(503, f"{what} is served by shard {shard}'s primary, and shard {shard} has no primary "
+                                f"with a console now")
+        return Refusal(421, f"{what} is served by shard {shard}'s primary {found[0]['primary']} at "
+                            f"{found[0]['console']}", shard=shard, console=found[0]["console"])
 
     # -- exchanges, bindings, connections: a QUERY's page, as the management node answers it ------------
     def _page(self, call: Call, type_: str, body: dict[str, Any] | None = None) -> Reply:

@@ -43,6 +43,8 @@ class ClusterView:
         # backup the primary has connected need not be asked again
         self._known: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {}
         self._view: dict[str, Any] | None = None
+        self._shard_primaries: dict[int, str] = {}  # each shard's primary as last read: asked first
+        self._consoles: dict[str, str | None] = {}  # each process's console by name, once read
         self._wanted = 0.0  # time.monotonic() of the last request
         self._changed = threading.Condition()
         self._thread: threading.Thread | None = None
@@ -145,11 +147,50 @@ class ClusterView:
         return view
 
     def _shards(self) -> list[dict[str, Any]]:
-        from ..shard.status import cluster_status, read_all  # the same report as `admin cluster status`
+        """`admin cluster status`'s report of every shard, each primary's console added. Its own answers cost
+        one read of each shard's primary: a replica that primary lists as its backup is not asked (its state and
+        lag are the primary's view, as for this shard's brokers above), so an open page costs each other process
+        at most one READ ha a second."""
+        from ..shard.status import cluster_status  # the same report as `admin cluster status`
         layout = on_loop(self.ha.broker.engine.call_soon_threadsafe,
                          lambda: self.ha.broker.management.operations[("cluster", "READ")][0](None, {})[1],
                          PEER_TIMEOUT * 5)
-        return cluster_status(layout, read_all(layout, lambda address: self._ask(address, "READ", "ha")))["shards"]
+        answers: dict[str, dict[str, Any] | str] = {}
+        addresses = {r["name"]: r["address"] for shard in layout["shards"] for r in shard["replicas"]}
+        for shard in layout["shards"]:
+            answers.update(self._shard_answers(shard["shard"], [r["name"] for r in shard["replicas"]], addresses))
+        shards = cluster_status(layout, answers)["shards"]
+        for shard in shards:
+            shard["console"] = self._console(shard["primary"], addresses) if shard["primary"] else None
+        return shards
+
+    def _shard_answers(self, shard: int, names: list[str], addresses: dict[str, str]) -> dict[str, dict[str, Any] | str]:
+        """Each replica's `READ ha`, or why it could not be had; the last primary is asked first, and the
+        backups it lists are taken from its answer."""
+        last = self._shard_primaries.get(shard)
+        answers: dict[str, dict[str, Any] | str] = {}
+        for name in sorted(names, key=lambda n: n != last):
+            if name in answers:
+                continue
+            try:
+                answer = answers[name] = self._ask(addresses[name], "READ", "ha")
+            except Exception as e:  # noqa: BLE001 - whatever kept it from answering is what the map shows
+                answers[name] = str(e) or type(e).__name__
+                continue
+            if answer["role"] == "primary":
+                self._shard_primaries[shard] = name
+                answers.update({b["name"]: {"role": "backup", "state": b["state"], "epoch": answer["epoch"]}
+                                for b in answer.get("backups", []) if b["name"] in names and b["name"] not in answers})
+        return answers
+
+    def _console(self, name: str, addresses: dict[str, str]) -> str | None:
+        """A process's console, asked once (a process's console does not move while it runs)."""
+        if name not in self._consoles:
+            try:
+                self._consoles[name] = self._ask(addresses[name], "READ", "broker").get("console")
+            except Exception:  # noqa: BLE001 - asked again on the next read
+                return None
+        return self._consoles[name]
 
 
 def cluster_brokers(answers: dict[str, tuple[dict[str, Any], dict[str, Any]] | str],

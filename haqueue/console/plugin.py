@@ -12,9 +12,11 @@ from proton import Message
 
 from ..broker.tls import server_context
 from ..config import HttpConfig, ShardConfig
+from ..shard.cluster_config import host_port
 from .api import ConsoleApi
 from .cluster_view import ClusterView
 from .http_server import ConsoleServer
+from .logouts import Logouts
 from .origins import Origins
 from .sessions import Sessions
 
@@ -29,17 +31,21 @@ def serve_console(broker: "Broker", config: HttpConfig, ha: "HaBroker | None" = 
                   shard: ShardConfig | None = None, audit_dir: str | None = None) -> ConsoleServer:
     host, port = config.listen
     tls: ssl.SSLContext | None = server_context(config.tls, False, "http.tls") if config.tls is not None else None
+    logouts = Logouts(broker.config.data_dir, _peers(ha, shard), ha.config if ha is not None else None)
+    logouts.register(broker.management)
     sessions = Sessions(lambda user, password: broker.access.authenticate("PLAIN", user, password),
-                        broker.access.anonymous, ha.config.password if ha is not None else None)
+                        broker.access.anonymous, ha.config.password if ha is not None else None, logouts.ended)
     hosts = [host] + [listener.host for listener in broker.config.listen]
     if ha is not None:
         hosts += [h for h, _ in ha.config.brokers] + ([ha.config.public[0]] if ha.config.public else [])
+    if shard is not None:  # a page may call any shard's consoles (a queue's is its shard's primary's)
+        hosts += [h for replicas in shard.replicas for _, (h, _) in replicas] + [h for h, _ in shard.publics]
     _warm_up()
     # The cluster view's admin connections: proton logs each at INFO, once a second to a dead broker (the
     # supervisor quiets it alike).
     logging.getLogger("proton").setLevel(logging.WARNING)
-    app = ConsoleApi(broker, sessions, Origins(hosts, config.allow_origins), ha,
-                     ClusterView(ha, shard) if ha is not None else None, audit_dir)
+    app = ConsoleApi(broker, sessions, logouts, Origins(hosts, config.allow_origins), ha,
+                     ClusterView(ha, shard) if ha is not None else None, audit_dir, shard)
     try:
         server = ConsoleServer((host, port), app, tls)
     except OSError as e:
@@ -49,6 +55,15 @@ def serve_console(broker: "Broker", config: HttpConfig, ha: "HaBroker | None" = 
     threading.Thread(target=server.serve_forever, name="console-http", daemon=True).start()
     log.info("console on %s", app.url)
     return server
+
+
+def _peers(ha: "HaBroker | None", shard: ShardConfig | None) -> list[str]:
+    """The other brokers of the cluster, by peer address: the HA group's, or every shard's processes."""
+    if ha is None:
+        return []
+    addresses = [a for replicas in shard.replicas for _, a in replicas] if shard is not None else ha.config.brokers
+    own = (ha.config_address.host, ha.config_address.port) if ha.config_address is not None else None
+    return [host_port(*a) for a in addresses if a != own]
 
 
 def console_url(host: str, port: int, tls: bool, ha: "HaBroker | None") -> str:

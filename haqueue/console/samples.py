@@ -16,6 +16,7 @@ from collections import OrderedDict, deque
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from ..loop_calls import on_loop
+from ..shard.forwarding_queues import FORWARD
 
 if TYPE_CHECKING:
     from ..broker.server import Broker
@@ -38,7 +39,8 @@ class QueueRow(NamedTuple):
 
 class Copy(NamedTuple):
     taken: float  # time.time()
-    rows: dict[str, QueueRow]  # temporary queues left out
+    # temporary queues left out, and a shard's forwarding queues: another shard's queues' messages in transit
+    rows: dict[str, QueueRow]
     connections: int
 
 
@@ -51,7 +53,7 @@ class Rate(NamedTuple):
 def _copy(broker: "Broker") -> Copy:
     """On the loop: every queue's figures (0.3 µs a queue, as the metrics' copy)."""
     rows = {q.name: QueueRow(q.name, q.depth, q.bytes, len(q.consumers) + len(q.browsers), q.enqueued, q.dequeued,
-                             q.args) for q in broker.registry.queues() if not q.temporary}
+                             q.args) for q in broker.registry.queues() if not q.temporary and FORWARD not in q.args}
     return Copy(time.time(), rows, len(broker.connections))
 
 

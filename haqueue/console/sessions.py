@@ -3,8 +3,8 @@
 A token names its user and when it expires, signed with HMAC-SHA256. In a cluster the key is derived from
 `ha.password`, which every broker shares, so a token one broker gave is good at every other: when the broker
 that served the page dies, the page goes on with the others without a new login (design/console.md). Without
-HA the key is drawn at start. Nothing is stored per session; a logout is remembered by the broker it reached
-(until the token would have expired anyway).
+HA the key is drawn at start. Nothing is stored per session but the ids of those logged out, which every broker
+of the cluster is told (logouts.py).
 
 A state-changing request must also carry the token's CSRF token (an HMAC of the token) in a header: a form
 another site makes the browser send carries the cookie but cannot know the header.
@@ -35,6 +35,7 @@ class Session:
     user: str
     token: str | None  # None: an anonymous client, where the config lets those in
     expires: float
+    id: str = ""  # the token's own random part: what a logout ends
 
     @property
     def anonymous(self) -> bool:
@@ -45,12 +46,12 @@ class Sessions:
     """Gives and checks tokens; `authenticate(user, password)` is the broker's own check (Access.authenticate)."""
 
     def __init__(self, authenticate: Callable[[str, str], bool], anonymous_allowed: bool,
-                 shared_secret: str | None) -> None:
+                 shared_secret: str | None, ended: Callable[[str], bool]) -> None:
         self._authenticate = authenticate
+        self._ended = ended  # whether a session id was logged out
         self.anonymous_allowed = anonymous_allowed
         secret = shared_secret.encode() if shared_secret is not None else os.urandom(32)
         self._key = hmac.new(secret, KEY_LABEL, hashlib.sha256).digest()
-        self._revoked: dict[str, float] = {}  # token -> when it expires (then forgotten)
         # One password check at a time: a hashed one costs an scrypt computation (16 MiB, tens of ms), and a
         # flood of logins must not multiply that (as the broker's own password checks, design/permissions.md).
         self._checking = threading.Lock()
@@ -63,8 +64,9 @@ class Sessions:
             if not self._authenticate(user, password):
                 return None
         expires = float(int(time.time()) + SESSION_SECONDS)  # whole seconds, as the token holds it
-        payload = _b64(json.dumps({"u": user, "e": int(expires), "n": _b64(os.urandom(9))}).encode())
-        return Session(user, f"{payload}.{self._sign(payload)}", expires)
+        session_id = _b64(os.urandom(9))
+        payload = _b64(json.dumps({"u": user, "e": int(expires), "n": session_id}).encode())
+        return Session(user, f"{payload}.{self._sign(payload)}", expires, session_id)
 
     def session(self, token: str | None) -> Session | None:
         """The session a token is, if it is one of ours, unexpired and not logged out; else the anonymous
@@ -75,12 +77,6 @@ class Sessions:
                 return found
         return Session(ANONYMOUS_USER, None, 0.0) if self.anonymous_allowed else None
 
-    def logout(self, session: Session) -> None:
-        if session.token is not None:
-            now = time.time()
-            self._revoked = {t: e for t, e in self._revoked.items() if e > now}
-            self._revoked[session.token] = session.expires
-
     def csrf(self, session: Session) -> str:
         """The CSRF token of a session (the anonymous client's is the same for every page of this broker)."""
         return self._sign("csrf:" + (session.token or ANONYMOUS_USER))
@@ -90,14 +86,16 @@ class Sessions:
 
     def _check(self, token: str) -> Session | None:
         payload, _, signature = token.partition(".")
-        if not hmac.compare_digest(signature.encode(), self._sign(payload).encode()) or token in self._revoked:
+        if not hmac.compare_digest(signature.encode(), self._sign(payload).encode()):
             return None
         try:
             fields = json.loads(_unb64(payload))
-            user, expires = str(fields["u"]), float(fields["e"])
+            user, expires, session_id = str(fields["u"]), float(fields["e"]), str(fields["n"])
         except (ValueError, KeyError, TypeError, binascii.Error):
             return None
-        return Session(user, token, expires) if expires > time.time() else None
+        if expires <= time.time() or self._ended(session_id):
+            return None
+        return Session(user, token, expires, session_id)
 
     def _sign(self, text: str) -> str:
         return _b64(hmac.new(self._key, text.encode(), hashlib.sha256).digest())

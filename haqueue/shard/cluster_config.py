@@ -8,6 +8,8 @@ The file is a broker config (users, limits, store, ha credentials...) plus the c
     client_port: 5672              # every node's client address: its address, this port (SO_REUSEPORT)
     peer_base: 5700                # shard i's peer listener: the node's address, port peer_base + i
     shard_public: 10.0.1.1:5800    # shard i's direct address, port + i, bound only by its primary
+    http: {port: 15672}            # optional: shard i's web console on its node's address, port + i (tls and
+                                   # allow_origins as a broker's http section; its listen is derived)
     shard:
       redirect: false              # true: a link to another shard's queue is refused with amqp:link:redirect
                                    # naming the owner's direct address, instead of being relayed
@@ -19,7 +21,7 @@ The file is a broker config (users, limits, store, ha credentials...) plus the c
       shard_port: 5800
 
 The placement is computed (shard/placement.py), never listed. What the placement derives per process
-(`name`, `listen`, `ha.brokers`, `ha.public`, `ha.zookeeper.preferred`) may not be given (design/sharding.md,
+(`name`, `listen`, `http.listen`, `ha.brokers`, `ha.public`, `ha.zookeeper.preferred`) may not be given (design/sharding.md,
 step 2). Under ZooKeeper each shard elects on its own path, `ha.zookeeper.path`/shards/<i>. Under Pacemaker the VIPs
 come and go with the processes' roles, so a process binds wildcard addresses (the node's client port, its shard's
 direct port) and has no `ha.public`: Pacemaker's VIP is the public address, as for an unsharded cluster.
@@ -117,6 +119,10 @@ def process_config(cluster: Cluster, node: str, shard: int) -> BrokerConfig:
                      host_port(here.address, cluster.peer_base + shard)]
     raw["ha"] = {**raw["ha"], "brokers": [host_port(cluster.nodes[r].address, cluster.peer_base + shard)
                                           for r in replicas]}
+    if "http" in raw:  # its console: a port per process, as its peer listener
+        http = dict(raw["http"])
+        port = http.pop("port")
+        raw["http"] = {**http, "listen": host_port(here.address, port + shard)}
     if cluster.pacemaker:  # the shard's VIP reaches this process's direct listener while it is primary
         raw["listen"].append(host_port(ANY_ADDRESS, cluster.publics[shard][1]))
     else:  # the primary binds its shard's direct address itself
@@ -187,6 +193,8 @@ def _cluster(raw: Any, origin: str) -> Cluster:
                                              "of its replicas in the placement")
     nodes, racks, regions = _nodes(own["nodes"])
     shards, replicas = own[CLUSTER_KEY], own["replicas"]
+    if "http" in broker:
+        _console_ports(broker["http"], shards)
     try:
         placement = place(Topology.of(list(nodes), racks, regions), shards, replicas)
     except ShardError as e:  # haqueue place's own checks: unknown node, R > n, racks for some nodes only...
@@ -216,6 +224,20 @@ def _cluster(raw: Any, origin: str) -> Cluster:
     return Cluster(origin, shards, replicas, nodes, client_port, peer_base, publics, placement,
                    options.get("redirect", False), options.get("relay_timeout", ShardConfig.relay_timeout), pacemaker,
                    broker)
+
+
+def _console_ports(http: Any, shards: int) -> None:
+    """A cluster's `http:` gives the first console port: shard i's processes serve theirs on port + i."""
+    if not isinstance(http, dict):
+        raise _Bad("http", "must be a map: {port: PORT} (shard i's console on its node's address, port + i), "
+                           "and optionally tls and allow_origins")
+    if "listen" in http:
+        raise _Bad("http.listen", "not in a cluster's config: shard i's process serves its console on its node's "
+                                  "address, port http.port + i")
+    if "port" not in http:
+        raise _Bad("http.port", "missing: shard i's process serves its console on its node's address, port + i")
+    if _int(1)(http["port"], "http.port") + shards - 1 > 65535:
+        raise _Bad("http.port", f"leaves no room for {shards} shards' ports (its port + shard <= 65535)")
 
 
 def _pacemaker(fields: dict[str, Any], nodes: dict[str, Node], shards: int) -> Pacemaker:

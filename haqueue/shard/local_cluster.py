@@ -15,11 +15,12 @@ log = logging.getLogger("haqueue.cluster")
 
 
 def sharded_cluster_up(size: int, shards: int, replicas: int, directory: str, client_port: int, base_port: int,
-                       extra: dict[str, Any] | None = None) -> int:
+                       extra: dict[str, Any] | None = None, console_port: int | None = None) -> int:
     """A sharded cluster (design/sharding.md) of `size` simulated nodes on 127.0.0.1, 127.0.0.2, ... (all
     loopback), node k's client address on `client_port`, shared by its shard processes; shard i's peer
-    listeners on base_port + i, its direct address 127.0.0.1:base_port + shards + i; one Supervisor per
-    shard over its processes, each a `haqueue broker --config cluster.yaml --node N --shard I`."""
+    listeners on base_port + i, its direct address 127.0.0.1:base_port + shards + i, with `console_port` its
+    web consoles on console_port + i; one Supervisor per shard over its processes, each a `haqueue broker
+    --config cluster.yaml --node N --shard I`."""
     directory = os.path.abspath(directory)
     password = secrets.token_hex(16)
     extra = extra or {}
@@ -30,6 +31,8 @@ def sharded_cluster_up(size: int, shards: int, replicas: int, directory: str, cl
                          for node, host in nodes.items()},
                "ha": {"username": HA_USER, "password": password, **extra.get("ha", {})},
                **{key: value for key, value in extra.items() if key != "ha"}}
+    if console_port:
+        cluster["http"] = {"port": console_port}
     path = write_private_yaml(directory, "cluster.yaml", cluster)
     try:
         placement = load_cluster(path).placement
@@ -41,7 +44,8 @@ def sharded_cluster_up(size: int, shards: int, replicas: int, directory: str, cl
     for shard, on in enumerate(placement.shards):
         members = [Member(f"{node}.s{shard}", (nodes[node], base_port + shard),
                           ["--config", path, "--node", node, "--shard", str(shard)],
-                          os.path.join(directory, node, f"s{shard}.log")) for node in on]
+                          os.path.join(directory, node, f"s{shard}.log"),
+                          f"http://{nodes[node]}:{console_port + shard}/" if console_port else None) for node in on]
         supervisors.append(Supervisor(members, HA_USER, password, TlsConfig(**tls) if tls else None))
     for node in nodes:
         os.makedirs(os.path.join(directory, node), exist_ok=True)

@@ -6,7 +6,8 @@ Selenium. Selenium is given the browser and its driver, so it never looks for or
                    (send and receive on orders.*), anonymous clients refused, audit events in `audit_dir`;
                    `console_setup.console_url(broker)` a broker's console.
 `browser`          a headless Chromium for the module; `screenshot(name)` saves the page into the module's
-                   temporary output directory (not the repository).
+                   temporary output directory (not the repository); `page_errors` fails a test whose page's
+                   script logged an error.
 """
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 import pytest
+from selenium.common.exceptions import WebDriverException
 
 from console_setup import APP_PASSWORD
 from ha_harness import HaCluster, unexpected_exits
@@ -72,3 +74,16 @@ def screenshot(browser, tmp_path_factory) -> Callable[[str], Path]:
         print(f"screenshot: {path}")
         return path
     return save
+
+
+@pytest.fixture
+def page_errors(browser) -> Iterator[None]:
+    """Any error the page's script logged fails the test (a network error while a broker is dead is expected)."""
+    yield
+    try:
+        logs = browser.get_log("browser")
+    except WebDriverException:
+        return
+    errors = [e["message"] for e in logs if e["level"] == "SEVERE" and "Failed to load resource" not in e["message"]
+              and "favicon" not in e["message"]]
+    assert not errors, errors

@@ -1,18 +1,22 @@
 """The console's logins and which pages may call it (haqueue/console/sessions.py, origins.py)."""
 from __future__ import annotations
 
+from haqueue.console.logouts import Logouts
 from haqueue.console.origins import Origins
 from haqueue.console.sessions import Sessions
 
 USERS = {"ops": "p1"}
 
 
-def _sessions(secret: str | None = "cluster-password", anonymous: bool = False) -> Sessions:
-    return Sessions(lambda user, password: USERS.get(user) == password, anonymous, secret)
+def _sessions(secret: str | None = "cluster-password", anonymous: bool = False,
+              logouts: Logouts | None = None) -> Sessions:
+    return Sessions(lambda user, password: USERS.get(user) == password, anonymous, secret,
+                    logouts.ended if logouts is not None else lambda session_id: False)
 
 
-def test_a_login_is_good_at_every_broker_sharing_the_secret_until_logged_out_there():
-    here, there, elsewhere = _sessions(), _sessions(), _sessions("another cluster")
+def test_a_login_is_good_at_every_broker_sharing_the_secret_until_logged_out(tmp_path):
+    logouts = Logouts(str(tmp_path), [], None)  # a broker without peers: the logout is its own
+    here, there, elsewhere = _sessions(logouts=logouts), _sessions(), _sessions("another cluster")
     assert here.login("ops", "wrong") is None and here.login("nobody", "p1") is None
     session = here.login("ops", "p1")
     assert session is not None and session.user == "ops"
@@ -22,8 +26,10 @@ def test_a_login_is_good_at_every_broker_sharing_the_secret_until_logged_out_the
     assert not here.csrf_ok(session, None)
     payload, _, signature = session.token.partition(".")
     assert here.session(payload[:-2] + "xx." + signature) is None  # tampered
-    here.logout(session)
+    assert logouts.end(session.id, session.expires) == []
     assert here.session(session.token) is None and there.session(session.token) == session
+    restarted = _sessions(logouts=Logouts(str(tmp_path), [], None))  # kept in the data directory
+    assert restarted.session(session.token) is None
 
 
 def test_anonymous_clients_need_no_login_where_the_config_lets_them_in():

@@ -63,6 +63,10 @@ def test_each_process_gets_its_shards_broker_config(tmp_path: Path) -> None:
     other = shard_process_config(path, "n1", 0)
     assert other.data_dir == "/var/lib/haqueue/shard-0"
     assert other.ha is not None and other.ha.brokers[0] == ("10.0.0.1", 5700)  # the preferred primary first
+    assert config.http is None  # no console unless the file has an http section
+    consoles = write(tmp_path, CLUSTER + "    http: {port: 15672, allow_origins: ['https://ops.example']}\n")
+    http = shard_process_config(consoles, "n2", 1).http
+    assert http is not None and (http.listen, http.allow_origins) == (("10.0.0.2", 15673), ["https://ops.example"])
 
 
 def test_under_pacemaker_the_vips_reach_every_process_and_it_binds_no_public_address(tmp_path: Path) -> None:
@@ -128,6 +132,14 @@ def test_a_process_the_placement_does_not_have_is_refused(tmp_path: Path, node: 
     (("backup_timeout: 2}", "backup_timeout: 2, public: 1.2.3.4:5}"),
      "ha.public: not in a cluster's config: each shard's direct address is shard_public's port + its index, or its "
      "VIP (pacemaker)"),
+    (("client_port: 5672", "http: {listen: 10.0.0.1:15672}"), "http.listen: not in a cluster's config: shard i's "
+                                                              "process serves its console on its node's address, "
+                                                              "port http.port + i"),
+    (("client_port: 5672", "http: {tls: {cert_file: c, key_file: k}}"), "http.port: missing: shard i's process "
+                                                                        "serves its console on its node's address, "
+                                                                        "port + i"),
+    (("client_port: 5672", "http: {port: 65534}"), "http.port: leaves no room for 4 shards' ports (its port + "
+                                                   "shard <= 65535)"),
     (("backup_timeout: 2}", "backup_timeout: -1}"), "ha.backup_timeout: must be a non-negative number of "
                                                     "seconds, got -1"),
     (("client_port: 5672", "client_port: 5702"), "client_port: is among the shards' peer ports 5700..5703"),

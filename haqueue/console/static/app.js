@@ -18,7 +18,8 @@ const state = {
   busy: false,
   view: null,                  // the current view: {render(), refresh()}
   charts: {},
-  queues: {offset: 0, limit: 50, sort: "name", order: "asc", filter: ""},
+  queues: {offset: 0, limit: 50, sort: "name", order: "asc", filter: "", shard: null},
+  owners: {},                  // a sharded cluster's: where one shard's queues are served, by "shard:K" or "queue:NAME"
 };
 
 // ---- the API -------------------------------------------------------------------------------------------
@@ -26,12 +27,13 @@ class ApiError extends Error {
   constructor(status, message, body) { super(message); this.status = status; this.body = body || {}; }
 }
 
+// `options.session`: the {token, csrf} to send (default the page's own).
 async function call(base, path, options = {}) {
-  const headers = {};
-  if (state.token) headers["Authorization"] = "Bearer " + state.token;
+  const headers = {}, session = options.session || state;
+  if (session.token) headers["Authorization"] = "Bearer " + session.token;
   const method = options.method || "GET";
   if (method !== "GET") {
-    headers["X-CSRF-Token"] = state.csrf || "";
+    headers["X-CSRF-Token"] = session.csrf || "";
     headers["Content-Type"] = "application/json";
   }
   let response;
@@ -47,27 +49,51 @@ async function call(base, path, options = {}) {
   return body;
 }
 
-// A call to the current console; if it does not answer, the others are tried (the primary's first).
+// A call to the current console; if it does not answer, the others are tried (the primary's first). A 401 asks for
+// a login only if the page is still in the session the request was made in: one made before a logout may be
+// answered after the next login.
 async function api(path, options = {}) {
+  const token = state.token;
   try {
     return await call(state.base, path, options);
   } catch (e) {
-    if (e.status === 401) { showLogin(e.message); throw e; }
+    if (e.status === 401) { if (token === state.token) showLogin(e.message); throw e; }
     if (e.status !== 0 || options.method && options.method !== "GET") throw e;
     await failOver();
     return call(state.base, path, options);
   }
 }
 
+// A request about one shard's queues (a sharded cluster): its primary's console answers it, and any other says
+// which that is (421); `key` remembers it ("shard:K" for a table, "queue:NAME" for a queue's page).
+async function owned(key, path, options = {}) {
+  const base = state.owners[key];
+  if (base !== undefined) {
+    try { return await call(base, path, options); }
+    catch (e) { if (e.status !== 0 && e.status !== 421) throw e; delete state.owners[key]; }
+  }
+  try {
+    return await api(path, options);
+  } catch (e) {
+    if (e.status !== 421 || !e.body.console) throw e;
+    state.owners[key] = baseOf(e.body.console);
+    return call(state.owners[key], path, options);
+  }
+}
+
+// The API's base for a console's URL ("" for this page's own).
+function baseOf(url) { return url === location.origin + "/" ? "" : url.replace(/\/$/, ""); }
+
 function consoles() {
   const own = location.origin + "/";
   const known = state.brokers.filter(b => b.console).sort((a, b) => (b.role === "primary") - (a.role === "primary"));
   const urls = known.map(b => b.console);
   if (!urls.includes(own)) urls.push(own);
-  return urls.map(url => url === own ? "" : url.replace(/\/$/, ""));
+  return urls.map(baseOf);
 }
 
 async function failOver() {
+  const token = state.token;
   for (const base of consoles()) {
     if (base === state.base) continue;
     try {
@@ -76,7 +102,7 @@ async function failOver() {
       learn(overview);
       return;
     } catch (e) {
-      if (e.status === 401) { state.base = base; showLogin(e.message); throw e; }
+      if (e.status === 401) { state.base = base; if (token === state.token) showLogin(e.message); throw e; }
     }
   }
   throw new ApiError(0, "no broker of the cluster answers");
@@ -88,7 +114,7 @@ function learn(overview) {
   state.talkingTo = overview.broker;
   const here = overview.broker;
   const primary = state.brokers.find(b => b.role === "primary" && b.console);
-  const primaryBase = primary && (primary.console === location.origin + "/" ? "" : primary.console.replace(/\/$/, ""));
+  const primaryBase = primary && baseOf(primary.console);
   if (primary && here.role !== "primary" && primaryBase !== state.base) {
     call(primaryBase, "/api/overview").then(() => { state.base = primaryBase; }).catch(() => {});
   }
@@ -182,13 +208,22 @@ async function login(event) {
   }
 }
 
-async function logout() {
-  try { await api("/api/logout", {method: "POST"}); } catch (e) { /* gone already */ }
+// The page leaves the session at once; the console it talks to ends it at every broker of the cluster.
+function logout() {
+  const session = {token: state.token, csrf: state.csrf};
   state.token = state.csrf = state.user = null;
   sessionStorage.clear();
   byId("login-user").value = "";
   showUser();
   showLogin();
+  endSession(session);
+}
+
+async function endSession(session) {
+  for (const base of [state.base, ...consoles().filter(b => b !== state.base)]) {
+    try { await call(base, "/api/logout", {method: "POST", session}); return; }
+    catch (e) { if (e.status !== 0) return; }  // no answer: the next console
+  }
 }
 
 function showUser() {
@@ -198,9 +233,9 @@ function showUser() {
 
 // ---- actions -------------------------------------------------------------------------------------------------
 // A change, sent to the primary's console (a backup refuses changes): the answer or the refusal in the notice.
-async function act(what, path, options) {
+async function act(what, path, options, send = api) {
   try {
-    const answer = await api(path, options);
+    const answer = await send(path, options);
     notice(what + ": done", true);
     return answer;
   } catch (e) {
@@ -214,10 +249,9 @@ const views = {
   overview: {
     render() {
       return el("div", {},
-        el("h2", {text: "Brokers"}), el("div", {id: "brokers-box"}),
+        el("h2", {id: "brokers-title", text: "Brokers"}), el("div", {id: "brokers-box"}), el("div", {id: "shards-box"}),
         el("h2", {text: "Totals"}), el("ul", {class: "figures", id: "totals"}),
-        el("h2", {id: "rates-title", text: "Message rates (this broker, all queues)"}), el("div", {id: "rates", class: "chart"}),
-        el("div", {id: "shards-box"}));
+        el("h2", {id: "rates-title", text: "Message rates (this broker, all queues)"}), el("div", {id: "rates", class: "chart"}));
     },
     async refresh() {
       const o = await api("/api/overview");
@@ -248,11 +282,16 @@ const views = {
         [el("li", {class: "muted", text: "(admins only)"})]));
       byId("rates-title").hidden = !o.rates;
       if (o.rates) chart("overview", byId("rates"), o.rates, "");
+      if (o.broker.shard !== undefined) text(byId("brokers-title"), `Brokers of shard ${o.broker.shard}`);
       if (o.shards) byId("shards-box").replaceChildren(el("h2", {text: "Shards"}), table("shards",
-        ["shard", "primary", "preferred", {label: "epoch", num: 1}, "backups"].map(h => typeof h === "string" ? {label: h} : h),
-        o.shards.map(s => el("tr", {}, el("th", {scope: "row", text: s.shard}), cell(s.primary || "none"),
-          cell(s.preferred), cell(number(s.epoch), true),
-          cell(s.backups.map(b => `${b.name} ${b.state}${b.lag !== null ? " lag " + b.lag : ""}`).join(", "))))));
+        ["shard", "primary", "preferred", "direct address", {label: "epoch", num: 1}, "backups as the primary sees them"]
+          .map(h => typeof h === "string" ? {label: h} : h),
+        o.shards.map(s => el("tr", {"data-shard": s.shard, "data-primary": s.primary || ""},
+          el("th", {scope: "row", text: s.shard}),
+          cell(!s.primary ? "none" : s.console ? el("a", {href: s.console, text: s.primary}) : s.primary),
+          cell(s.preferred), cell(s.public), cell(number(s.epoch), true),
+          cell(s.backups.map(b => `${b.name} ${b.state}` + (b.lag === null || b.lag === undefined ? "" :
+                                  `, lag ${number(b.lag)} (${b.lag_seconds.toFixed(3)} s)`)).join("; "))))));
     },
   },
 
@@ -267,7 +306,10 @@ const views = {
           el("label", {for: "queue-filter", text: "Filter"}),
           el("input", {id: "queue-filter", type: "search", value: q.filter, placeholder: "part of a name, or a glob",
                        oninput: e => { q.filter = e.target.value; q.offset = 0; refreshNow(); }}),
-          el("label", {for: "page-size", text: "Rows"}), sizeSelect),
+          el("label", {for: "page-size", text: "Rows"}), sizeSelect,
+          el("label", {for: "queue-shard", id: "queue-shard-label", hidden: true, text: "Shard"}),
+          el("select", {id: "queue-shard", hidden: true,
+                        onchange: e => { q.shard = +e.target.value; q.offset = 0; refreshNow(); }})),
         el("div", {id: "queues-box"}),
         el("div", {class: "pager"},
           el("button", {type: "button", id: "prev", onclick: () => { q.offset = Math.max(0, q.offset - q.limit); refreshNow(); }}, "Previous"),
@@ -283,7 +325,9 @@ const views = {
     async refresh() {
       const q = state.queues;
       const params = new URLSearchParams({offset: q.offset, limit: q.limit, sort: q.sort, order: q.order, filter: q.filter});
-      const answer = await api("/api/queues?" + params);
+      if (q.shard !== null) params.set("shard", q.shard);
+      const answer = await owned("shard:" + q.shard, "/api/queues?" + params);
+      if (answer.shards) shardChoice(answer);
       const columns = [["name", "queue"], ["depth", "depth", 1], ["bytes", "bytes", 1], ["rate_in", "in/s", 1],
                        ["rate_out", "out/s", 1], ["consumers", "consumers", 1], [null, "x-replicate"], [null, "limits"]];
       const headers = columns.map(([key, label, num]) => ({num, label, node: key ? el("button", {type: "button",
@@ -295,8 +339,8 @@ const views = {
         cell(number(r.depth), true, "depth"), cell(size(r.bytes), true), cell(rate(r.rate_in), true),
         cell(rate(r.rate_out), true), cell(number(r.consumers), true), cell(r.replicate || "–"),
         cell(limits(r))));
-      byId("queues-box").replaceChildren(table("queues-table", headers, rows,
-                                               `${number(answer.total)} queues`));
+      byId("queues-box").replaceChildren(table("queues-table", headers, rows, `${number(answer.total)} queues` +
+                                               (answer.shards ? ` of shard ${answer.shard}, on ${answer.broker}` : "")));
       text(byId("page-info"), answer.total ? `${answer.offset + 1}–${answer.offset + answer.items.length} of ${number(answer.total)}` : "none");
       byId("prev").disabled = answer.offset === 0;
       byId("next").disabled = answer.offset + answer.items.length >= answer.total;
@@ -307,6 +351,7 @@ const views = {
     render(name) {
       return el("div", {},
         el("h2", {}, "Queue ", el("span", {id: "queue-name", text: name})),
+        el("p", {class: "muted", id: "queue-where"}),
         el("ul", {class: "figures", id: "queue-figures"}),
         el("p", {},
           el("button", {type: "button", id: "purge", class: "danger", onclick: () => purge(name)}, "Purge"), " ",
@@ -316,13 +361,16 @@ const views = {
         el("p", {class: "muted", id: "queue-args"}));
     },
     async refresh(name) {
-      const path = "/api/queues/" + encodeURIComponent(name);
-      const [q, peek] = await Promise.all([api(path), api(path + "/messages?count=10").catch(e => ({error: e.message}))]);
+      const path = "/api/queues/" + encodeURIComponent(name), at = (p, o) => owned("queue:" + name, p, o);
+      const q = await at(path);  // first: it finds the queue's shard
+      const peek = await at(path + "/messages?count=10").catch(e => ({error: e.message}));
       byId("queue-figures").replaceChildren(figure("depth", number(q.depth), "queue-depth"), figure("bytes", size(q.bytes)),
         figure("consumers", number(q.consumers)), figure("enqueued", number(q.enqueued)),
         figure("dequeued", number(q.dequeued)), figure("expired", number(q.expired)),
         figure("dead-lettered", number(q.dead_lettered)), figure("x-replicate", q.replicate || "–"));
       text(byId("queue-args"), "arguments: " + JSON.stringify(q.args));
+      const owner = state.owners["queue:" + name];
+      text(byId("queue-where"), `on ${q.broker}` + (owner !== undefined ? ` (its shard's primary), at ${owner || location.origin}` : ""));
       chart("queue:" + name, byId("queue-rates"), q.rates, "");
       byId("peek-box").replaceChildren(peek.error ? el("p", {class: "bad", text: peek.error}) :
         peek.messages.length === 0 ? el("p", {class: "muted", text: "(empty)"}) :
@@ -401,6 +449,17 @@ const views = {
   },
 };
 
+// A sharded cluster's queue table is one shard's at a time (its primary's own): the list to choose it.
+function shardChoice(answer) {
+  const q = state.queues, select = byId("queue-shard");
+  if (q.shard === null) q.shard = answer.shard;  // first that of the console the page talks to
+  if (select.options.length !== answer.shards) {
+    select.replaceChildren(...Array.from({length: answer.shards}, (_, k) => el("option", {value: k, text: `shard ${k}`})));
+  }
+  select.value = String(q.shard);
+  select.hidden = byId("queue-shard-label").hidden = false;
+}
+
 function limits(r) {
   const parts = [];
   if (r.max_depth) parts.push(`${number(r.max_depth)} msgs`);
@@ -418,13 +477,15 @@ function sortBy(key) {
 
 async function purge(name) {
   if (!confirm(`Purge every message of ${name} that no consumer holds?`)) return;
-  const answer = await act(`purge ${name}`, `/api/queues/${encodeURIComponent(name)}/purge`, {method: "POST"});
+  const answer = await act(`purge ${name}`, `/api/queues/${encodeURIComponent(name)}/purge`, {method: "POST"},
+                           (p, o) => owned("queue:" + name, p, o));
   if (answer) notice(`purge ${name}: ${answer.purged} messages dropped`, true);
   refreshNow();
 }
 async function deleteQueue(name) {
   if (!confirm(`Delete the queue ${name} and its messages?`)) return;
-  if (await act(`delete ${name}`, `/api/queues/${encodeURIComponent(name)}`, {method: "DELETE"})) location.hash = "#/queues";
+  if (await act(`delete ${name}`, `/api/queues/${encodeURIComponent(name)}`, {method: "DELETE"},
+                (p, o) => owned("queue:" + name, p, o))) location.hash = "#/queues";
 }
 async function declareQueue(event) {
   event.preventDefault();
@@ -463,8 +524,7 @@ async function closeConnection(name) {
 async function promote(broker) {
   if (!confirm(`Make ${broker.name} the primary?`)) return;
   try {  // at that broker's own console: it promotes itself, refusing as `haqueue admin ha promote` would
-    const base = broker.console === location.origin + "/" ? "" : broker.console.replace(/\/$/, "");
-    await call(base, "/api/promote", {method: "POST", body: {force: false}});
+    await call(baseOf(broker.console), "/api/promote", {method: "POST", body: {force: false}});
     notice(`promote ${broker.name}: done`, true);
   } catch (e) {
     notice(`promote ${broker.name}: refused: ${e.message}`);
