@@ -12,8 +12,10 @@ import time
 
 import pytest
 from proton import Message
+from proton.utils import ConnectionClosed
 from selenium.common.exceptions import NoAlertPresentException
 from selenium.webdriver.common.by import By
+from selenium.webdriver.support.ui import Select
 
 from console_setup import APP_PASSWORD, click, console_url, http_json, nav, queue_rows, seen, text
 from ha_harness import OPS_USER, connect
@@ -91,6 +93,66 @@ def test_admin_sees_three_brokers_and_a_queue_filling(console_cluster, browser, 
         nav(browser, page)
         wait_for(seen(lambda: browser.find_element(By.ID, table).is_displayed()), 10, message=f"the {page} page")
         screenshot(page)
+
+
+def _declare(browser, form: dict[str, str], button: str) -> None:
+    for field, value in form.items():
+        browser.find_element(By.ID, field).clear()
+        browser.find_element(By.ID, field).send_keys(value)
+    click(browser, By.CSS_SELECTOR, button)
+
+
+def _notice(browser, part: str) -> None:
+    wait_for(lambda: part in text(browser, "notice"), 10, message=f"the notice {part!r}")
+
+
+def test_declare_and_delete_a_queue_and_an_exchange_from_the_page(console_cluster, browser, screenshot):
+    c = console_cluster
+    nav(browser, "queues")
+    _declare(browser, {"new-queue": "made.q", "new-queue-args": '{"max_depth": 7}'}, "#declare-queue button")
+    wait_for(seen(lambda: queue_rows(browser).get("made.q") == "0"), 10, message="made.q in the table")
+    assert c.queues(c[0])["made.q"]["args"]["max_depth"] == 7
+    _declare(browser, {"new-queue": "bad.q", "new-queue-args": '{"max_depth": -1}'}, "#declare-queue button")
+    _notice(browser, "declare bad.q: refused: queue 'bad.q': argument 'max_depth' must be >= 0 (0: no limit), got -1")
+    screenshot("declare-refused")
+    assert "bad.q" not in c.queues(c[0])
+    click(browser, By.LINK_TEXT, "made.q")
+    click(browser, By.ID, "delete-queue")
+    _accept_confirm(browser)
+    wait_for(seen(lambda: browser.current_url.endswith("#/queues") and "made.q" not in queue_rows(browser)), 10,
+             message="back at the queues, made.q gone")
+    assert "made.q" not in c.queues(c[0])
+
+    nav(browser, "exchanges")
+    Select(browser.find_element(By.ID, "new-exchange-type")).select_by_visible_text("topic")
+    _declare(browser, {"new-exchange": "made.x"}, "#new-exchange ~ button")
+    wait_for(seen(lambda: browser.find_element(By.CSS_SELECTOR, '#exchanges tr[data-name="made.x"]')), 10,
+             message="made.x in the table")
+    assert c.exchanges(c[0])["made.x"]["type"] == "topic"
+    click(browser, By.CSS_SELECTOR, 'button[aria-label="delete exchange made.x"]')
+    _accept_confirm(browser)
+    wait_for(seen(lambda: not browser.find_elements(By.CSS_SELECTOR, '#exchanges tr[data-name="made.x"]')), 10,
+             message="made.x gone from the page")
+    assert "made.x" not in c.exchanges(c[0])
+
+
+def test_close_a_connection_from_the_page(console_cluster, browser, screenshot):
+    c = console_cluster
+    conn = connect(c.public, user=OPS_USER, password=c.password, container_id="closed-from-the-console")
+    try:
+        nav(browser, "connections")
+        name = wait_for(seen(lambda: next((r.get_attribute("data-name") for r in browser.find_elements(
+            By.CSS_SELECTOR, "#connections tbody tr") if "closed-from-the-console" in r.text), None)), 10,
+            message="the client's connection on the page")
+        screenshot("connections")
+        click(browser, By.CSS_SELECTOR, f'button[aria-label="close connection from {name}"]')
+        _accept_confirm(browser)
+        with pytest.raises(ConnectionClosed, match="closed from the web console by ops"):
+            conn.wait(lambda: False, timeout=10, msg="the console's close")
+    finally:
+        conn.close()
+    wait_for(seen(lambda: not browser.find_elements(By.CSS_SELECTOR, f'#connections tr[data-name="{name}"]')), 10,
+             message="the connection gone from the page")
 
 
 def test_page_shows_the_new_primary_after_kill9_without_reload(console_cluster, browser, screenshot):
