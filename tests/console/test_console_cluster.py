@@ -322,3 +322,24 @@ def test_a_logout_holds_at_every_broker_of_the_cluster(console_cluster):
     c.start(0)
     wait_for(lambda: http_json(c[0].config["http"]["listen"], "GET", "/api/overview", headers=bearer)[0] == 401, 20,
              message="b0, back, refusing the token")
+
+
+def test_promote_a_ready_backup_from_the_page_after_the_primary_dies(console_cluster, browser, screenshot):
+    """The harness has no supervisor: with the primary killed, the page's Promote is what moves it."""
+    c = console_cluster
+    primary = next(b for b in (c[1], c[2]) if c.try_status(b, 5)["role"] == "primary")
+    c.wait_ready(c[0])  # restarted by the logout test
+    nav(browser, "overview")
+    wait_for(seen(lambda: _brokers(browser).get(c[0].name, {}).get("ready") == "true"), 10, message="b0 ready")
+    browser.execute_script("window.notReloaded = true")
+    c.kill(primary)
+    chosen = c.best_backup(exclude=[primary])
+    assert chosen is not None
+    click(browser, By.CSS_SELECTOR, f'button[aria-label="promote {chosen.name}"]')
+    _accept_confirm(browser)
+    _notice(browser, f"promote {chosen.name}: done")
+    assert c.status(chosen)["role"] == "primary"
+    wait_for(seen(lambda: _brokers(browser).get(chosen.name, {}).get("role") == "primary"), 10,
+             message=f"{chosen.name} shown as the primary")
+    assert browser.execute_script("return window.notReloaded") is True
+    screenshot("overview-promoted")
