@@ -324,8 +324,10 @@ def test_a_logout_holds_at_every_broker_of_the_cluster(console_cluster):
              message="b0, back, refusing the token")
 
 
-def test_promote_a_ready_backup_from_the_page_after_the_primary_dies(console_cluster, browser, screenshot):
-    """The harness has no supervisor: with the primary killed, the page's Promote is what moves it."""
+def test_promote_from_the_page_refused_as_the_cli_is_then_a_ready_backup_promoted(console_cluster, browser,
+                                                                                   screenshot):
+    """The harness has no supervisor: with the primary killed, the page's Promote is what moves it. A backup
+    restarted then cannot catch up (no primary): promoting it is refused, in the page as by `admin ha promote`."""
     c = console_cluster
     primary = next(b for b in (c[1], c[2]) if c.try_status(b, 5)["role"] == "primary")
     c.wait_ready(c[0])  # restarted by the logout test
@@ -333,8 +335,21 @@ def test_promote_a_ready_backup_from_the_page_after_the_primary_dies(console_clu
     wait_for(seen(lambda: _brokers(browser).get(c[0].name, {}).get("ready") == "true"), 10, message="b0 ready")
     browser.execute_script("window.notReloaded = true")
     c.kill(primary)
-    chosen = c.best_backup(exclude=[primary])
+    chosen = c.best_backup(exclude=[primary, c[0]])
     assert chosen is not None
+    c.kill(c[0])
+    c.start(0)
+    wait_for(lambda: "is primary or a ready backup" in (c.try_status(c[0]) or {}).get("promotion_refused", ""), 15,
+             message="b0 joining, its promotion refused")
+    cli = c.cli(c[0], "ha", "promote")
+    assert cli.returncode != 0 and "b0 cannot be promoted: still catching up" in cli.stderr, cli
+    refusal = cli.stderr.strip().splitlines()[-1].split("b0 cannot be promoted", 1)[1]
+    click(browser, By.CSS_SELECTOR, 'button[aria-label="promote b0"]')
+    _accept_confirm(browser)
+    _notice(browser, "promote b0: refused: b0 cannot be promoted" + refusal)
+    screenshot("promote-refused")
+    assert c.status(c[0])["role"] == "backup"
+
     click(browser, By.CSS_SELECTOR, f'button[aria-label="promote {chosen.name}"]')
     _accept_confirm(browser)
     _notice(browser, f"promote {chosen.name}: done")
@@ -343,3 +358,4 @@ def test_promote_a_ready_backup_from_the_page_after_the_primary_dies(console_clu
              message=f"{chosen.name} shown as the primary")
     assert browser.execute_script("return window.notReloaded") is True
     screenshot("overview-promoted")
+    c.wait_ready(c[0])  # the refused one follows the new primary
