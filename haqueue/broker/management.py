@@ -166,14 +166,14 @@ class Management:
             self._check(self.operations[key][1], name, args, user)
             deferred(name, args, user, reply)
         except Exception as e:  # noqa: BLE001 - whatever fails is answered, never raised into the pass
-            reply(*_failure(e), None)
+            reply(*failure(e), None)
 
     def handle(self, request: Message, user: str | None) -> Message:
         """Apply a request here and answer it; whatever fails is answered (a bug with 500), never raised."""
         try:
             status, answer, page = self._apply(request, user)
         except Exception as e:  # noqa: BLE001
-            return _reply(request, *_failure(e), None)
+            return _reply(request, *failure(e), None)
         return _reply(request, status, "OK", answer, page)
 
     def _apply(self, request: Message, user: str | None) -> tuple[int, Any, dict[str, Any]]:
@@ -268,7 +268,7 @@ def _connection_info(conn: Connection, links: bool = False) -> dict[str, Any]:
     return info
 
 
-def _failure(e: Exception) -> tuple[int, str]:
+def failure(e: Exception) -> tuple[int, str]:
     """How a request that raised is answered: a refusal as it says, a malformed request 400, a bug 500."""
     if isinstance(e, BrokerError):
         return e.status, e.description

@@ -26,6 +26,7 @@ from . import protocol, test_hooks
 from .backup import Backup
 from .policy import Policy
 from .primary import Primary
+from .promotion import PromotionRequests
 from .role import ACTIVE, BACKUP, JOINING, PRIMARY, READY, RECOVERING, RESTARTED_ENV, WAS_PRIMARY, EpochStore
 
 log = logging.getLogger("haqueue.ha")
@@ -79,8 +80,9 @@ class HaBroker:
         broker.endpoints[protocol.ADOPT] = self._endpoint(lambda p, link: p.adopt_endpoint(link))
         broker.status_hooks.append(self._broker_status)
         broker.management.register("ha", "READ", lambda name, body: (200, self.status()))
-        broker.management.register("ha", "PROMOTE", lambda name, body: (200, self.promote(bool(body.get("force")))))
         self.backup = Backup(self)
+        if config.coordinator == "external":
+            PromotionRequests(self)  # else the coordinator answers them (coord/zookeeper.py)
         test_hooks.warn_if_set()
 
     @property

@@ -105,7 +105,10 @@ def _declare(browser, form: dict[str, str], button: str) -> None:
 
 
 def _notice(browser, part: str) -> None:
-    wait_for(lambda: part in text(browser, "notice"), 10, message=f"the notice {part!r}")
+    try:
+        wait_for(lambda: part in text(browser, "notice"), 10, message=f"the notice {part!r}")
+    except AssertionError as e:
+        raise AssertionError(f"{e}; it reads {text(browser, 'notice')!r}") from None
 
 
 def test_declare_and_delete_a_queue_and_an_exchange_from_the_page(console_cluster, browser, screenshot):
@@ -328,13 +331,18 @@ def test_a_logout_holds_at_every_broker_of_the_cluster(console_cluster):
 
 def test_promote_from_the_page_refused_as_the_cli_is_then_a_ready_backup_promoted(console_cluster, browser,
                                                                                    screenshot):
-    """The harness has no supervisor: with the primary killed, the page's Promote is what moves it. A backup
-    restarted then cannot catch up (no primary): promoting it is refused, in the page as by `admin ha promote`."""
+    """The harness has no supervisor: with the primary killed, the page's Promote is what moves it. A ready
+    backup beside a serving primary is refused (never two primaries); a backup restarted once the primary is
+    killed cannot catch up: promoting it is refused too, in the page as by `admin ha promote`."""
     c = console_cluster
     primary = next(b for b in (c[1], c[2]) if c.try_status(b, 5)["role"] == "primary")
     c.wait_ready(c[0])  # restarted by the logout test
     nav(browser, "overview")
     wait_for(seen(lambda: _brokers(browser).get(c[0].name, {}).get("ready") == "true"), 10, message="b0 ready")
+    click(browser, By.CSS_SELECTOR, 'button[aria-label="promote b0"]')
+    _accept_confirm(browser)
+    _notice(browser, f"promote b0: refused: b0 cannot be promoted: it follows {primary.name}, the primary of epoch")
+    assert c.status(c[0])["role"] == "backup" and c.status(primary)["role"] == "primary"
     browser.execute_script("window.notReloaded = true")
     c.kill(primary)
     chosen = c.best_backup(exclude=[primary, c[0]])

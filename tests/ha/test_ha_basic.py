@@ -412,6 +412,31 @@ def test_catching_up_broker_refuses_promotion_while_ready_backup_exists(ha_clust
     assert c.bodies(c[2], "pq") == list(range(10))
 
 
+def test_a_ready_backup_beside_a_serving_primary_is_not_promoted_even_forced(ha_cluster):
+    """A second primary is never made: while b1 follows a primary it hears from, `ha promote` is refused with
+    or without --force, naming that primary. Once the primary is killed, the same promote at once succeeds (it
+    waits for b1 to let go of the dead connection) and b2 follows b1."""
+    c = ha_cluster()
+    p = c.start_cluster()
+    send_all(c.public, "rq", range(10))
+    for b in (c[1], c[2]):
+        c.wait_ready(b, queues=["rq"])
+    for force in ((), ("--force",)):
+        r = c.cli(c[1], "ha", "promote", *force)
+        assert r.returncode == 1, (force, r.returncode, r.stdout, r.stderr)
+        assert "b1 cannot be promoted: it follows b0, the primary of epoch 1, which is serving" in r.stderr, r.stderr
+        assert "stop or demote b0 first" in r.stderr, r.stderr
+    assert [c.status(b)["role"] for b in c.brokers] == ["primary", "backup", "backup"]
+    assert c.status(c[1])["state"] == "ready"
+    c.kill(p)
+    r = c.cli(c[1], "ha", "promote")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["epoch"] == 2
+    c.wait_ready(c[2], queues=["rq"])
+    assert c.status(c[2])["primary"] == "b1"
+    assert c.bodies(c[1], "rq") == list(range(10))
+
+
 def test_brand_new_broker_refuses_promotion_while_ready_backup_exists(ha_cluster):
     """Design brief §1: only a ready backup can be promoted, except in a brand-new cluster where
     *every* broker is joining. A fresh broker joining a cluster that has a ready backup is not that."""

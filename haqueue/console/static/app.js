@@ -5,7 +5,8 @@
 "use strict";
 
 const REFRESH_MS = 1000;      // figures refresh at most this often
-const TIMEOUT_MS = 3000;      // a request that takes longer counts as its broker not answering
+const TIMEOUT_MS = 3000;      // a read that takes longer counts as its broker not answering
+const ACTION_TIMEOUT_MS = 12000;  // an action may wait on the broker (a promotion waits up to 3 s): the API's 10 s, and some
 const PAGE_SIZES = [25, 50, 100, 250, 500];
 
 const state = {
@@ -40,7 +41,7 @@ async function call(base, path, options = {}) {
   try {
     response = await fetch(base + path, {method, headers, body: options.body ? JSON.stringify(options.body) : undefined,
                                          credentials: base ? "omit" : "same-origin",
-                                         signal: AbortSignal.timeout(TIMEOUT_MS)});
+                                         signal: AbortSignal.timeout(method === "GET" ? TIMEOUT_MS : ACTION_TIMEOUT_MS)});
   } catch (e) {
     throw new ApiError(0, `no answer from ${base || location.origin} (${e.name})`);
   }
