@@ -141,14 +141,19 @@ def test_declare_and_delete_a_queue_and_an_exchange_from_the_page(console_cluste
     assert "made.x" not in c.exchanges(c[0])
 
 
-def test_close_a_connection_from_the_page(console_cluster, browser, screenshot):
+def test_a_connections_links_then_close_it_from_the_page(console_cluster, browser, screenshot):
     c = console_cluster
     conn = connect(c.public, user=OPS_USER, password=c.password, container_id="closed-from-the-console")
     try:
+        conn.create_receiver("linked.q")
         nav(browser, "connections")
         name = wait_for(seen(lambda: next((r.get_attribute("data-name") for r in browser.find_elements(
             By.CSS_SELECTOR, "#connections tbody tr") if "closed-from-the-console" in r.text), None)), 10,
             message="the client's connection on the page")
+        click(browser, By.CSS_SELECTOR, f'button[aria-label="links of {name}"]')
+        wait_for(seen(lambda: [cells.text for cells in browser.find_elements(
+            By.CSS_SELECTOR, f'#connections tr[data-links-of="{name}"] tbody td')] == ["linked.q", "consumer"]), 10,
+            message="its receiving link shown under it")
         screenshot("connections")
         click(browser, By.CSS_SELECTOR, f'button[aria-label="close connection from {name}"]')
         _accept_confirm(browser)

@@ -20,6 +20,7 @@ const state = {
   view: null,                  // the current view: {render(), refresh()}
   charts: {},
   queues: {offset: 0, limit: 50, sort: "name", order: "asc", filter: "", shard: null},
+  openConnections: new Set(),  // the connections whose links the Connections page shows
   owners: {},                  // a sharded cluster's: where one shard's queues are served, by "shard:K" or "queue:NAME"
 };
 
@@ -386,12 +387,19 @@ const views = {
     render() { return el("div", {}, el("h2", {text: "Connections"}), el("div", {id: "connections-box"})); },
     async refresh() {
       const answer = await api("/api/connections?limit=500");
-      byId("connections-box").replaceChildren(table("connections", ["peer", "user", "container", "client",
-        {label: "links", num: 1}, "TLS", ""].map(h => typeof h === "string" ? {label: h} : h),
-        answer.items.map(c => el("tr", {"data-name": c.name}, el("th", {scope: "row", text: c.name}), cell(c.user || "–"),
-          cell(c.container), cell(`${c.product} ${c.version}`.trim()), cell(number(c.links), true), cell(c.tls ? "yes" : "no"),
+      const open = answer.items.filter(c => state.openConnections.has(c.name));
+      const links = Object.fromEntries(await Promise.all(open.map(async c => [c.name,
+        await api(`/api/connections/${encodeURIComponent(c.name)}`).then(read => read.links, e => e.message)])));
+      const headers = ["peer", "user", "container", "client", {label: "links", num: 1}, "TLS", ""];
+      byId("connections-box").replaceChildren(table("connections", headers.map(h => typeof h === "string" ? {label: h} : h),
+        answer.items.flatMap(c => [el("tr", {"data-name": c.name}, el("th", {scope: "row", text: c.name}), cell(c.user || "–"),
+          cell(c.container), cell(`${c.product} ${c.version}`.trim()),
+          cell(el("button", {type: "button", "aria-expanded": String(c.name in links), "aria-label": `links of ${c.name}`,
+                             onclick: () => toggleLinks(c.name)}, number(c.links)), true),
+          cell(c.tls ? "yes" : "no"),
           cell(el("button", {type: "button", class: "danger", "aria-label": `close connection from ${c.name}`,
-                             onclick: () => closeConnection(c.name)}, "Close")))),
+                             onclick: () => closeConnection(c.name)}, "Close"))),
+          c.name in links ? linkRow(c.name, links[c.name], headers.length) : null]),
         `${number(answer.total)} connections`));
     },
   },
@@ -516,6 +524,18 @@ async function bind(event) {
 async function unbind(b) {
   await act(`unbind ${b.queue} from ${b.exchange}`, "/api/bindings/delete", {method: "POST", body: b});
   refreshNow();
+}
+// A connection's links, in a row under it while it is open: a read of that connection each refresh.
+function toggleLinks(name) {
+  if (!state.openConnections.delete(name)) state.openConnections.add(name);
+  refreshNow();
+}
+function linkRow(name, links, span) {
+  const content = typeof links === "string" ? el("p", {class: "bad", text: links}) :
+    table(null, ["link", "address", "role"].map(label => ({label})),
+          links.map(l => el("tr", {}, el("th", {scope: "row", text: l.name}), cell(l.address || "–"), cell(l.role))),
+          `links of ${name}`);
+  return el("tr", {class: "links", "data-links-of": name}, el("td", {colspan: span}, content));
 }
 async function closeConnection(name) {
   if (!confirm(`Close the connection from ${name}?`)) return;
