@@ -13,23 +13,35 @@ ZooKeeper coordinator the election decides and its own handler answers (coord/zo
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from ..broker.errors import BrokerError, NOT_ALLOWED
 from ..broker.management import Answer, failure
-from .backup import HEARTBEAT
-
-if TYPE_CHECKING:
-    from .ha_broker import HaBroker
+from ..broker.server import Broker
+from .backup import HEARTBEAT, Backup
+from .primary import Primary
+from .role import EpochStore
 
 LET_GO = HEARTBEAT + 1.0  # seconds within which a backup lets go of a primary that is gone
 POLL = 0.05  # seconds between looks at whether it has
 
 
+class PromotionHost(Protocol):
+    """What promotion requests need of the HaBroker (ha_broker.HaBroker): they never import it."""
+
+    broker: Broker
+    backup: Backup
+    primary: Primary | None
+    epoch: EpochStore
+
+    def promote(self, force: bool = False, epoch: int | None = None) -> dict[str, Any]:
+        """Make this backup the primary (refused unless ready, without `force`); its status."""
+
+
 class PromotionRequests:
     """The `ha PROMOTE` management operation, answered once the backup follows no primary (or LET_GO passed)."""
 
-    def __init__(self, ha: "HaBroker") -> None:
+    def __init__(self, ha: PromotionHost) -> None:
         self.ha = ha
         management = ha.broker.management
         # What a plug-in applies itself (Management.handle): at once.
