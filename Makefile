@@ -72,7 +72,7 @@ test: setup
 	$(VENV)/bin/pytest -q -n 2 --dist loadgroup --durations=40
 
 quick: setup
-	$(VENV)/bin/pytest -q -m "not slow"
+	$(VENV)/bin/pytest -q -n 2 --dist loadgroup -m "not slow"
 
 clean:
 	rm -rf $(VENV) tests/js/node_modules bench/js/node_modules $(CONSOLE_NPM)/node_modules $(CONSOLE_VENDOR) build
