@@ -127,7 +127,8 @@ class Store:
         self.config = config
         self.directory = os.path.join(broker.config.data_dir, "journal")
         self.journals: dict[Queue, QueueJournal] = {}
-        self.wiring = WiringJournal(self)
+        self.wiring = WiringJournal(self.append, self.journals, lambda queue: self.journals.pop(queue, None),
+                                    broker.registry)
         self.next_qid = 1
         # This pass's records and the completions they will release, handed to the writer at its end.
         self.pending: list[bytes] = []  # an E record as two pieces: its head, then the message
