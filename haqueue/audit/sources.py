@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from pyspark.sql import Column, DataFrame, SparkSession
@@ -60,30 +61,94 @@ def tune_for(spark: SparkSession, size: int, given: Collection[str] = ()) -> Non
 
 # ---- reading -----------------------------------------------------------------------------------
 
-_CORRUPT = "_corrupt_record"  # Spark puts a line here, and nulls in the fields, when it is not JSON
+JSONL, PARQUET = ".jsonl", ".parquet"  # event files: as the brokers write them, and as columnar.py converts them
+# What a byte of a Parquet event file stands for in JSON lines, for tune_for: 10 million events take 1.8 GB as
+# JSON lines and 87 MB as zstd Parquet (bench/audit_scale.py's set); real ids compress less.
+PARQUET_WEIGHT = 10
+_EVENTS_CORRUPT_DDL = f"{schema.DDL}, `{schema.CORRUPT}` STRING"
 
 
-def read_events(spark: SparkSession, directory: str) -> tuple[DataFrame, DataFrame]:
-    """(valid events, typed; bad lines with their problem). A bad line is counted, never fatal."""
-    lines = (_json_reader(spark.read, schema.DDL).option("recursiveFileLookup", "true")
-             .option("pathGlobFilter", "*.jsonl").json(directory))
-    return _checked(lines, _event_problem(), schema.FIELDS)
+@dataclass(frozen=True)
+class EventInput:
+    """The event files under a directory, as Spark reads them, and their lines."""
+
+    lines: DataFrame  # every line, checked (_checked): the events and the lines that are not
+    files: int
+    bytes: int  # on disk
+    size: int  # in bytes of JSON lines (a Parquet byte counts PARQUET_WEIGHT): what tune_for sizes the shuffles from
+
+
+def read_events(spark: SparkSession, directory: str) -> EventInput:
+    """The event files under `directory` at any depth, `*.jsonl` and `*.parquet` (columnar.py), less names
+    starting with `.` or `_` (Spark skips them). A file converted to Parquet is read once: where
+    `NAME.parquet` and `NAME.jsonl` are side by side, the JSON lines are left out. Lazy: Spark lists the
+    files now and reads them when a query needs them; a bad line is counted (unusable), never fatal."""
+    jsonl = _event_files(_json_reader(spark.read, schema.DDL), JSONL).json(directory)
+    parquet = _event_files(spark.read.schema(_EVENTS_CORRUPT_DDL), PARQUET).parquet(directory)
+    json_files, parquet_files = jsonl.inputFiles(), parquet.inputFiles()
+    converted = {name[:-len(PARQUET)] + JSONL for name in parquet_files}
+    if converted.intersection(json_files):
+        json_files = [name for name in json_files if name not in converted]
+        jsonl = _json_reader(spark.read, schema.DDL).json(json_files)
+    frames, size = [], 0
+    if json_files:
+        frames.append(_checked(_with_file(jsonl), _event_problem(), schema.FIELDS))
+        size = _size(jsonl)
+    if parquet_files or not frames:  # an empty directory: no lines
+        frames.append(_checked(_parquet_lines(parquet), _event_problem(), schema.FIELDS))
+    parquet_bytes = _size(parquet) if parquet_files else 0
+    lines = frames[0] if len(frames) == 1 else frames[0].unionByName(frames[1])
+    return EventInput(lines, len(json_files) + len(parquet_files), size + parquet_bytes,
+                      size + PARQUET_WEIGHT * parquet_bytes)
+
+
+def usable(lines: DataFrame, fields: Collection[str] = schema.FIELDS) -> DataFrame:
+    """The checked lines (_checked) that can be used, typed."""
+    return lines.filter(F.col("problem").isNull()).select(*fields)
+
+
+def unusable(lines: DataFrame) -> DataFrame:
+    """The checked lines (_checked) that cannot: file, problem, line."""
+    return lines.filter(F.col("problem").isNotNull()).select("file", "problem", "line")
+
+
+def _event_files(reader: Any, suffix: str) -> Any:
+    return reader.option("recursiveFileLookup", "true").option("pathGlobFilter", f"*{suffix}")
+
+
+def _parquet_lines(parquet: DataFrame) -> DataFrame:
+    """A Parquet event file's rows, and the lines columnar.py kept as text (not a JSON object of the events'
+    types) parsed as read_events parses JSON lines: an event, or a line with a problem."""
+    typed = _with_file(parquet).filter(F.col(schema.CORRUPT).isNull())
+    options = {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": schema.CORRUPT}
+    kept = (_with_file(parquet).filter(F.col(schema.CORRUPT).isNotNull())
+            .select(F.from_json(schema.CORRUPT, _EVENTS_CORRUPT_DDL, options).alias("parsed"), "file")
+            .select("parsed.*", "file"))
+    return typed.unionByName(kept)
+
+
+def _with_file(lines: DataFrame) -> DataFrame:
+    return lines.withColumn("file", F.col("_metadata.file_name"))
+
+
+def _size(files: DataFrame) -> int:
+    """The bytes of a file source's files, from Spark's own file index (its plan's statistics)."""
+    return int(files._jdf.queryExecution().optimizedPlan().stats().sizeInBytes())  # a Scala BigInt
 
 
 def stream_events(spark: SparkSession, directory: str, **options: str) -> DataFrame:
     """The valid events of the files that appear in `directory` (Spark's file source: each file is
     read once, when it appears, so it must appear whole: staging.py puts them there); bad lines are
     left out. `options` go to the file source (e.g. cleanSource)."""
-    reader = _json_reader(spark.readStream, schema.DDL).option("pathGlobFilter", "*.jsonl")
+    reader = _json_reader(spark.readStream, schema.DDL).option("pathGlobFilter", f"*{JSONL}")
     for name, value in options.items():
         reader = reader.option(name, value)
-    valid, _ = _checked(reader.json(directory), _event_problem(), schema.FIELDS)
-    return valid
+    return usable(_checked(_with_file(reader.json(directory)), _event_problem(), schema.FIELDS))
 
 
 def _event_problem() -> Column:
     """Why an event line cannot be used (null: it can)."""
-    problem = F.when(F.col(_CORRUPT).isNotNull(), F.lit("unparsable"))
+    problem = F.when(F.col(schema.CORRUPT).isNotNull(), F.lit("unparsable"))
     problem = problem.when(_any_null(F.col(name) for name in schema.REQUIRED), F.lit("missing field"))
     problem = problem.when(~F.col("event").isin(*schema.EVENTS), F.lit("unknown event"))
     for kind, names in schema.REQUIRED_FOR.items():
@@ -93,27 +158,28 @@ def _event_problem() -> Column:
 
 
 def read_ledgers(spark: SparkSession, paths: Sequence[str]) -> tuple[DataFrame, DataFrame]:
-    """(valid ledger lines, typed; bad lines with their problem), as read_events."""
+    """(valid ledger lines, typed; bad lines with their problem). A bad line is counted, never fatal."""
     lines = _json_reader(spark.read, schema.LEDGER_DDL).json(list(paths))
-    problem = F.when(F.col(_CORRUPT).isNotNull(), F.lit("unparsable"))
+    problem = F.when(F.col(schema.CORRUPT).isNotNull(), F.lit("unparsable"))
     problem = problem.when(_any_null(F.col(name) for name in schema.LEDGER_FIELDS), F.lit("missing field"))
     problem = problem.when(~F.col("op").isin(*schema.LEDGER_OPS), F.lit("unknown op"))
-    return _checked(lines, problem, schema.LEDGER_FIELDS)
+    checked = _checked(_with_file(lines), problem, schema.LEDGER_FIELDS)
+    return usable(checked, schema.LEDGER_FIELDS), unusable(checked)
 
 
 def _json_reader(reader: Any, ddl: str) -> Any:
     """A batch or stream reader of JSON lines with `ddl`'s fields and the line itself when it is not JSON."""
-    return (reader.schema(f"{ddl}, `{_CORRUPT}` STRING").option("mode", "PERMISSIVE")
-            .option("columnNameOfCorruptRecord", _CORRUPT))
+    return (reader.schema(f"{ddl}, `{schema.CORRUPT}` STRING").option("mode", "PERMISSIVE")
+            .option("columnNameOfCorruptRecord", schema.CORRUPT))
 
 
-def _checked(lines: DataFrame, problem: Column, fields: Collection[str]) -> tuple[DataFrame, DataFrame]:
-    """(the lines without a problem, typed; the others as file, problem, line)."""
-    checked = lines.withColumn("file", F.col("_metadata.file_name")).withColumn("problem", problem)
-    valid = checked.filter(F.col("problem").isNull()).select(*fields)
-    bad = checked.filter(F.col("problem").isNotNull()).select(
-        "file", "problem", F.coalesce(F.col(_CORRUPT), F.to_json(F.struct(*fields))).alias("line"))
-    return valid, bad
+def _checked(lines: DataFrame, problem: Column, fields: Collection[str]) -> DataFrame:
+    """`fields` and `problem` (null: the line can be used) of each line, and for a line with a problem its `file`
+    and the `line` (as read, or its fields as JSON when it parsed): a bad line's own columns are null elsewhere."""
+    checked = lines.withColumn("problem", problem)
+    bad = F.col("problem").isNotNull()
+    return checked.select(*fields, "problem", F.when(bad, F.col("file")).alias("file"),
+                          F.when(bad, F.coalesce(F.col(schema.CORRUPT), F.to_json(F.struct(*fields)))).alias("line"))
 
 
 def _any_null(columns: Any) -> Column:

@@ -5,6 +5,7 @@ bad input counted, never fatal; the time window; the command line, its paths as 
 codes, a failed Spark job's among them; spark-submit."""
 from __future__ import annotations
 
+import io
 import json
 import os
 import re
@@ -117,6 +118,36 @@ def test_bad_lines_are_counted_and_the_rest_audited(spark, scenario_dir, tmp_pat
     assert "teleport" in audit.bad_input["example"].iloc[1]
     b2 = audit.backups[audit.backups["backup"] == "b2"].iloc[0]
     assert (b2["received"], b2["missing"], b2["duplicates"]) == (12, 1, 1)
+
+
+def test_a_set_converted_to_parquet_audits_as_its_json_lines(audit, spark, scenario_dir, tmp_path):
+    """The scenario's files converted to Parquet (columnar.py), b2's with lines that are not events: the same
+    figures, and the same bad lines counted under the Parquet file's name. b1's JSON lines, left beside their
+    Parquet twin, are read once; b0's second file stays JSON lines."""
+    from haqueue.audit import columnar, lag
+
+    events = tmp_path / "events"
+    events.mkdir()
+    good = json.loads((scenario_dir / "b2-000004.jsonl").read_text().splitlines()[1])
+    bad = [{**good, "event": "teleport"}, {k: v for k, v in good.items() if k != "seq"}, {**good, "seq": "seven"}]
+    for log in scenario_dir.glob("*.jsonl"):
+        if log.name == "b0-000002.jsonl":
+            shutil.copy(log, events)
+            continue
+        text = log.read_text() + ("".join(json.dumps(line) + "\n" for line in bad) + json.dumps(good)[:40]
+                                  if log.name.startswith("b2") else "")
+        counts = columnar.convert(io.BytesIO(text.encode()), str(events / (log.stem + columnar.SUFFIX)))
+        assert counts.kept == (2 if log.name.startswith("b2") else 0)  # the wrong type and the torn line
+        if log.name.startswith("b1"):
+            shutil.copy(log, events)
+    converted = lag.analyse(spark, str(events))
+    assert converted.totals == {**audit.totals, "bad_lines": 4}
+    for name, table in audit.tables.items():
+        if name != "bad_input":
+            pd.testing.assert_frame_equal(converted.tables[name], table)
+    assert rows(converted.bad_input, ["file", "problem", "lines"]) == [
+        ("b2-000004.parquet", "missing field", 1), ("b2-000004.parquet", "unknown event", 1),
+        ("b2-000004.parquet", "unparsable", 2)]
 
 
 def test_a_time_window_judges_only_its_events(spark, scenario_dir):
