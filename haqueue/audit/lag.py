@@ -25,7 +25,8 @@ from pyspark.sql.types import TimestampType
 from haqueue.audit import measures, schema
 from haqueue.audit.exits import EXIT_CANNOT_TELL, EXIT_LOSS, EXIT_OK, UsageError
 from haqueue.audit.progress import Progress
-from haqueue.audit.sources import EventInput, read_events, read_ledgers, session, tune_for, unusable, usable
+from haqueue.audit.sources import (EventInput, input_size, read_events, read_ledgers, session, tune_for, unusable,
+                                   usable)
 from haqueue.audit.storage import Storage, uri
 
 # A primary's dequeue counts as not mirrored on a backup only if that backup kept logging at least
@@ -534,7 +535,7 @@ def run_audit(events: str, out: str, master: str | None, since: int | None, unti
     Paths may be URIs (storage.py); UsageError when one is not there."""
     from haqueue.audit import report
 
-    spark = session(master, conf, debug)
+    spark = session(master, conf, debug, input_size(events))
     try:
         storage = Storage(spark)
         if not storage.is_dir(events):
