@@ -7,10 +7,13 @@ from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from pyspark import SparkContext
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from haqueue.audit import schema
+from haqueue.audit.exits import UsageError
+from haqueue.audit.storage import local_path
 
 
 # Bytes of event files per shuffle partition (tune_for). Under it the whole audit takes one, and runs without
@@ -19,16 +22,24 @@ from haqueue.audit import schema
 BYTES_PER_PARTITION = 64 << 20
 
 
-def session(master: str | None = None, conf: Mapping[str, str] | None = None, debug: bool = False) -> SparkSession:
+def session(master: str | None = None, conf: Mapping[str, str] | None = None, debug: bool = False,
+            size: int | None = None) -> SparkSession:
     """A Spark session: `master`, else spark-submit's, else local[*]. `conf` (the command's --conf) wins
-    over the defaults here: 4 GB for the driver, which collects the result tables, on any master; no web UI
-    on a local one. Under spark-submit its JVM is already running: its own --conf settings stand.
-    Spark logs only fatal errors unless `debug`: a failed job is told in one line (failures.py)."""
+    over the defaults here: the driver's memory for an input of `size` (driver_memory), on any master; no
+    web UI on a local one. Under spark-submit its JVM is already running: its own --conf settings stand.
+    Spark logs only fatal errors unless `debug`: a failed job is told in one line (failures.py).
+    UsageError if this process runs a session on another master than `master`: Spark would hand that one
+    back, and the audit would run there, not where it was asked to; it is the caller's, left running."""
     conf = dict(conf or {})
     submitted = "PYSPARK_GATEWAY_PORT" in os.environ  # spark-submit started this process and its JVM
+    running = SparkContext._active_spark_context
+    if running is not None and master is not None and running.master != master:
+        raise UsageError(f"this process already runs a Spark session on {running.master}: it cannot audit on "
+                         f"{master} (stop that session first, or audit on {running.master})")
     if master is None and not submitted:
         master = "local[*]"
-    defaults = {} if submitted else {"spark.driver.memory": "4g", "spark.ui.showConsoleProgress": "false"}
+    defaults = {} if submitted else {"spark.driver.memory": driver_memory(master, size),
+                                     "spark.ui.showConsoleProgress": "false"}
     if master is not None and master.startswith("local"):
         defaults["spark.ui.enabled"] = "false"
     builder = SparkSession.builder.appName("haqueue-audit").config("spark.sql.session.timeZone", "UTC")
@@ -59,12 +70,53 @@ def tune_for(spark: SparkSession, size: int, given: Collection[str] = ()) -> Non
         spark.conf.set("spark.sql.adaptive.enabled", "false")
 
 
+# The driver's memory (driver_memory): what it needs beside the audit's cache (the files' listing, the result
+# tables it collects, the queries' own work), and heap per byte of input for the cache. The cache (lag._by_message,
+# uncompressed) took 55 bytes an event of bench/audit_scale.py's set: 0.31 byte per byte of JSON lines, 0.57 per
+# byte of Parquet as weighed (PARQUET_WEIGHT); Spark keeps cached blocks in at most 60 % of the heap.
+# At most half the machine's memory: the rest is the OS's page cache and the spill's.
+DRIVER_BASE = 2 << 30
+CACHE_PER_BYTE = 1.0
+UNKNOWN_SIZE_MEMORY = "4g"  # an input listed only by Spark (hdfs://...) or none
+
+
+def driver_memory(master: str, size: int | None) -> str:
+    """spark.driver.memory for an input of `size` bytes of JSON lines (EventInput.size): on a local master the
+    driver is the executor too and holds the audit's cache of every line (what does not fit is spilled to
+    disk, and read back slower); on a cluster the executors hold it, and the driver DRIVER_BASE."""
+    if size is None:
+        return UNKNOWN_SIZE_MEMORY
+    wanted = DRIVER_BASE + (int(CACHE_PER_BYTE * size) if master.startswith("local") else 0)
+    most = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 2
+    return f"{max(DRIVER_BASE, min(wanted, most)) >> 20}m"
+
+
+def input_size(location: str) -> int | None:
+    """What read_events sizes the event files under `location` at (EventInput.size), listed before the session
+    starts: its JVM's memory is fixed then (driver_memory). None unless `location` is on the driver's file
+    system (a path or file://): without a JVM the driver cannot list hdfs:// or s3a://."""
+    path = local_path(location)
+    if path is None or not os.path.isdir(path):
+        return None
+    json_bytes = parquet_bytes = 0
+    for root, directories, names in os.walk(path):
+        directories[:] = [name for name in directories if not name.startswith(_SKIPPED)]
+        files = {name for name in names if not name.startswith(_SKIPPED)}
+        for name in files:
+            if name.endswith(PARQUET):
+                parquet_bytes += os.path.getsize(os.path.join(root, name))
+            elif name.endswith(JSONL) and name[:-len(JSONL)] + PARQUET not in files:
+                json_bytes += os.path.getsize(os.path.join(root, name))
+    return _weighed(json_bytes, parquet_bytes)
+
+
 # ---- reading -----------------------------------------------------------------------------------
 
 JSONL, PARQUET = ".jsonl", ".parquet"  # event files: as the brokers write them, and as columnar.py converts them
 # What a byte of a Parquet event file stands for in JSON lines, for tune_for: 10 million events take 1.8 GB as
 # JSON lines and 87 MB as zstd Parquet (bench/audit_scale.py's set); real ids compress less.
 PARQUET_WEIGHT = 10
+_SKIPPED = (".", "_")  # names Spark's file index leaves out (hidden, or its own such as _checkpoint)
 _EVENTS_CORRUPT_DDL = f"{schema.DDL}, `{schema.CORRUPT}` STRING"
 
 
@@ -99,7 +151,11 @@ def read_events(spark: SparkSession, directory: str) -> EventInput:
     parquet_bytes = _size(parquet) if parquet_files else 0
     lines = frames[0] if len(frames) == 1 else frames[0].unionByName(frames[1])
     return EventInput(lines, len(json_files) + len(parquet_files), size + parquet_bytes,
-                      size + PARQUET_WEIGHT * parquet_bytes)
+                      _weighed(size, parquet_bytes))
+
+
+def _weighed(json_bytes: int, parquet_bytes: int) -> int:
+    return json_bytes + PARQUET_WEIGHT * parquet_bytes
 
 
 def usable(lines: DataFrame, fields: Collection[str] = schema.FIELDS) -> DataFrame:
