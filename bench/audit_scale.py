@@ -135,7 +135,7 @@ def audit_once(events: str, master: str | None, profile: bool) -> dict:
             "spark.eventLog.compress": "false", "spark.executor.memory": EXECUTOR_MEMORY}
     try:
         started = time.monotonic()
-        spark = sources.session(master, conf)
+        spark = sources.session(master, conf, size=sources.input_size(events))  # as `haqueue audit lag` sizes it
         session_s = time.monotonic() - started
         started, busy = time.monotonic(), machine_busy_ticks()
         audit = lag.analyse(spark, events)
