@@ -36,10 +36,10 @@ def session(master: str | None = None, conf: Mapping[str, str] | None = None, de
     if running is not None and master is not None and running.master != master:
         raise UsageError(f"this process already runs a Spark session on {running.master}: it cannot audit on "
                          f"{master} (stop that session first, or audit on {running.master})")
-    if master is None and not submitted:
-        master = "local[*]"
-    defaults = {} if submitted else {"spark.driver.memory": driver_memory(master, size),
-                                     "spark.ui.showConsoleProgress": "false"}
+    defaults: dict[str, str] = {}
+    if not submitted:
+        master = master or "local[*]"
+        defaults = {"spark.driver.memory": driver_memory(master, size), "spark.ui.showConsoleProgress": "false"}
     if master is not None and master.startswith("local"):
         defaults["spark.ui.enabled"] = "false"
     builder = SparkSession.builder.appName("haqueue-audit").config("spark.sql.session.timeZone", "UTC")
