@@ -19,7 +19,7 @@ Exactly once, whole, resumably:
 - one ship per source and destination: it holds a lock on the state file.
 
 The copy of one file is `Format.write`: a plain copy (JSONL), or with `--parquet` a conversion to Parquet
-(columnar.py, pyarrow alone; PARQUET), which the audit reads several times faster.
+(columnar.py, pyarrow alone: `parquet()`), which the audit reads several times faster.
 """
 from __future__ import annotations
 
