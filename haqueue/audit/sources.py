@@ -114,7 +114,7 @@ def input_size(location: str) -> int | None:
 
 JSONL, PARQUET = ".jsonl", ".parquet"  # event files: as the brokers write them, and as columnar.py converts them
 # What a byte of a Parquet event file stands for in JSON lines, for tune_for: 10 million events take 1.8 GB as
-# JSON lines and 87 MB as zstd Parquet (bench/audit_scale.py's set); real ids compress less.
+# JSON lines and 94 MB as zstd Parquet (bench/audit_scale.py's set); real ids compress less.
 PARQUET_WEIGHT = 10
 _SKIPPED = (".", "_")  # names Spark's file index leaves out (hidden, or its own such as _checkpoint)
 _EVENTS_CORRUPT_DDL = f"{schema.DDL}, `{schema.CORRUPT}` STRING"
