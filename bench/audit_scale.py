@@ -1,40 +1,51 @@
 #!/usr/bin/env python3
-"""Scale benchmark of `haqueue audit lag`: generate an event set of --events events (default 10
-million) shaped like a real cluster's, audit it with PySpark on this machine, check the planted
-answers and append the time to bench/RESULTS.md (section "Audit: scale").
+"""Scale benchmark of `haqueue audit lag`: generate an event set of --events events (default 10 million)
+shaped like a real cluster's, convert it to Parquet (haqueue/audit/columnar.py), and audit it round by
+round, every set-up once a round in an order rotated each round (this machine's speed drifts up to 1.7x
+from minute to minute): the JSON lines and the Parquet files on `local[*]`, and with --workers the Parquet
+files on a Spark standalone master with 1 and 2 one-core workers started from the pyspark package. Each
+audit runs in a process of its own (a fresh JVM); audit s is reading, every table, the chart and the
+summary, the Spark session's start apart. Checks the planted answers every time and appends a section
+to bench/RESULTS.md.
 
 The set: 4 queues on b0 (primary, epoch 1) with backups b1 and b2, 50,000 msg/s; halfway b0 dies,
 b1 takes over (epoch 2) and b0 returns as a backup. Each message is enqueued, confirmed and dequeued
 on its primary and replicated and dequeued on both backups: 7 events. Planted: 3 confirmed
 messages b2 never received, 2 that b1 received twice.
 
-    .venv/bin/python bench/audit_scale.py [--events 10000000] [--dir DIR] [--keep] [--no-record]
+    .venv/bin/python bench/audit_scale.py [--events 10000000] [--rounds 3] [--workers] [--dir DIR] [--no-record]
+    .venv/bin/python bench/audit_scale.py --run DIR [--master URL] [--profile]   # one audit; --profile: each
+        Spark action's wall time, jobs, tasks and task CPU, from Spark's event log
 """
 from __future__ import annotations
 
 import argparse
 import datetime
+import json
 import os
 import platform
 import shutil
+import statistics
+import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from pathlib import Path
 
 BENCH = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH.parent))
+sys.path.insert(0, str(BENCH))
 
-from haqueue.audit import lag, report, sources  # noqa: E402
-from haqueue.audit.storage import Storage  # noqa: E402
+from run import CLK_TCK, free_port, loadavg, machine_busy_ticks  # noqa: E402  bench/run.py, stdlib only
 
 RESULTS = BENCH / "RESULTS.md"
-HEADING = "## Audit: scale (haqueue audit lag)"
 T0 = 1_800_000_000_000_000
 GAP_US = 20  # 50,000 messages a second
 EVENTS_PER_MESSAGE = 7
 MISSING_ON_B2, DUPLICATED_ON_B1 = (1001, 2002, 3003), (4004, 5005)
 PART_BYTES = 256 * 1024 * 1024
+EXECUTOR_MEMORY = "2g"  # each standalone worker's executor: a 1-core one holds the whole cache
 
 
 class Files:
@@ -111,69 +122,268 @@ def generate(directory: Path, events: int) -> int:
     return messages
 
 
-def record(row: str) -> None:
-    """Append a row to this benchmark's table in RESULTS.md, read just now: another benchmark appends too."""
-    text = RESULTS.read_text() if RESULTS.exists() else "# Benchmark results\n"
-    if HEADING not in text:
-        text = (text.rstrip("\n") + f"\n\n{HEADING}\n\n`.venv/bin/python bench/audit_scale.py` generates an event set shaped "
-                "like a 3-broker cluster's (4 queues, a failover, 7 events per message), audited with `local[*]` "
-                "Spark on this machine. Audit s = reading, parsing, every table, the chart and the summary; the "
-                "Spark session start is counted apart.\n\n"
-                "| date | events | size | generate s | session start s | audit s | events/s | check |\n"
-                "|---|---|---|---|---|---|---|---|\n")
-    lines = text.rstrip("\n").split("\n")
-    at = lines.index(HEADING)
-    end = next((j for j in range(at + 1, len(lines)) if lines[j].startswith("## ")), len(lines))
-    while not lines[end - 1].strip():
-        end -= 1
-    lines.insert(end, row)
-    RESULTS.write_text("\n".join(lines) + "\n")
+# ---- one audit, in a process of its own ---------------------------------------------------------
+
+def audit_once(events: str, master: str | None, profile: bool) -> dict:
+    """Audit `events` on `master` (None: local[*]); its times, task CPU (Spark's event log) and the check."""
+    from haqueue.audit import lag, report, sources
+    from haqueue.audit.storage import Storage
+
+    scratch = Path(tempfile.mkdtemp(prefix="haqueue-audit-run-"))
+    (scratch / "log").mkdir()
+    conf = {"spark.eventLog.enabled": "true", "spark.eventLog.dir": f"file://{scratch}/log",
+            "spark.eventLog.compress": "false", "spark.executor.memory": EXECUTOR_MEMORY}
+    try:
+        started = time.monotonic()
+        spark = sources.session(master, conf, size=sources.input_size(events))  # as `haqueue audit lag` sizes it
+        session_s = time.monotonic() - started
+        started, busy = time.monotonic(), machine_busy_ticks()
+        audit = lag.analyse(spark, events)
+        Storage(spark).write(str(scratch / "out"), report.outputs(audit))
+        audit_s = time.monotonic() - started
+        busy_cores = (machine_busy_ticks() - busy) / CLK_TCK / audit_s
+        spark.stop()
+        actions = spark_actions(scratch / "log")
+        b = audit.backups.groupby("backup").sum(numeric_only=True)
+        ok = bool(b["missing"].sum() == 3 and b.loc["b2", "missing"] == 3 and b["duplicates"].sum() == 2
+                  and b.loc["b1", "duplicates"] == 2 and b["order_violations"].sum() == 0
+                  and b["dequeues_not_mirrored"].sum() == 0 and audit.totals["bad_lines"] == 0)
+        if profile:
+            print(report.summary(audit))
+            for a in actions:
+                print(f"{a['wall_s']:7.1f} s  {a['jobs']:3d} jobs {a['tasks']:5d} tasks  task CPU {a['cpu_s']:6.1f} s  "
+                      f"{a['what']}")
+        return {"events": audit.totals["events"], "summary": report.summary(audit), "session_s": session_s,
+                "audit_s": audit_s,
+                "task_cpu_s": sum(a["cpu_s"] for a in actions), "actions": len(actions),
+                "jobs": sum(a["jobs"] for a in actions), "busy_cores": busy_cores, "ok": ok}
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def spark_actions(log: Path) -> list[dict]:
+    """Each SQL execution (a Spark action) of the event log in `log`: wall s, jobs, tasks, task CPU s, call site."""
+    actions: dict[int, dict] = {}
+    stage_action: dict[int, int] = {}
+    files = sorted((f for f in log.rglob("events_*") if not f.name.endswith(".crc")),
+                   key=lambda f: int(f.name.split("_")[1]))  # a rolling log: events_1_APP, events_2_APP...
+    for line in (line for f in files for line in f.read_text().splitlines()):
+        e = json.loads(line)
+        kind = e["Event"]
+        if kind.endswith("SQLExecutionStart"):
+            actions[e["executionId"]] = {"what": e["description"], "start": e["time"], "end": e["time"], "jobs": 0,
+                                         "tasks": 0, "cpu_s": 0.0}
+        elif kind.endswith("SQLExecutionEnd") and e["executionId"] in actions:
+            actions[e["executionId"]]["end"] = e["time"]
+        elif kind == "SparkListenerJobStart":
+            action = e.get("Properties", {}).get("spark.sql.execution.id")
+            if action is not None and int(action) in actions:
+                actions[int(action)]["jobs"] += 1
+                stage_action.update((stage, int(action)) for stage in e["Stage IDs"])
+        elif kind == "SparkListenerTaskEnd" and e["Stage ID"] in stage_action:
+            action = actions[stage_action[e["Stage ID"]]]
+            action["tasks"] += 1
+            action["cpu_s"] += (e.get("Task Metrics") or {}).get("Executor CPU Time", 0) / 1e9
+    return [{**a, "wall_s": (a["end"] - a["start"]) / 1000} for _, a in sorted(actions.items())]
+
+
+# ---- a standalone cluster ------------------------------------------------------------------------
+
+class Standalone:
+    """A Spark standalone master and `workers` one-core workers, started from the pyspark package's own
+    spark-class on loopback ports chosen free, their logs and work directories under `directory`."""
+
+    def __init__(self, workers: int, directory: Path) -> None:
+        import pyspark
+
+        home = Path(pyspark.__file__).parent
+        directory.mkdir(parents=True, exist_ok=True)
+        env = {**os.environ, "SPARK_HOME": str(home), "SPARK_LOG_DIR": str(directory)}
+        self.port, self.ui = free_port(), free_port()
+        self.url = f"spark://127.0.0.1:{self.port}"
+        self.processes = [self._start(home, env, directory / "master.log", "org.apache.spark.deploy.master.Master",
+                                      "--host", "127.0.0.1", "--port", str(self.port), "--webui-port", str(self.ui))]
+        for i in range(workers):
+            self.processes.append(self._start(
+                home, env, directory / f"worker{i}.log", "org.apache.spark.deploy.worker.Worker", "--host",
+                "127.0.0.1", "--port", str(free_port()), "--webui-port", str(free_port()), "--cores", "1",
+                "--memory", "3g", "--work-dir", str(directory / f"work{i}"), self.url))
+        deadline = time.monotonic() + 120
+        while self._alive_workers() < workers:
+            if time.monotonic() > deadline or any(p.poll() is not None for p in self.processes):
+                self.stop()
+                raise RuntimeError(f"standalone cluster not up; see {directory}/*.log")
+            time.sleep(0.5)
+
+    @staticmethod
+    def _start(home: Path, env: dict, log: Path, *args: str) -> subprocess.Popen:
+        with open(log, "wb") as out:
+            return subprocess.Popen([str(home / "bin" / "spark-class"), *args], env=env, stdout=out,
+                                    stderr=subprocess.STDOUT)
+
+    def _alive_workers(self) -> int:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.ui}/json/", timeout=2) as answer:
+                return int(json.load(answer).get("aliveworkers", 0))
+        except OSError:
+            return 0
+
+    def stop(self) -> None:
+        for process in reversed(self.processes):
+            process.terminate()
+        for process in self.processes:
+            try:
+                process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+
+
+# ---- the rounds ----------------------------------------------------------------------------------
+
+def run_setup(events: Path, master: str | None) -> dict:
+    """One audit in a process of its own: what audit_once returned, or {"error": ...}."""
+    load = float(loadavg().split()[0])  # the machine's 1-minute load average as the audit starts
+    command = [sys.executable, __file__, "--run", str(events)] + (["--master", master] if master else [])
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(BENCH.parent), os.environ.get("PYTHONPATH")]))}
+    done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=3600)
+    for line in reversed(done.stdout.splitlines()):
+        if line.startswith("RESULT "):
+            return {**json.loads(line[len("RESULT "):]), "load": load}
+    return {"load": load, "error": f"exit {done.returncode}: {done.stderr.strip().splitlines()[-1:] or done.stdout[-500:]}"}
+
+
+def convert(source: Path, target: Path) -> tuple[float, int]:
+    """Every event file of `source` converted into `target` (columnar.convert): (seconds, bytes written)."""
+    from haqueue.audit import columnar
+
+    target.mkdir(parents=True, exist_ok=True)
+    started = time.monotonic()
+    for log in sorted(source.glob("*.jsonl")):
+        columnar.convert(str(log), str(target / (log.stem + columnar.SUFFIX)))
+    return time.monotonic() - started, sum(f.stat().st_size for f in target.iterdir())
+
+
+def made_set(base: Path, events: int) -> tuple[int, int, float, int]:
+    """The set of `events` events in base/events and base/parquet: (messages, JSON bytes, conversion s, Parquet
+    bytes). Made there, and its facts noted in base/set.json, unless an earlier run made it."""
+    facts = base / "set.json"
+    if facts.exists() and json.loads(facts.read_text())["events"] == events:
+        made = json.loads(facts.read_text())
+        return made["messages"], made["json_bytes"], made["convert_s"], made["parquet_bytes"]
+    for directory in (base / "events", base / "parquet"):
+        shutil.rmtree(directory, ignore_errors=True)
+    (base / "events").mkdir(parents=True)
+    messages = generate(base / "events", events)
+    json_bytes = sum(f.stat().st_size for f in (base / "events").iterdir())
+    convert_s, parquet_bytes = convert(base / "events", base / "parquet")
+    facts.write_text(json.dumps({"events": events, "messages": messages, "json_bytes": json_bytes,
+                                 "convert_s": convert_s, "parquet_bytes": parquet_bytes}))
+    return messages, json_bytes, convert_s, parquet_bytes
+
+
+def med_range(values: list[float], digits: int = 1) -> str:
+    if not values:
+        return "—"
+    return f"{statistics.median(values):,.{digits}f} ({min(values):,.{digits}f}–{max(values):,.{digits}f})"
+
+
+def section(command: str, setups: dict[str, str], runs: dict[str, list[dict]], facts: dict) -> str:
+    """The RESULTS.md section of a run."""
+    date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    lines = [f"## Audit: JSON lines vs Parquet, local vs standalone workers (bench/audit_scale.py), {date}", "",
+             "```", command, "```", "",
+             f"{facts['events']:,} events ({facts['messages']:,} messages), JSON lines {facts['json_bytes'] / 1e9:.2f} GB, "
+             f"converted to Parquet ({facts['parquet_bytes'] / 1e6:.0f} MB) by `columnar.convert` in "
+             f"{facts['convert_s']:.0f} s, one process ({facts['events'] / facts['convert_s']:,.0f} lines/s). "
+             f"Machine: {os.cpu_count()} cores, Python {platform.python_version()}; load average at the start "
+             f"{facts['load'][0]}, at the end {loadavg()}. Each audit in a fresh process and JVM, set-ups in an "
+             "order rotated each round; audit s = reading, every table, the chart and the summary (the session's "
+             "start apart); task CPU = Spark's executor CPU time over every task (its event log); busy = cores the "
+             "whole machine used during the audit (the audit's own and everyone else's); load at start = the "
+             "machine's 1-minute load average as each audit started (other work on the machine included).", "",
+             "| set-up | master | audit s | events/s | task CPU s | busy cores | load at start | session s | "
+             "Spark actions / jobs | planted answers | summary as the JSON lines' |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    reference = next((r["summary"] for r in runs["jsonl"] if "error" not in r), None)
+    for name, master in setups.items():
+        ok = [r for r in runs[name] if "error" not in r]
+        same = f"{sum(r['summary'] == reference for r in ok)} of {len(ok)}"
+        figures = [med_range([r["audit_s"] for r in ok]), med_range([r["events"] / r["audit_s"] for r in ok], 0),
+                   med_range([r["task_cpu_s"] for r in ok]), med_range([r["busy_cores"] for r in ok], 2),
+                   med_range([r["load"] for r in runs[name]]), med_range([r["session_s"] for r in ok]), f"{ok[0]['actions']} / {ok[0]['jobs']}" if ok else "—"]
+        answers = f"{sum(r['ok'] for r in ok)} of {len(runs[name])} found" + "".join(
+            f"; {r['error']}" for r in runs[name] if "error" in r)
+        lines.append(f"| {name} | {master} | " + " | ".join(figures) + f" | {answers} | {same} |")
+    lines += ["", "Ratios of audit s, round by round (median, min–max, each round's):", "",
+              "| ratio | median (min–max) | per round |", "|---|---|---|"]
+    for slow, fast in facts["pairs"]:
+        pairs = [(a, b) for a, b in zip(runs[slow], runs[fast]) if "error" not in a and "error" not in b]
+        ratios = [a["audit_s"] / b["audit_s"] for a, b in pairs]
+        lines.append(f"| {slow} / {fast} | {med_range(ratios, 2)} | " + " ".join(f"{x:.2f}" for x in ratios) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def append(text: str) -> None:
+    """Append a section to RESULTS.md, read just now: another benchmark appends too."""
+    current = RESULTS.read_text() if RESULTS.exists() else "# Benchmark results\n"
+    RESULTS.write_text(current.rstrip("\n") + "\n\n" + text)
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--events", type=int, default=10_000_000)
-    ap.add_argument("--dir", help="where the events and the output go (default: a temporary directory)")
-    ap.add_argument("--keep", action="store_true", help="keep the events and the output")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--workers", action="store_true",
+                    help="also audit the Parquet files on a standalone master with 1, then 2 one-core workers")
+    ap.add_argument("--dir", help="where the events go (default: a temporary directory); kept if given, and a set "
+                                  "made there before for the same --events is used again")
     ap.add_argument("--no-record", action="store_true", help="do not append to bench/RESULTS.md")
+    ap.add_argument("--run", metavar="DIR", help="audit DIR once in this process and print its figures")
+    ap.add_argument("--master", help="with --run: the Spark master (default local[*])")
+    ap.add_argument("--profile", action="store_true", help="with --run: each Spark action's figures")
     args = ap.parse_args()
+    if args.run:
+        print("RESULT " + json.dumps(audit_once(args.run, args.master, args.profile)), flush=True)
+        return 0
     base = Path(args.dir) if args.dir else Path(tempfile.mkdtemp(prefix="haqueue-audit-scale-"))
-    events_dir, out = base / "events", base / "out"
-    shutil.rmtree(events_dir, ignore_errors=True)
-    events_dir.mkdir(parents=True)
+    events_dir, parquet_dir = base / "events", base / "parquet"
+    clusters: list[Standalone] = []
     try:
-        started = time.monotonic()
-        messages = generate(events_dir, args.events)
-        generated = time.monotonic() - started
-        size = sum(f.stat().st_size for f in events_dir.iterdir())
-        lines = messages * EVENTS_PER_MESSAGE  # plus marks and the planted changes
-        print(f"generated {messages:,} messages (~{lines:,} events, {size / 1e9:.2f} GB) in {generated:.0f} s",
-              flush=True)
-        started = time.monotonic()
-        spark = sources.session()
-        session_s = time.monotonic() - started
-        started = time.monotonic()
-        audit = lag.analyse(spark, str(events_dir))
-        Storage(spark).write(str(out), report.outputs(audit))
-        audit_s = time.monotonic() - started
-        spark.stop()
-        print(report.summary(audit))
-        b = audit.backups.groupby("backup").sum(numeric_only=True)
-        ok = (b["missing"].sum() == 3 and b.loc["b2", "missing"] == 3 and b["duplicates"].sum() == 2
-              and b.loc["b1", "duplicates"] == 2 and b["order_violations"].sum() == 0
-              and b["dequeues_not_mirrored"].sum() == 0 and audit.totals["bad_lines"] == 0)
-        total = audit.totals["events"]
-        print(f"Spark session started in {session_s:.0f} s; audited {total:,} events in {audit_s:.0f} s "
-              f"({total / audit_s:,.0f} events/s); "
-              f"planted answers {'found' if ok else 'WRONG'}")
+        load = loadavg(), None
+        messages, json_bytes, convert_s, parquet_bytes = made_set(base, args.events)
+        print(f"{messages:,} messages in {json_bytes / 1e9:.2f} GB of JSON lines, {parquet_bytes / 1e6:.0f} MB of "
+              f"Parquet (converted in {convert_s:.0f} s)", flush=True)
+        setups = {"jsonl": (events_dir, None), "parquet": (parquet_dir, None)}
+        if args.workers:
+            for workers in (1, 2):
+                clusters.append(Standalone(workers, base / f"standalone{workers}"))
+                setups[f"parquet, {workers} worker{'s' if workers > 1 else ''}"] = (parquet_dir, clusters[-1].url)
+        names = list(setups)
+        runs: dict[str, list[dict]] = {name: [] for name in names}
+        for round_ in range(args.rounds):
+            for name in names[round_ % len(names):] + names[:round_ % len(names)]:
+                result = run_setup(*setups[name])
+                runs[name].append(result)
+                print(f"round {round_ + 1} {name} (load {result['load']:.1f}): " + (result.get("error") or
+                      f"{result['audit_s']:.1f} s, {result['events'] / result['audit_s']:,.0f} events/s, task CPU "
+                      f"{result['task_cpu_s']:.0f} s, busy {result['busy_cores']:.2f} cores, answers "
+                      f"{'found' if result['ok'] else 'WRONG'}"), flush=True)
+        events = next((r["events"] for rs in runs.values() for r in rs if "error" not in r), 0)
+        pairs = [("jsonl", "parquet")] + ([(names[2], names[3])] if args.workers else [])
+        text = section(" ".join(["bench/audit_scale.py", *sys.argv[1:]]), {n: m or "local[*]" for n, (_, m) in
+                                                                           setups.items()}, runs,
+                       {"events": events, "messages": messages, "json_bytes": json_bytes, "parquet_bytes": parquet_bytes,
+                        "convert_s": convert_s, "load": load, "pairs": pairs})
+        print(text)
         if not args.no_record:
-            record(f"| {datetime.date.today()} | {total:,} | {size / 1e9:.2f} GB | {generated:.0f} | {session_s:.0f} | "
-                   f"{audit_s:.0f} | {total / audit_s:,.0f} | {'planted answers found' if ok else 'WRONG'} "
-                   f"({platform.python_version()}, {os.cpu_count()} cores) |")
-        return 0 if ok else 1
+            append(text)
+        return 0 if all(r.get("ok") for rs in runs.values() for r in rs) else 1
     finally:
-        if not args.keep:
-            shutil.rmtree(base if not args.dir else events_dir, ignore_errors=True)
+        for cluster in clusters:
+            cluster.stop()
+        if not args.dir:
+            shutil.rmtree(base, ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -17,13 +17,16 @@ from datetime import timedelta
 from typing import Any, Mapping, Sequence
 
 import pandas as pd
+from pyspark import StorageLevel
 from pyspark.sql import Column, DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
+from pyspark.sql.types import TimestampType
 
 from haqueue.audit import measures, schema
 from haqueue.audit.exits import EXIT_CANNOT_TELL, EXIT_LOSS, EXIT_OK, UsageError
 from haqueue.audit.progress import Progress
-from haqueue.audit.sources import read_events, read_ledgers, session, tune_for
+from haqueue.audit.sources import (EventInput, input_size, read_events, read_ledgers, session, tune_for, unusable,
+                                   usable)
 from haqueue.audit.storage import Storage, uri
 
 # A primary's dequeue counts as not mirrored on a backup only if that backup kept logging at least
@@ -96,12 +99,26 @@ def analyse(spark: SparkSession, directory: str, since: int | None = None, until
     the events judged (the ledgers, if any, are judged whole); `bound`: how long after a confirmation a
     copy may come (measures.absent_copies); `tune`: size the session for the events (sources.tune_for)
     first, unless the caller has."""
+    found = read_events(spark, uri(directory))
     if tune:
-        tune_for(spark, Storage(spark).event_files(directory).bytes)
-    events, bad = read_events(spark, uri(directory))
-    events = measures.timed(events).withColumn("judged", _window(F.col("t"), since, until)).persist()
+        tune_for(spark, found.size)
+    return _audit(found, since, until, ledgers, bound)
+
+
+def _audit(found: EventInput, since: int | None, until: int | None, ledgers: Sequence[str],
+           bound: timedelta) -> Audit:
+    """The audit of the lines read_events found: read once, kept in memory grouped by message (_by_message)."""
+    spark = found.lines.sparkSession
+    # Every large frame below is partitioned by message (uid, seq): a join on more keys (a message on one backup
+    # process) may use that partitioning instead of shuffling both sides again.
+    spark.conf.set("spark.sql.requireAllClusterKeysForCoPartition", "false")
+    # Uncompressed: building the cache cost half as much CPU (strings' dictionaries are worked out per batch and
+    # rarely pay: the events' ids are unique), and the cache was only 20 % larger (bench/RESULTS.md).
+    spark.conf.set("spark.sql.inMemoryColumnarStorage.compressed", "false")
+    lines = _by_message(found.lines).persist(StorageLevel.MEMORY_AND_DISK)
     try:
-        audit = _analyse(events, bad, bound)
+        events = measures.timed(usable(lines)).withColumn("judged", _window(F.col("t"), since, until))
+        audit = _analyse(events, unusable(lines), bound)
         if ledgers:
             entries, bad_entries = read_ledgers(spark, [uri(path) for path in ledgers])
             audit.ledgers, audit.ledger_problems = _ledger_tables(events, entries)
@@ -109,7 +126,15 @@ def analyse(spark: SparkSession, directory: str, since: int | None = None, until
             audit.totals["bad_lines"] = int(audit.bad_input["lines"].sum())
         return audit
     finally:
-        events.unpersist()
+        lines.unpersist()
+
+
+def _by_message(lines: DataFrame) -> DataFrame:
+    """The lines hashed by message (uid, seq) into the shuffle's partitions: most of the audit joins or groups a
+    message's events, and such joins and aggregates of frames made from these lines need no shuffle of their own
+    (a message's events are in one partition). In each, sorted by kind of event: the cache keeps the range of
+    each column per batch of rows, so a query of one kind of event skips the batches of the others."""
+    return lines.repartition("uid", "seq").sortWithinPartitions("event", "role")
 
 
 def _window(t: Column, since: int | None, until: int | None) -> Column:
@@ -122,6 +147,7 @@ def _window(t: Column, since: int | None, until: int | None) -> Column:
 
 
 def _analyse(ev: DataFrame, bad: DataFrame, bound: timedelta) -> Audit:
+    spark = ev.sparkSession
     primary_side = ev.filter(F.col("role") != schema.BACKUP)
     enqueues = primary_side.filter(F.col("event") == schema.ENQUEUE)
     # Confirmations of replicated messages: one kept off the backups (`replicated` false) needs no copy anywhere.
@@ -132,63 +158,78 @@ def _analyse(ev: DataFrame, bad: DataFrame, bound: timedelta) -> Audit:
     mirrored = (ev.filter((F.col("event") == schema.DEQUEUE) & (F.col("role") == schema.BACKUP))
                 .select("uid", "seq", F.col("broker").alias("backup"), "run"))
     aside = ev.filter((F.col("event") == schema.DIVERGED) & F.col("judged")).withColumnRenamed("broker", "backup")
-    # Kept aside and confirmed as replicated (a complete is logged before its confirmation leaves, so a killed
-    # primary's log lacks none): diverged. The rest its publisher was never told were safe: kept aside alone.
-    confirmed = completes.select("uid", "seq").distinct()
-    diverged = aside.join(confirmed, ["uid", "seq"], "left_semi")
-    kept_aside = aside.join(confirmed, ["uid", "seq"], "left_anti")
-    runs = ev.groupBy("broker", "run").agg(F.min("t").alias("start"), F.max("t").alias("end"))
     # Where and when each message was first enqueued (a message keeps its uid and seq everywhere).
     origin = enqueues.groupBy("uid", "seq").agg(F.min("t").alias("t_enq"), F.min("epoch").alias("enq_epoch"))
 
-    marks = ev.filter(F.col("event") == schema.MARK)
-
-    totals = _totals(ev)
-    lag = measures.live_lag(replicas.filter(F.col("judged")), enqueues)
-    unattested = _unattested(primary_side, replicas).persist()
-    problems = (_problems(completes, dequeues, replicas, mirrored, runs, marks, bound)
-                .unionByName(_as_problem(unattested, UNATTESTED, "t"))
-                .unionByName(_as_problem(_at_risk(completes, replicas, marks), AT_RISK, "t"))
-                .unionByName(_as_problem(diverged, DIVERGED, "t"))
-                .unionByName(_as_problem(kept_aside, KEPT_ASIDE, "t"))).persist()
+    summary = _summary(ev)  # the counts, runs and sizes the tables need, from one pass over the events
+    totals = _totals(summary)
+    runs = spark.createDataFrame(
+        summary.groupby(["broker", "run"], as_index=False).agg(start=("first", "min"), end=("last", "max")),
+        "broker STRING, run BIGINT, start BIGINT, end BIGINT")
+    sizes = spark.createDataFrame(
+        summary[summary["cluster_size"].notna()].groupby(["broker", "run"], as_index=False)["cluster_size"].max(),
+        "broker STRING, run BIGINT, cluster_size BIGINT")
+    marks = ev.filter(F.col("event") == schema.MARK).select("broker", "time").persist()
+    lag = measures.live_lag(replicas.filter(F.col("judged")), enqueues).persist()
+    kept = [marks, lag]  # persisted: each is read by several queries
     try:
-        counts = problems.groupBy("queue", "backup", "problem").agg(F.sum("weight").alias("n")).toPandas()
+        problems = (_problems(completes, dequeues, replicas, mirrored, runs, marks, bound, kept)
+                    .unionByName(_as_problem(_unattested(primary_side, replicas), UNATTESTED, "t", epoch="epoch"))
+                    .unionByName(_as_problem(_at_risk(completes, replicas, sizes), AT_RISK, "t"))
+                    .unionByName(_aside(aside, completes))).persist()
+        kept.append(problems)
+        counts = problems.groupBy("queue", "backup", "problem", "epoch").agg(F.sum("weight").alias("n")).toPandas()
         detail = (problems.orderBy("problem", "queue", "seq", "backup").limit(DETAIL_LIMIT)
                   .select("problem", "queue", "seq", "message_id", "backup", F.timestamp_micros("t").alias("time"))
                   .toPandas())
-        unattested_by_epoch = unattested.groupBy("epoch").agg(F.count("*").alias("unattested")).toPandas()
+        backups = _backup_table(summary, lag, _pivot(counts, ["queue", "backup"], _COUNT_COLUMNS))
+        bad_input = _bad_table(bad)
+        totals["bad_lines"] = int(bad_input["lines"].sum())
+        queues = _queue_table(summary, completes, origin, backups,
+                              _pivot(counts, ["queue"], _QUEUE_COUNT_COLUMNS))
+        unattested = counts[counts["problem"] == UNATTESTED].groupby("epoch", as_index=False)["n"].sum()
+        epochs = _epochs(summary, dequeues, origin, unattested.astype("int64").rename(columns={"n": "unattested"}))
+        return Audit(totals=totals, queues=queues, backups=backups, epochs=epochs, timeline=_timeline(lag, totals),
+                     problems=detail, bad_input=bad_input, shards=_shard_table(summary, lag, backups))
     finally:
-        problems.unpersist()
-        unattested.unpersist()
-    backups = _backup_table(_per_backup(replicas, lag), _pivot(counts, ["queue", "backup"], _COUNT_COLUMNS))
-    bad_input = _bad_table(bad)
-    totals["bad_lines"] = int(bad_input["lines"].sum())
-    queues = _queue_table(primary_side, completes, origin, backups, _pivot(counts, ["queue"], _QUEUE_COUNT_COLUMNS))
-    return Audit(totals=totals, queues=queues,
-                 backups=backups, epochs=_epochs(primary_side, dequeues, origin, unattested_by_epoch),
-                 timeline=_timeline(lag, totals), problems=detail, bad_input=bad_input,
-                 shards=_shard_table(ev, primary_side, lag, backups))
+        for frame in kept:
+            frame.unpersist()
+
+
+# The columns of the summary (_summary): one row per distinct value of the keys, its events counted.
+_SUMMARY_KEYS = ["broker", "run", "role", "epoch", "shard", "queue", "event", "mode", "judged"]
+
+
+def _summary(ev: DataFrame) -> pd.DataFrame:
+    """How many events of each broker process, role, epoch, shard, queue, kind and mode, in the window judged or
+    not, with their first and last times and (marks) the cluster's size: what the totals, the per-queue,
+    per-epoch and per-shard counts and each process's span are added up from, in pandas. One aggregation of
+    the events: its rows are the brokers' processes times their queues, a few thousand."""
+    summary = ev.groupBy(*_SUMMARY_KEYS).agg(F.count("*").alias("events"), F.min("t").alias("first"),
+                                             F.max("t").alias("last"), F.max("cluster_size").alias("cluster_size"))
+    return summary.toPandas()
+
+
+def _event_counts(summary: pd.DataFrame, by: list[str]) -> pd.DataFrame:
+    """Per `by`: how many enqueue, complete and dequeue events (as enqueued, completed, dequeued)."""
+    counted = summary.assign(**{name: summary["events"].where(summary["event"] == kind, 0) for kind, name in
+                                ((schema.ENQUEUE, "enqueued"), (schema.COMPLETE, "completed"),
+                                 (schema.DEQUEUE, "dequeued"))})
+    return counted.groupby(by, as_index=False)[["enqueued", "completed", "dequeued"]].sum()
+
+
+def _judged_primary_side(summary: pd.DataFrame) -> pd.DataFrame:
+    return summary[(summary["role"] != schema.BACKUP) & summary["judged"]]
 
 
 def _bad_table(bad: DataFrame) -> pd.DataFrame:
-    table = (bad.groupBy("file", "problem").agg(F.count("*").alias("lines"), F.first("line").alias("example"))
+    table = (bad.groupBy("file", "problem").agg(F.count("*").alias("lines"), F.min("line").alias("example"))
              .orderBy("file", "problem").toPandas())
     table["example"] = table["example"].str.slice(0, 200)
     return table
 
 
-def _per_backup(replicas: DataFrame, lag: DataFrame) -> DataFrame:
-    judged = replicas.filter(F.col("judged"))
-    counts = judged.groupBy("queue", "backup").agg(
-        F.count("*").alias("received"),
-        F.sum((F.col("mode") == schema.LIVE).cast("int")).alias("live"),
-        F.sum((F.col("mode") == schema.CATCHUP).cast("int")).alias("catchup"))
-    stats = lag.groupBy("queue", "backup").agg(*measures.percentiles("lag_us", "lag"))
-    return counts.join(stats, ["queue", "backup"], "left")
-
-
-# The problems table: one row per message and backup behind a count; weight is what it adds to it.
-_PROBLEM_COLUMNS = ("problem", "queue", "seq", "message_id", "backup", "t", "weight")
+# The problems table (_as_problem): one row per message and backup behind a count; weight is what it adds to it.
 MISSING, UNVERIFIED, DUPLICATE, OUT_OF_ORDER, NOT_MIRRORED, UNATTESTED, AT_RISK, DIVERGED, KEPT_ASIDE = (
     "missing", "unverified", "duplicate", "out of order", "dequeue not mirrored", "unattested", "at risk", "diverged",
     "kept aside")
@@ -199,8 +240,10 @@ _QUEUE_COUNT_COLUMNS = {UNATTESTED: "unattested", AT_RISK: "at_risk", DIVERGED: 
 
 
 def _problems(completes: DataFrame, dequeues: DataFrame, replicas: DataFrame, mirrored: DataFrame,
-              runs: DataFrame, marks: DataFrame, bound: timedelta) -> DataFrame:
-    absent = measures.absent_copies(completes.filter(F.col("judged")), replicas, dequeues, bound)
+              runs: DataFrame, marks: DataFrame, bound: timedelta, kept: list[DataFrame]) -> DataFrame:
+    """The problems found per backup; the frames it persists go to `kept`."""
+    absent = measures.absent_copies(completes.filter(F.col("judged")), replicas, dequeues, bound).persist()
+    kept.append(absent)  # judged twice: missing and unverified
     frames = [_as_problem(measures.missing(absent, marks, bound), MISSING, "t"),
               _as_problem(measures.unverified(absent, marks, bound), UNVERIFIED, "t"),
               _as_problem(_duplicates(replicas), DUPLICATE, "t", F.col("copies") - 1),
@@ -212,9 +255,23 @@ def _problems(completes: DataFrame, dequeues: DataFrame, replicas: DataFrame, mi
     return union
 
 
-def _as_problem(frame: DataFrame, problem: str, time: str, weight: Column | None = None) -> DataFrame:
-    return frame.select(F.lit(problem).alias("problem"), "queue", "seq", "message_id", "backup",
-                        F.col(time).alias("t"), (weight if weight is not None else F.lit(1)).alias("weight"))
+def _as_problem(frame: DataFrame, problem: str | Column, time: str, weight: Column | None = None,
+                epoch: str | None = None) -> DataFrame:
+    """`frame`'s rows as problems; `epoch`: the column of the epoch a problem is counted under (the epochs table's
+    unattested), else none."""
+    return frame.select(F.lit(problem).alias("problem") if isinstance(problem, str) else problem.alias("problem"),
+                        "queue", "seq", "message_id", "backup", F.col(time).alias("t"),
+                        (weight if weight is not None else F.lit(1)).alias("weight"),
+                        (F.col(epoch) if epoch else F.lit(None).cast("bigint")).alias("epoch"))
+
+
+def _aside(aside: DataFrame, completes: DataFrame) -> DataFrame:
+    """The messages kept aside at a rejoin, as problems: confirmed as replicated (a complete is logged before its
+    confirmation leaves, so a killed primary's log lacks none), diverged; the rest, whose publisher was never
+    told they were safe, kept aside alone."""
+    confirmed = completes.select("uid", "seq").distinct().withColumn("confirmed", F.lit(True))
+    judged = aside.join(confirmed, ["uid", "seq"], "left")
+    return _as_problem(judged, F.when(F.col("confirmed"), F.lit(DIVERGED)).otherwise(F.lit(KEPT_ASIDE)), "t")
 
 
 def _pivot(counts: pd.DataFrame, index: list[str], columns: dict[str, str]) -> pd.DataFrame:
@@ -224,14 +281,12 @@ def _pivot(counts: pd.DataFrame, index: list[str], columns: dict[str, str]) -> p
             .rename(columns=columns).reindex(columns=list(columns.values())))
 
 
-def _at_risk(completes: DataFrame, replicas: DataFrame, marks: DataFrame) -> DataFrame:
+def _at_risk(completes: DataFrame, replicas: DataFrame, sizes: DataFrame) -> DataFrame:
     """Confirmations made while fewer than a majority of the cluster held the message: the primary, the
     backups its `complete` names and those that logged a copy before it (_unnamed_holders) are fewer than
     cluster_size // 2 + 1, the size its run's marks give (a run whose marks give none, a log older than the
     field, is not judged). What the floor forbids unless opted out of (ha.min_confirmations: 1): a partition
-    can lose such a message."""
-    sizes = (marks.filter(F.col("cluster_size").isNotNull()).groupBy("broker", "run")
-             .agg(F.max("cluster_size").alias("cluster_size")))
+    can lose such a message. sizes: (broker, run, cluster_size) of the runs whose marks give one."""
     majority = F.floor(F.col("cluster_size") / 2) + 1
     short = (completes.filter(F.col("judged")).drop("cluster_size").join(F.broadcast(sizes), ["broker", "run"])
              .filter(F.size("backups") + 1 < majority))
@@ -267,14 +322,17 @@ def _unattested(primary_side: DataFrame, replicas: DataFrame) -> DataFrame:
 
 def _unmirrored(dequeues: DataFrame, replicas: DataFrame, mirrored: DataFrame, runs: DataFrame) -> DataFrame:
     """Messages dequeued on a primary that a backup holding them never removed (while it kept logging)."""
-    holders = replicas.select("uid", "seq", "backup", "run").distinct()
+    # Each backup process's copies it never applied a dequeue of: one aggregation of both kinds of event.
+    kept = (replicas.select("uid", "seq", "backup", "run", F.lit(False).alias("removed"))
+            .unionByName(mirrored.withColumn("removed", F.lit(True)))
+            .groupBy("uid", "seq", "backup", "run").agg(F.max("removed").alias("removed"))
+            .filter(~F.col("removed")))
     gone = dequeues.filter(F.col("judged")).select("uid", "seq", "queue", "message_id",
                                                    F.col("broker").alias("primary"), F.col("t").alias("t_deq"))
-    expected = (gone.join(holders, ["uid", "seq"])
-                .filter(F.col("backup") != F.col("primary"))  # a promoted backup consuming its own copy
-                .join(F.broadcast(runs.select(F.col("broker").alias("backup"), "run", "end")), ["backup", "run"])
-                .filter(F.col("end") >= F.col("t_deq") + MIRROR_GRACE_US))
-    return expected.join(mirrored, ["uid", "seq", "backup", "run"], "left_anti")
+    return (gone.join(kept, ["uid", "seq"])
+            .filter(F.col("backup") != F.col("primary"))  # a promoted backup consuming its own copy
+            .join(F.broadcast(runs.select(F.col("broker").alias("backup"), "run", "end")), ["backup", "run"])
+            .filter(F.col("end") >= F.col("t_deq") + MIRROR_GRACE_US))
 
 
 def _order_violations(replicas: DataFrame) -> DataFrame:
@@ -293,14 +351,15 @@ def _duplicates(replicas: DataFrame) -> DataFrame:
             .filter((F.col("copies") > 1) & (F.col("judged") == 1)))
 
 
-def _event_counts() -> list[Column]:
-    """Aggregates: how many enqueue, complete and dequeue events (as enqueued, completed, dequeued)."""
-    return [F.sum((F.col("event") == kind).cast("int")).alias(name) for kind, name in
-            ((schema.ENQUEUE, "enqueued"), (schema.COMPLETE, "completed"), (schema.DEQUEUE, "dequeued"))]
-
-
-def _backup_table(per_backup: DataFrame, counts: pd.DataFrame) -> pd.DataFrame:
-    result = per_backup.toPandas().merge(counts, left_on=["queue", "backup"], right_index=True, how="outer")
+def _backup_table(summary: pd.DataFrame, lag: DataFrame, counts: pd.DataFrame) -> pd.DataFrame:
+    received = summary[(summary["event"] == schema.REPLICATE) & summary["judged"]]
+    result = received.assign(live=received["events"].where(received["mode"] == schema.LIVE, 0),
+                             catchup=received["events"].where(received["mode"] == schema.CATCHUP, 0))
+    result = (result.rename(columns={"broker": "backup", "events": "received"})
+              .groupby(["queue", "backup"], as_index=False)[["received", "live", "catchup"]].sum())
+    stats = lag.groupBy("queue", "backup").agg(*measures.percentiles("lag_us", "lag")).toPandas()
+    result = result.merge(stats, on=["queue", "backup"], how="left")
+    result = result.merge(counts, left_on=["queue", "backup"], right_index=True, how="outer")
     numbers = ["received", "live", "catchup", *_COUNT_COLUMNS.values()]
     result[numbers] = result[numbers].fillna(0).astype("int64")
     columns = ["queue", "backup", "received", "live", "catchup", "lag_p50_ms", "lag_p95_ms", "lag_p99_ms",
@@ -308,14 +367,14 @@ def _backup_table(per_backup: DataFrame, counts: pd.DataFrame) -> pd.DataFrame:
     return result[columns].sort_values(["queue", "backup"], ignore_index=True)
 
 
-def _queue_table(primary_side: DataFrame, completes: DataFrame, origin: DataFrame,
+def _queue_table(summary: pd.DataFrame, completes: DataFrame, origin: DataFrame,
                  backups: pd.DataFrame, queue_counts: pd.DataFrame) -> pd.DataFrame:
-    judged = primary_side.filter(F.col("judged"))
-    counts = judged.groupBy("queue").agg(*_event_counts())
+    logged = _judged_primary_side(summary)
+    counts = _event_counts(logged[logged["queue"].notna()], ["queue"])
     latency = (completes.filter(F.col("judged")).join(origin, ["uid", "seq"])
                .withColumn("completion_us", F.col("t") - F.col("t_enq"))
                .groupBy("queue").agg(*measures.percentiles("completion_us", "completion")))
-    result = counts.filter(F.col("queue").isNotNull()).join(latency, "queue", "left").toPandas()
+    result = counts.merge(latency.toPandas(), on="queue", how="left")
     sums = backups.groupby("queue")[list(_COUNT_COLUMNS.values())].sum()
     result = result.merge(sums, left_on="queue", right_index=True, how="outer")
     result = result.merge(queue_counts, left_on="queue", right_index=True, how="outer")
@@ -330,15 +389,22 @@ SHARD_COLUMNS = ["shard", "queues", "enqueued", "completed", "dequeued", "backup
                  "lag_p95_ms", "lag_p99_ms", "lag_max_ms", *_COUNT_COLUMNS.values()]
 
 
-def _shard_table(ev: DataFrame, primary_side: DataFrame, lag: DataFrame, backups: pd.DataFrame) -> pd.DataFrame:
+def _shard_table(summary: pd.DataFrame, lag: DataFrame, backups: pd.DataFrame) -> pd.DataFrame:
     """Per shard of a sharded cluster (design/sharding.md): what its primaries logged, its backups' lag, and
     the backups table's counts added up. A backup process serves one shard, which its lines name; a queue's
     copies in other shards (step 4's forwarding queues) count where they are. Empty without shards."""
-    owners = ev.filter(F.col("shard").isNotNull()).select(F.col("broker").alias("backup"), "shard").distinct()
-    judged = primary_side.filter(F.col("judged") & F.col("shard").isNotNull() & F.col("queue").isNotNull())
-    logged = judged.groupBy("shard").agg(F.countDistinct("queue").alias("queues"), *_event_counts()).toPandas()
-    lags = lag.join(F.broadcast(owners), "backup").groupBy("shard").agg(*measures.percentiles("lag_us", "lag"))
-    served = backups.merge(owners.toPandas(), on="backup").groupby("shard")
+    sharded = summary[summary["shard"].notna()].astype({"shard": "int64"})
+    if sharded.empty:
+        return pd.DataFrame(columns=SHARD_COLUMNS).astype({column: "int64" for column in SHARD_COLUMNS}).astype(
+            {column: "float64" for column in SHARD_COLUMNS if column.startswith("lag_")})
+    owners = sharded[["broker", "shard"]].drop_duplicates().rename(columns={"broker": "backup"})
+    logged = _judged_primary_side(sharded)
+    logged = logged[logged["queue"].notna()]
+    logged = _event_counts(logged, ["shard"]).merge(
+        logged.groupby("shard", as_index=False)["queue"].nunique().rename(columns={"queue": "queues"}), on="shard")
+    owned = lag.sparkSession.createDataFrame(owners, "backup STRING, shard BIGINT")
+    lags = lag.join(F.broadcast(owned), "backup").groupBy("shard").agg(*measures.percentiles("lag_us", "lag"))
+    served = backups.merge(owners, on="backup").groupby("shard")
     counts = (served[["received", *_COUNT_COLUMNS.values()]].sum()
               .join(served["backup"].nunique().rename("backups")).reset_index())
     result = logged.merge(lags.toPandas(), on="shard", how="outer").merge(counts, on="shard", how="outer")
@@ -348,20 +414,21 @@ def _shard_table(ev: DataFrame, primary_side: DataFrame, lag: DataFrame, backups
     return result.sort_values("shard", ignore_index=True)
 
 
-def _epochs(primary_side: DataFrame, dequeues: DataFrame, origin: DataFrame,
-            unattested: pd.DataFrame) -> pd.DataFrame:
+def _epochs(summary: pd.DataFrame, dequeues: DataFrame, origin: DataFrame, unattested: pd.DataFrame) -> pd.DataFrame:
     """Each epoch's primary, how many messages it took over from earlier epochs and consumed, and how
     many its backups hold that its log does not record (an epoch whose primary left no event at all
     shows with no primary)."""
-    judged = primary_side.filter(F.col("judged"))
-    table = judged.groupBy("epoch", "broker").agg(
-        F.timestamp_micros(F.min("t")).alias("first_event"), F.timestamp_micros(F.max("t")).alias("last_event"),
-        *_event_counts())
+    logged = _judged_primary_side(summary)
+    spans = logged.groupby(["epoch", "broker"], as_index=False).agg(first_event=("first", "min"),
+                                                                     last_event=("last", "max"))
+    table = spans.merge(_event_counts(logged, ["epoch", "broker"]), on=["epoch", "broker"])
+    for column in ("first_event", "last_event"):
+        table[column] = pd.to_datetime(table[column], unit="us")
     inherited = (dequeues.filter(F.col("judged")).join(origin, ["uid", "seq"])
                  .filter(F.col("enq_epoch") < F.col("epoch"))
-                 .groupBy("epoch", "broker").agg(F.count("*").alias("inherited_dequeued")))
-    result = (table.join(inherited, ["epoch", "broker"], "left").fillna(0, subset=["inherited_dequeued"])
-              .withColumnRenamed("broker", "primary").toPandas())
+                 .groupBy("epoch", "broker").agg(F.count("*").alias("inherited_dequeued")).toPandas())
+    result = (table.merge(inherited, on=["epoch", "broker"], how="left").fillna({"inherited_dequeued": 0})
+              .rename(columns={"broker": "primary"}))
     result = result.merge(unattested, on="epoch", how="outer")
     numbers = ["enqueued", "completed", "dequeued", "inherited_dequeued", "unattested"]
     result[numbers] = result[numbers].fillna(0).astype("int64")
@@ -451,12 +518,12 @@ def _timeline(lag: DataFrame, totals: dict[str, Any]) -> pd.DataFrame:
             .orderBy("backup", "time").toPandas())
 
 
-def _totals(ev: DataFrame) -> dict[str, Any]:
-    row = ev.agg(F.count("*").alias("events"), F.countDistinct("broker").alias("brokers"),
-                 F.timestamp_micros(F.min("t")).alias("first"), F.timestamp_micros(F.max("t")).alias("last"),
-                 F.sum(F.col("judged").cast("int")).alias("judged")).first()
-    return {"events": row["events"], "judged": row["judged"] or 0, "brokers": row["brokers"],
-            "first": row["first"], "last": row["last"]}
+def _totals(summary: pd.DataFrame) -> dict[str, Any]:
+    events = int(summary["events"].sum())
+    first, last = (TimestampType().fromInternal(int(summary[column].agg(how))) if events else None
+                   for column, how in (("first", "min"), ("last", "max")))
+    return {"events": events, "judged": int(summary.loc[summary["judged"], "events"].sum()),
+            "brokers": summary["broker"].nunique(), "first": first, "last": last}
 
 
 # ---- the command -------------------------------------------------------------------------------
@@ -468,7 +535,7 @@ def run_audit(events: str, out: str, master: str | None, since: int | None, unti
     Paths may be URIs (storage.py); UsageError when one is not there."""
     from haqueue.audit import report
 
-    spark = session(master, conf, debug)
+    spark = session(master, conf, debug, input_size(events))
     try:
         storage = Storage(spark)
         if not storage.is_dir(events):
@@ -478,10 +545,10 @@ def run_audit(events: str, out: str, master: str | None, since: int | None, unti
             raise UsageError(f"no such ledger file: {', '.join(absent)}")
         if storage.is_file(out):
             raise UsageError(f"--out is a file, not a directory: {out}")
-        listing = storage.event_files(events)  # one listing: the progress line's and the tuning's
-        tune_for(spark, listing.bytes, given=conf or {})
-        with Progress(spark.sparkContext, f"{listing.files:,} event files, {listing.bytes / 1e6:,.1f} MB"):
-            audit = analyse(spark, events, since, until, ledgers, bound, tune=False)
+        found = read_events(spark, uri(events))  # Spark's listing: the progress line's and the tuning's
+        tune_for(spark, found.size, given=conf or {})
+        with Progress(spark.sparkContext, f"{found.files:,} event files, {found.bytes / 1e6:,.1f} MB"):
+            audit = _audit(found, since, until, ledgers, bound)
         storage.write(out, report.outputs(audit))
     finally:
         spark.stop()

@@ -51,6 +51,9 @@ REQUIRED_FOR: dict[str, tuple[str, ...]] = {ENQUEUE: _MESSAGE, DEQUEUE: _MESSAGE
                                             DIVERGED: _MESSAGE}
 
 DDL = ", ".join(f"`{name}` {kind}" for name, kind in FIELDS.items())  # for Spark's from_json
+# A line that is not a JSON object of these types, as text (the fields null): Spark's corrupt-record column when it
+# reads JSON lines, and a column of a Parquet event file (columnar.py) for the lines kept as they were.
+CORRUPT = "_corrupt_record"
 
 # Client ledgers (`haqueue audit lag --ledger`, ledger.py): one JSON object per line, written by a
 # producer for each message the broker confirmed and by a consumer for each message it received.

@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import os
 from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
+from pyspark import SparkContext
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from haqueue.audit import schema
+from haqueue.audit.exits import UsageError
+from haqueue.audit.storage import local_path
 
 
 # Bytes of event files per shuffle partition (tune_for). Under it the whole audit takes one, and runs without
@@ -18,16 +22,24 @@ from haqueue.audit import schema
 BYTES_PER_PARTITION = 64 << 20
 
 
-def session(master: str | None = None, conf: Mapping[str, str] | None = None, debug: bool = False) -> SparkSession:
+def session(master: str | None = None, conf: Mapping[str, str] | None = None, debug: bool = False,
+            size: int | None = None) -> SparkSession:
     """A Spark session: `master`, else spark-submit's, else local[*]. `conf` (the command's --conf) wins
-    over the defaults here: 4 GB for the driver, which collects the result tables, on any master; no web UI
-    on a local one. Under spark-submit its JVM is already running: its own --conf settings stand.
-    Spark logs only fatal errors unless `debug`: a failed job is told in one line (failures.py)."""
+    over the defaults here: the driver's memory for an input of `size` (driver_memory), on any master; no
+    web UI on a local one. Under spark-submit its JVM is already running: its own --conf settings stand.
+    Spark logs only fatal errors unless `debug`: a failed job is told in one line (failures.py).
+    UsageError if this process runs a session on another master than `master`: Spark would hand that one
+    back, and the audit would run there, not where it was asked to; it is the caller's, left running."""
     conf = dict(conf or {})
     submitted = "PYSPARK_GATEWAY_PORT" in os.environ  # spark-submit started this process and its JVM
-    if master is None and not submitted:
-        master = "local[*]"
-    defaults = {} if submitted else {"spark.driver.memory": "4g", "spark.ui.showConsoleProgress": "false"}
+    running = SparkContext._active_spark_context
+    if running is not None and master is not None and running.master != master:
+        raise UsageError(f"this process already runs a Spark session on {running.master}: it cannot audit on "
+                         f"{master} (stop that session first, or audit on {running.master})")
+    defaults: dict[str, str] = {}
+    if not submitted:
+        master = master or "local[*]"
+        defaults = {"spark.driver.memory": driver_memory(master, size), "spark.ui.showConsoleProgress": "false"}
     if master is not None and master.startswith("local"):
         defaults["spark.ui.enabled"] = "false"
     builder = SparkSession.builder.appName("haqueue-audit").config("spark.sql.session.timeZone", "UTC")
@@ -58,32 +70,141 @@ def tune_for(spark: SparkSession, size: int, given: Collection[str] = ()) -> Non
         spark.conf.set("spark.sql.adaptive.enabled", "false")
 
 
+# The driver's memory (driver_memory): what it needs beside the audit's cache (the files' listing, the result
+# tables it collects, the queries' own work), and heap per byte of input for the cache. The cache (lag._by_message,
+# uncompressed) took 55 bytes an event of bench/audit_scale.py's set: 0.31 byte per byte of JSON lines, 0.57 per
+# byte of Parquet as weighed (PARQUET_WEIGHT); Spark keeps cached blocks in at most 60 % of the heap.
+# At most half the machine's memory: the rest is the OS's page cache and the spill's.
+DRIVER_BASE = 2 << 30
+CACHE_PER_BYTE = 1.0
+UNKNOWN_SIZE_MEMORY = "4g"  # an input listed only by Spark (hdfs://...) or none
+
+
+def driver_memory(master: str, size: int | None) -> str:
+    """spark.driver.memory for an input of `size` bytes of JSON lines (EventInput.size): on a local master the
+    driver is the executor too and holds the audit's cache of every line (what does not fit is spilled to
+    disk, and read back slower); on a cluster the executors hold it, and the driver DRIVER_BASE."""
+    if size is None:
+        return UNKNOWN_SIZE_MEMORY
+    wanted = DRIVER_BASE + (int(CACHE_PER_BYTE * size) if master.startswith("local") else 0)
+    most = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 2
+    return f"{max(DRIVER_BASE, min(wanted, most)) >> 20}m"
+
+
+def input_size(location: str) -> int | None:
+    """What read_events sizes the event files under `location` at (EventInput.size), listed before the session
+    starts: its JVM's memory is fixed then (driver_memory). None unless `location` is on the driver's file
+    system (a path or file://): without a JVM the driver cannot list hdfs:// or s3a://."""
+    path = local_path(location)
+    if path is None or not os.path.isdir(path):
+        return None
+    json_bytes = parquet_bytes = 0
+    for root, directories, names in os.walk(path):
+        directories[:] = [name for name in directories if not name.startswith(_SKIPPED)]
+        files = {name for name in names if not name.startswith(_SKIPPED)}
+        for name in files:
+            if name.endswith(PARQUET):
+                parquet_bytes += os.path.getsize(os.path.join(root, name))
+            elif name.endswith(JSONL) and name[:-len(JSONL)] + PARQUET not in files:
+                json_bytes += os.path.getsize(os.path.join(root, name))
+    return _weighed(json_bytes, parquet_bytes)
+
+
 # ---- reading -----------------------------------------------------------------------------------
 
-_CORRUPT = "_corrupt_record"  # Spark puts a line here, and nulls in the fields, when it is not JSON
+JSONL, PARQUET = ".jsonl", ".parquet"  # event files: as the brokers write them, and as columnar.py converts them
+# What a byte of a Parquet event file stands for in JSON lines, for tune_for: 10 million events take 1.8 GB as
+# JSON lines and 94 MB as zstd Parquet (bench/audit_scale.py's set); real ids compress less.
+PARQUET_WEIGHT = 10
+_SKIPPED = (".", "_")  # names Spark's file index leaves out (hidden, or its own such as _checkpoint)
+_EVENTS_CORRUPT_DDL = f"{schema.DDL}, `{schema.CORRUPT}` STRING"
 
 
-def read_events(spark: SparkSession, directory: str) -> tuple[DataFrame, DataFrame]:
-    """(valid events, typed; bad lines with their problem). A bad line is counted, never fatal."""
-    lines = (_json_reader(spark.read, schema.DDL).option("recursiveFileLookup", "true")
-             .option("pathGlobFilter", "*.jsonl").json(directory))
-    return _checked(lines, _event_problem(), schema.FIELDS)
+@dataclass(frozen=True)
+class EventInput:
+    """The event files under a directory, as Spark reads them, and their lines."""
+
+    lines: DataFrame  # every line, checked (_checked): the events and the lines that are not
+    files: int
+    bytes: int  # on disk
+    size: int  # in bytes of JSON lines (a Parquet byte counts PARQUET_WEIGHT): what tune_for sizes the shuffles from
+
+
+def read_events(spark: SparkSession, directory: str) -> EventInput:
+    """The event files under `directory` at any depth, `*.jsonl` and `*.parquet` (columnar.py), less names
+    starting with `.` or `_` (Spark skips them). A file converted to Parquet is read once: where
+    `NAME.parquet` and `NAME.jsonl` are side by side, the JSON lines are left out. Lazy: Spark lists the
+    files now and reads them when a query needs them; a bad line is counted (unusable), never fatal."""
+    jsonl = _event_files(_json_reader(spark.read, schema.DDL), JSONL).json(directory)
+    parquet = _event_files(spark.read.schema(_EVENTS_CORRUPT_DDL), PARQUET).parquet(directory)
+    json_files, parquet_files = jsonl.inputFiles(), parquet.inputFiles()
+    converted = {name[:-len(PARQUET)] + JSONL for name in parquet_files}
+    if converted.intersection(json_files):
+        json_files = [name for name in json_files if name not in converted]
+        jsonl = _json_reader(spark.read, schema.DDL).json(json_files)
+    frames, size = [], 0
+    if json_files:
+        frames.append(_checked(_with_file(jsonl), _event_problem(), schema.FIELDS))
+        size = _size(jsonl)
+    if parquet_files or not frames:  # an empty directory: no lines
+        frames.append(_checked(_parquet_lines(parquet), _event_problem(), schema.FIELDS))
+    parquet_bytes = _size(parquet) if parquet_files else 0
+    lines = frames[0] if len(frames) == 1 else frames[0].unionByName(frames[1])
+    return EventInput(lines, len(json_files) + len(parquet_files), size + parquet_bytes,
+                      _weighed(size, parquet_bytes))
+
+
+def _weighed(json_bytes: int, parquet_bytes: int) -> int:
+    return json_bytes + PARQUET_WEIGHT * parquet_bytes
+
+
+def usable(lines: DataFrame, fields: Collection[str] = schema.FIELDS) -> DataFrame:
+    """The checked lines (_checked) that can be used, typed."""
+    return lines.filter(F.col("problem").isNull()).select(*fields)
+
+
+def unusable(lines: DataFrame) -> DataFrame:
+    """The checked lines (_checked) that cannot: file, problem, line."""
+    return lines.filter(F.col("problem").isNotNull()).select("file", "problem", "line")
+
+
+def _event_files(reader: Any, suffix: str) -> Any:
+    return reader.option("recursiveFileLookup", "true").option("pathGlobFilter", f"*{suffix}")
+
+
+def _parquet_lines(parquet: DataFrame) -> DataFrame:
+    """A Parquet event file's rows, and the lines columnar.py kept as text (not a JSON object of the events'
+    types) parsed as read_events parses JSON lines: an event, or a line with a problem."""
+    typed = _with_file(parquet).filter(F.col(schema.CORRUPT).isNull())
+    options = {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": schema.CORRUPT}
+    kept = (_with_file(parquet).filter(F.col(schema.CORRUPT).isNotNull())
+            .select(F.from_json(schema.CORRUPT, _EVENTS_CORRUPT_DDL, options).alias("parsed"), "file")
+            .select("parsed.*", "file"))
+    return typed.unionByName(kept)
+
+
+def _with_file(lines: DataFrame) -> DataFrame:
+    return lines.withColumn("file", F.col("_metadata.file_name"))
+
+
+def _size(files: DataFrame) -> int:
+    """The bytes of a file source's files, from Spark's own file index (its plan's statistics)."""
+    return int(files._jdf.queryExecution().optimizedPlan().stats().sizeInBytes())  # a Scala BigInt
 
 
 def stream_events(spark: SparkSession, directory: str, **options: str) -> DataFrame:
     """The valid events of the files that appear in `directory` (Spark's file source: each file is
     read once, when it appears, so it must appear whole: staging.py puts them there); bad lines are
     left out. `options` go to the file source (e.g. cleanSource)."""
-    reader = _json_reader(spark.readStream, schema.DDL).option("pathGlobFilter", "*.jsonl")
+    reader = _json_reader(spark.readStream, schema.DDL).option("pathGlobFilter", f"*{JSONL}")
     for name, value in options.items():
         reader = reader.option(name, value)
-    valid, _ = _checked(reader.json(directory), _event_problem(), schema.FIELDS)
-    return valid
+    return usable(_checked(_with_file(reader.json(directory)), _event_problem(), schema.FIELDS))
 
 
 def _event_problem() -> Column:
     """Why an event line cannot be used (null: it can)."""
-    problem = F.when(F.col(_CORRUPT).isNotNull(), F.lit("unparsable"))
+    problem = F.when(F.col(schema.CORRUPT).isNotNull(), F.lit("unparsable"))
     problem = problem.when(_any_null(F.col(name) for name in schema.REQUIRED), F.lit("missing field"))
     problem = problem.when(~F.col("event").isin(*schema.EVENTS), F.lit("unknown event"))
     for kind, names in schema.REQUIRED_FOR.items():
@@ -93,27 +214,28 @@ def _event_problem() -> Column:
 
 
 def read_ledgers(spark: SparkSession, paths: Sequence[str]) -> tuple[DataFrame, DataFrame]:
-    """(valid ledger lines, typed; bad lines with their problem), as read_events."""
+    """(valid ledger lines, typed; bad lines with their problem). A bad line is counted, never fatal."""
     lines = _json_reader(spark.read, schema.LEDGER_DDL).json(list(paths))
-    problem = F.when(F.col(_CORRUPT).isNotNull(), F.lit("unparsable"))
+    problem = F.when(F.col(schema.CORRUPT).isNotNull(), F.lit("unparsable"))
     problem = problem.when(_any_null(F.col(name) for name in schema.LEDGER_FIELDS), F.lit("missing field"))
     problem = problem.when(~F.col("op").isin(*schema.LEDGER_OPS), F.lit("unknown op"))
-    return _checked(lines, problem, schema.LEDGER_FIELDS)
+    checked = _checked(_with_file(lines), problem, schema.LEDGER_FIELDS)
+    return usable(checked, schema.LEDGER_FIELDS), unusable(checked)
 
 
 def _json_reader(reader: Any, ddl: str) -> Any:
     """A batch or stream reader of JSON lines with `ddl`'s fields and the line itself when it is not JSON."""
-    return (reader.schema(f"{ddl}, `{_CORRUPT}` STRING").option("mode", "PERMISSIVE")
-            .option("columnNameOfCorruptRecord", _CORRUPT))
+    return (reader.schema(f"{ddl}, `{schema.CORRUPT}` STRING").option("mode", "PERMISSIVE")
+            .option("columnNameOfCorruptRecord", schema.CORRUPT))
 
 
-def _checked(lines: DataFrame, problem: Column, fields: Collection[str]) -> tuple[DataFrame, DataFrame]:
-    """(the lines without a problem, typed; the others as file, problem, line)."""
-    checked = lines.withColumn("file", F.col("_metadata.file_name")).withColumn("problem", problem)
-    valid = checked.filter(F.col("problem").isNull()).select(*fields)
-    bad = checked.filter(F.col("problem").isNotNull()).select(
-        "file", "problem", F.coalesce(F.col(_CORRUPT), F.to_json(F.struct(*fields))).alias("line"))
-    return valid, bad
+def _checked(lines: DataFrame, problem: Column, fields: Collection[str]) -> DataFrame:
+    """`fields` and `problem` (null: the line can be used) of each line, and for a line with a problem its `file`
+    and the `line` (as read, or its fields as JSON when it parsed): a bad line's own columns are null elsewhere."""
+    checked = lines.withColumn("problem", problem)
+    bad = F.col("problem").isNotNull()
+    return checked.select(*fields, "problem", F.when(bad, F.col("file")).alias("file"),
+                          F.when(bad, F.coalesce(F.col(schema.CORRUPT), F.to_json(F.struct(*fields)))).alias("line"))
 
 
 def _any_null(columns: Any) -> Column:

@@ -8,7 +8,6 @@ import os
 import re
 import urllib.parse
 from collections.abc import Iterable
-from dataclasses import dataclass
 from typing import Any
 
 from pyspark.sql import SparkSession
@@ -16,7 +15,6 @@ from pyspark.sql import SparkSession
 from haqueue.audit.exits import UsageError
 
 _SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*:/")
-EVENT_SUFFIX = ".jsonl"
 
 
 def uri(location: str) -> str:
@@ -29,14 +27,6 @@ def local_path(location: str) -> str | None:
     if not _SCHEME.match(location):
         return location
     return urllib.parse.urlparse(location).path if location.startswith("file:/") else None
-
-
-@dataclass(frozen=True)
-class Listing:
-    """The event files under a directory, as the audit reads them: how many and their bytes."""
-
-    files: int
-    bytes: int
 
 
 class Storage:
@@ -64,20 +54,6 @@ class Storage:
     def is_file(self, location: str) -> bool:
         fs, path = self._open(location)
         return bool(fs.exists(path) and fs.getFileStatus(path).isFile())
-
-    def event_files(self, directory: str) -> Listing:
-        """The *.jsonl files under `directory` at any depth, leaving out those Spark's file index skips
-        (names starting with `.` or `_`)."""
-        fs, path = self._open(directory)
-        files = size = 0
-        found = fs.listFiles(path, True)
-        while found.hasNext():
-            status = found.next()
-            name = status.getPath().getName()
-            if name.endswith(EVENT_SUFFIX) and not name.startswith((".", "_")):
-                files += 1
-                size += status.getLen()
-        return Listing(files, size)
 
     def write(self, directory: str, files: Iterable[tuple[str, bytes]]) -> None:
         """Each (name, bytes) as the file `name` in `directory`, made if missing; replaced if there."""

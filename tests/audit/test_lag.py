@@ -5,6 +5,7 @@ bad input counted, never fatal; the time window; the command line, its paths as 
 codes, a failed Spark job's among them; spark-submit."""
 from __future__ import annotations
 
+import io
 import json
 import os
 import re
@@ -119,6 +120,36 @@ def test_bad_lines_are_counted_and_the_rest_audited(spark, scenario_dir, tmp_pat
     assert (b2["received"], b2["missing"], b2["duplicates"]) == (12, 1, 1)
 
 
+def test_a_set_converted_to_parquet_audits_as_its_json_lines(audit, spark, scenario_dir, tmp_path):
+    """The scenario's files converted to Parquet (columnar.py), b2's with lines that are not events: the same
+    figures, and the same bad lines counted under the Parquet file's name. b1's JSON lines, left beside their
+    Parquet twin, are read once; b0's second file stays JSON lines."""
+    from haqueue.audit import columnar, lag
+
+    events = tmp_path / "events"
+    events.mkdir()
+    good = json.loads((scenario_dir / "b2-000004.jsonl").read_text().splitlines()[1])
+    bad = [{**good, "event": "teleport"}, {k: v for k, v in good.items() if k != "seq"}, {**good, "seq": "seven"}]
+    for log in scenario_dir.glob("*.jsonl"):
+        if log.name == "b0-000002.jsonl":
+            shutil.copy(log, events)
+            continue
+        text = log.read_text() + ("".join(json.dumps(line) + "\n" for line in bad) + json.dumps(good)[:40]
+                                  if log.name.startswith("b2") else "")
+        counts = columnar.convert(io.BytesIO(text.encode()), str(events / (log.stem + columnar.SUFFIX)))
+        assert counts.kept == (2 if log.name.startswith("b2") else 0)  # the wrong type and the torn line
+        if log.name.startswith("b1"):
+            shutil.copy(log, events)
+    converted = lag.analyse(spark, str(events))
+    assert converted.totals == {**audit.totals, "bad_lines": 4}
+    for name, table in audit.tables.items():
+        if name != "bad_input":
+            pd.testing.assert_frame_equal(converted.tables[name], table)
+    assert rows(converted.bad_input, ["file", "problem", "lines"]) == [
+        ("b2-000004.parquet", "missing field", 1), ("b2-000004.parquet", "unknown event", 1),
+        ("b2-000004.parquet", "unparsable", 2)]
+
+
 def test_a_time_window_judges_only_its_events(spark, scenario_dir):
     """Epoch 2 alone: its two messages, confirmed naming b2, which has them: no loss."""
     from haqueue.audit import lag
@@ -143,6 +174,25 @@ def test_shuffles_are_sized_from_the_input_and_a_setting_given_stays(spark):
         "3", "false")
     sources.tune_for(spark, 0)
     assert spark.conf.get("spark.sql.shuffle.partitions") == "1"
+
+
+def test_the_drivers_memory_is_sized_from_the_input_listed_as_the_audit_reads_it(tmp_path):
+    """On a local master the driver holds the cache of every line: more for a larger input, at most half the
+    machine; on a cluster the executors do. The input is weighed as read_events weighs it: a Parquet file's
+    JSON twin and hidden names left out."""
+    pytest.importorskip("pyspark")
+    from haqueue.audit import sources
+
+    (tmp_path / "_spark").mkdir()
+    for name, size in [("a.jsonl", 1000), ("a.parquet", 10), ("b.jsonl", 500), (".b.parquet.tmp", 7),
+                       ("_spark/c.jsonl", 3)]:
+        (tmp_path / name).write_bytes(b"x" * size)
+    assert sources.input_size(str(tmp_path)) == sources.input_size(f"file://{tmp_path}") == 500 + 10 * 10
+    assert sources.input_size("hdfs:///audit") is None and sources.driver_memory("local[*]", None) == "4g"
+    mb = [int(sources.driver_memory("local[*]", size)[:-1]) for size in (1 << 20, 1 << 30, 1 << 40)]
+    half = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 2 >> 20
+    assert mb[0] < mb[1] < mb[2] == half
+    assert sources.driver_memory("spark://h:7077", 1 << 20) == sources.driver_memory("spark://h:7077", 1 << 40)
 
 
 def test_a_backup_whose_log_ends_first_is_unverified_not_missing(spark, tmp_path):
@@ -278,11 +328,12 @@ def test_ledgers_find_lost_duplicated_unexpected_and_what_is_left(spark, tmp_pat
     assert rows(audit.bad_input, ["file", "problem", "lines"])[-1] == ("consumer.jsonl", "unknown op", 1)
 
 
-def test_a_failed_spark_job_exits_4_in_one_line_and_bad_paths_2(scenario_dir, tmp_path, monkeypatch):
+def test_a_failed_spark_job_exits_4_in_one_line_and_bad_paths_2(scenario_dir, tmp_path, monkeypatch, local_spark):
     """An event file gone between Spark's listing and its tasks (as on a worker that does not see the
     events directory): the job fails, and the command says so in one line and exits 4, never 1, the code
     of a loss; --debug shows the traceback too. Paths it cannot use are usage errors, found through
-    Hadoop's file systems."""
+    Hadoop's file systems; so is an audit asked for another master than the session this process runs,
+    which it leaves running."""
     from haqueue.audit import lag
 
     events = tmp_path / "events"
@@ -319,6 +370,12 @@ def test_a_failed_spark_job_exits_4_in_one_line_and_bad_paths_2(scenario_dir, tm
              "e.g. hadoop-aws for s3a?)")]:
         result = run_audit_command(["audit", "lag", *args, "--master", "local[2]"])
         assert (result.returncode, result.stderr.splitlines()[-1]) == (2, f"haqueue: audit: {error}")
+    running = local_spark()
+    result = run_audit_command(["audit", "lag", "--events", str(events), *out, "--master", "spark://127.0.0.1:7077"])
+    assert (result.returncode, result.stderr) == (2, "haqueue: audit: this process already runs a Spark session on "
+                                                     "local[2]: it cannot audit on spark://127.0.0.1:7077 (stop that "
+                                                     "session first, or audit on local[2])\n")
+    assert running.range(3).count() == 3
 
 
 def long_run() -> EventLog:

@@ -8,6 +8,7 @@ planted as a named pipe: ship blocks writing into it while the test reads what i
 from __future__ import annotations
 
 import fcntl
+import json
 import os
 import re
 import signal
@@ -15,6 +16,8 @@ import subprocess
 import sys
 import threading
 from pathlib import Path
+
+import pytest
 
 from ha_harness import send_all, wait_for
 from harness import REPO_ROOT, run_haqueue
@@ -160,3 +163,30 @@ def test_a_new_file_ship_is_testing_is_left_empty_and_the_writer_never_waits(tmp
     assert not parts.closed(str(tmp_path / "b0-000001.jsonl")) and not parts.closed(str(tmp_path / "b0-000002.jsonl"))
     writer.close()
     assert parts.closed(str(tmp_path / "b0-000002.jsonl"))
+
+
+def test_parquet_ships_each_closed_file_converted_once(tmp_path):
+    """`--parquet`: each closed file arrives as NAME.parquet holding its lines (the audit reads it: test_lag), once;
+    a ship killed after the rename, before it noted the file, notes it on its next run without writing it again."""
+    pq = pytest.importorskip("pyarrow.parquet")
+    source, to = tmp_path / "events", tmp_path / "shared"
+    to.mkdir()
+    writer = write_parts(source, 3)
+    first = ship(source, to, "--parquet")
+    assert first.returncode == 0 and first.stdout.startswith("haqueue audit ship: 2 files "), first.stderr
+    names = ["b0-000001.parquet", "b0-000002.parquet"]  # the open part waits
+    assert sorted(p.name for p in to.iterdir()) == names
+    for name in names:
+        lines = [json.loads(line) for line in (source / name.replace(".parquet", ".jsonl")).read_text().splitlines()]
+        rows = pq.read_table(to / name).to_pylist()
+        assert [{k: v for k, v in row.items() if v is not None} for row in rows] == lines
+    before = shipped(to)
+    (state,) = source.glob(".shipped-*")
+    state.write_text("".join(state.read_text().splitlines(keepends=True)[:-1]))  # b0-000002 shipped, not noted
+    again = ship(source, to, "--parquet")
+    size = (source / "b0-000002.jsonl").stat().st_size
+    assert (again.returncode, again.stdout, again.stderr) == (0, f"haqueue audit ship: 1 file ({size / 1e6:.1f} MB) "
+                                                                 f"to {to}\n", "")
+    assert shipped(to) == before  # noted, not written again
+    assert ship(source, to, "--parquet").stdout == ""
+    writer.close()
