@@ -104,7 +104,7 @@ def instant(text: str) -> int:
 
 def run_lag(args: argparse.Namespace) -> int:
     try:
-        from haqueue.audit.lag import run_audit
+        from haqueue.audit.lag_command import run_audit
     except ImportError as e:
         return _missing_module(e, "PySpark and matplotlib")
     return _guarded(lambda: run_audit(args.events, args.out, args.master, args.since, args.until, args.fail_on_loss,

@@ -8,13 +8,13 @@ fewer than a majority of the cluster held them (at risk) and which a rejoining b
 because the new primary never had them (diverged if confirmed as replicated, else kept aside). Only Spark SQL functions are used (no Python
 UDFs), so executors need PySpark alone; the driver collects the small result tables.
 
-Run locally (`local[*]`) by default; on a cluster through spark-submit (submit.py).
+The command (session, paths, outputs, exit code) is lag_command.py's.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Any, Mapping, Sequence
+from typing import Any, Sequence
 
 import pandas as pd
 from pyspark import StorageLevel
@@ -23,11 +23,8 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import TimestampType
 
 from haqueue.audit import measures, schema
-from haqueue.audit.exits import EXIT_CANNOT_TELL, EXIT_LOSS, EXIT_OK, UsageError
-from haqueue.audit.progress import Progress
-from haqueue.audit.sources import (EventInput, input_size, read_events, read_ledgers, session, tune_for, unusable,
-                                   usable)
-from haqueue.audit.storage import Storage, uri
+from haqueue.audit.sources import EventInput, read_events, read_ledgers, tune_for, unusable, usable
+from haqueue.audit.storage import uri
 
 # A primary's dequeue counts as not mirrored on a backup only if that backup kept logging at least
 # this long afterwards (µs): otherwise its log may just have ended first (crash, or still running).
@@ -102,11 +99,11 @@ def analyse(spark: SparkSession, directory: str, since: int | None = None, until
     found = read_events(spark, uri(directory))
     if tune:
         tune_for(spark, found.size)
-    return _audit(found, since, until, ledgers, bound)
+    return analyse_input(found, since, until, ledgers, bound)
 
 
-def _audit(found: EventInput, since: int | None, until: int | None, ledgers: Sequence[str],
-           bound: timedelta) -> Audit:
+def analyse_input(found: EventInput, since: int | None, until: int | None, ledgers: Sequence[str],
+                  bound: timedelta) -> Audit:
     """The audit of the lines read_events found: read once, kept in memory grouped by message (_by_message)."""
     spark = found.lines.sparkSession
     # Every large frame below is partitioned by message (uid, seq): a join on more keys (a message on one backup
@@ -524,41 +521,3 @@ def _totals(summary: pd.DataFrame) -> dict[str, Any]:
                    for column, how in (("first", "min"), ("last", "max")))
     return {"events": events, "judged": int(summary.loc[summary["judged"], "events"].sum()),
             "brokers": summary["broker"].nunique(), "first": first, "last": last}
-
-
-# ---- the command -------------------------------------------------------------------------------
-
-def run_audit(events: str, out: str, master: str | None, since: int | None, until: int | None,
-              fail_on_loss: bool, ledgers: Sequence[str] = (), bound: timedelta = measures.DEFAULT_BOUND,
-              conf: Mapping[str, str] | None = None, debug: bool = False) -> int:
-    """`haqueue audit lag`: analyse, write the tables and the chart, print the summary; the exit code.
-    Paths may be URIs (storage.py); UsageError when one is not there."""
-    from haqueue.audit import report
-
-    spark = session(master, conf, debug, input_size(events))
-    try:
-        storage = Storage(spark)
-        if not storage.is_dir(events):
-            raise UsageError(f"no such directory: {events}")
-        absent = [path for path in ledgers if not storage.is_file(path)]
-        if absent:
-            raise UsageError(f"no such ledger file: {', '.join(absent)}")
-        if storage.is_file(out):
-            raise UsageError(f"--out is a file, not a directory: {out}")
-        found = read_events(spark, uri(events))  # Spark's listing: the progress line's and the tuning's
-        tune_for(spark, found.size, given=conf or {})
-        with Progress(spark.sparkContext, f"{found.files:,} event files, {found.bytes / 1e6:,.1f} MB"):
-            audit = _audit(found, since, until, ledgers, bound)
-        storage.write(out, report.outputs(audit))
-    finally:
-        spark.stop()
-    print(report.summary(audit))
-    return exit_code(audit) if fail_on_loss else EXIT_OK
-
-
-def exit_code(audit: Audit) -> int:
-    """--fail-on-loss's answer: a confirmed message lost, missing, at risk or kept aside (diverged) is a loss; a
-    message kept aside that was never confirmed as replicated is not (its publisher was not told it was safe)."""
-    if audit.missing or audit.lost or audit.at_risk or audit.diverged:
-        return EXIT_LOSS
-    return EXIT_CANNOT_TELL if audit.unattested else EXIT_OK

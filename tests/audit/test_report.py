@@ -11,7 +11,8 @@ pytest.importorskip("matplotlib")
 
 from haqueue.audit import report  # noqa: E402
 from haqueue.audit.exits import EXIT_LOSS, EXIT_OK  # noqa: E402
-from haqueue.audit.lag import Audit, exit_code  # noqa: E402
+from haqueue.audit.lag import Audit  # noqa: E402
+from haqueue.audit.lag_command import exit_code  # noqa: E402
 
 T = pd.Timestamp("2027-01-15 08:00:00")
 

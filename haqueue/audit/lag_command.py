@@ -1,0 +1,48 @@
+"""`haqueue audit lag`: a Spark session (local[*] by default; on a cluster through spark-submit, submit.py), the
+paths checked, the audit (lag.py) run under a progress line, its tables and chart written (report.py), the summary
+printed, and the exit code."""
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Mapping, Sequence
+
+from haqueue.audit import measures, report
+from haqueue.audit.exits import EXIT_CANNOT_TELL, EXIT_LOSS, EXIT_OK, UsageError
+from haqueue.audit.lag import Audit, analyse_input
+from haqueue.audit.progress import Progress
+from haqueue.audit.sources import input_size, read_events, session, tune_for
+from haqueue.audit.storage import Storage, uri
+
+
+def run_audit(events: str, out: str, master: str | None, since: int | None, until: int | None,
+              fail_on_loss: bool, ledgers: Sequence[str] = (), bound: timedelta = measures.DEFAULT_BOUND,
+              conf: Mapping[str, str] | None = None, debug: bool = False) -> int:
+    """`haqueue audit lag`: analyse, write the tables and the chart, print the summary; the exit code.
+    Paths may be URIs (storage.py); UsageError when one is not there."""
+    spark = session(master, conf, debug, input_size(events))
+    try:
+        storage = Storage(spark)
+        if not storage.is_dir(events):
+            raise UsageError(f"no such directory: {events}")
+        absent = [path for path in ledgers if not storage.is_file(path)]
+        if absent:
+            raise UsageError(f"no such ledger file: {', '.join(absent)}")
+        if storage.is_file(out):
+            raise UsageError(f"--out is a file, not a directory: {out}")
+        found = read_events(spark, uri(events))  # Spark's listing: the progress line's and the tuning's
+        tune_for(spark, found.size, given=conf or {})
+        with Progress(spark.sparkContext, f"{found.files:,} event files, {found.bytes / 1e6:,.1f} MB"):
+            audit = analyse_input(found, since, until, ledgers, bound)
+        storage.write(out, report.outputs(audit))
+    finally:
+        spark.stop()
+    print(report.summary(audit))
+    return exit_code(audit) if fail_on_loss else EXIT_OK
+
+
+def exit_code(audit: Audit) -> int:
+    """--fail-on-loss's answer: a confirmed message lost, missing, at risk or kept aside (diverged) is a loss; a
+    message kept aside that was never confirmed as replicated is not (its publisher was not told it was safe)."""
+    if audit.missing or audit.lost or audit.at_risk or audit.diverged:
+        return EXIT_LOSS
+    return EXIT_CANNOT_TELL if audit.unattested else EXIT_OK
