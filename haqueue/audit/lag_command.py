@@ -6,7 +6,7 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Mapping, Sequence
 
-from haqueue.audit import measures, report
+from haqueue.audit import measures
 from haqueue.audit.exits import EXIT_CANNOT_TELL, EXIT_LOSS, EXIT_OK, UsageError
 from haqueue.audit.lag import Audit, analyse_input
 from haqueue.audit.progress import Progress
@@ -19,6 +19,8 @@ def run_audit(events: str, out: str, master: str | None, since: int | None, unti
               conf: Mapping[str, str] | None = None, debug: bool = False) -> int:
     """`haqueue audit lag`: analyse, write the tables and the chart, print the summary; the exit code.
     Paths may be URIs (storage.py); UsageError when one is not there."""
+    from haqueue.audit import report  # matplotlib: after pandas (lag.py), the one a wrong PYSPARK_PYTHON is told of
+
     spark = session(master, conf, debug, input_size(events))
     try:
         storage = Storage(spark)

@@ -334,19 +334,19 @@ def test_a_failed_spark_job_exits_4_in_one_line_and_bad_paths_2(scenario_dir, tm
     of a loss; --debug shows the traceback too. Paths it cannot use are usage errors, found through
     Hadoop's file systems; so is an audit asked for another master than the session this process runs,
     which it leaves running."""
-    from haqueue.audit import lag
+    from haqueue.audit import lag_command
 
     events = tmp_path / "events"
     shutil.copytree(scenario_dir, events)
     gone = next(events.glob("b2-*.jsonl"))
-    read = lag.read_events
+    read = lag_command.read_events
 
     def read_then_delete(spark, directory):
         frames = read(spark, directory)  # Spark has listed the files
         gone.unlink()
         return frames
 
-    monkeypatch.setattr(lag, "read_events", read_then_delete)
+    monkeypatch.setattr(lag_command, "read_events", read_then_delete)
     result = run_audit_command(["audit", "lag", "--events", f"file://{events}", "--out", str(tmp_path / "out"),
                                 "--master", "local[2]", "--fail-on-loss"])
     assert result.returncode == 4, result.stdout + result.stderr[-3000:]
