@@ -255,12 +255,12 @@ def run_setup(events: Path, master: str | None) -> dict:
 
 def convert(source: Path, target: Path) -> tuple[float, int]:
     """Every event file of `source` converted into `target` (columnar.convert): (seconds, bytes written)."""
-    from haqueue.audit import columnar
+    from haqueue.audit import columnar, parts
 
     target.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
     for log in sorted(source.glob("*.jsonl")):
-        columnar.convert(str(log), str(target / (log.stem + columnar.SUFFIX)))
+        columnar.convert(str(log), str(target / (log.stem + parts.PARQUET)))
     return time.monotonic() - started, sum(f.stat().st_size for f in target.iterdir())
 
 

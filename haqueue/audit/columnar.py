@@ -23,7 +23,6 @@ import pyarrow.parquet as pq
 
 from haqueue.audit import schema
 
-SUFFIX = ".parquet"  # NAME.jsonl converted is NAME.parquet
 BLOCK = 8 << 20  # bytes of lines parsed at a time
 ROW_GROUP = 1 << 17  # rows per row group: ~25 MB of rows in memory before they are written
 

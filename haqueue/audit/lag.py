@@ -91,14 +91,12 @@ def _total(table: pd.DataFrame, column: str) -> int:
 # ---- the analysis ------------------------------------------------------------------------------
 
 def analyse(spark: SparkSession, directory: str, since: int | None = None, until: int | None = None,
-            ledgers: Sequence[str] = (), bound: timedelta = measures.DEFAULT_BOUND, tune: bool = True) -> Audit:
-    """The whole audit of the events under `directory` (a path or a URI, storage.py); since/until (µs) bound
-    the events judged (the ledgers, if any, are judged whole); `bound`: how long after a confirmation a
-    copy may come (measures.absent_copies); `tune`: size the session for the events (sources.tune_for)
-    first, unless the caller has."""
+            ledgers: Sequence[str] = (), bound: timedelta = measures.DEFAULT_BOUND) -> Audit:
+    """The whole audit of the events under `directory` (a path or a URI, storage.py), the session sized for
+    them first (sources.tune_for); since/until (µs) bound the events judged (the ledgers, if any, are judged
+    whole); `bound`: how long after a confirmation a copy may come (measures.absent_copies)."""
     found = read_events(spark, uri(directory))
-    if tune:
-        tune_for(spark, found.size)
+    tune_for(spark, found.size)
     return analyse_input(found, since, until, ledgers, bound)
 
 

@@ -12,6 +12,7 @@ import os
 import re
 
 SUFFIX = ".jsonl"
+PARQUET = ".parquet"  # NAME.jsonl converted (columnar.py, `audit ship --parquet`)
 PART = re.compile(r"(?P<broker>.+)-(?P<part>\d+)\.jsonl$")
 
 

@@ -77,7 +77,7 @@ def parquet() -> Format:
         columnar.convert(source, converted)
         return len(converted.getvalue()) == size
 
-    return Format(columnar.SUFFIX, columnar.convert, matches)
+    return Format(parts.PARQUET, columnar.convert, matches)
 
 
 class ShipFailed(Exception):

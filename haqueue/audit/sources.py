@@ -11,7 +11,7 @@ from pyspark import SparkContext
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from haqueue.audit import schema
+from haqueue.audit import parts, schema
 from haqueue.audit.exits import UsageError
 from haqueue.audit.storage import local_path
 
@@ -103,16 +103,15 @@ def input_size(location: str) -> int | None:
         directories[:] = [name for name in directories if not name.startswith(_SKIPPED)]
         files = {name for name in names if not name.startswith(_SKIPPED)}
         for name in files:
-            if name.endswith(PARQUET):
+            if name.endswith(parts.PARQUET):
                 parquet_bytes += os.path.getsize(os.path.join(root, name))
-            elif name.endswith(JSONL) and name[:-len(JSONL)] + PARQUET not in files:
+            elif name.endswith(parts.SUFFIX) and name[:-len(parts.SUFFIX)] + parts.PARQUET not in files:
                 json_bytes += os.path.getsize(os.path.join(root, name))
     return _weighed(json_bytes, parquet_bytes)
 
 
 # ---- reading -----------------------------------------------------------------------------------
 
-JSONL, PARQUET = ".jsonl", ".parquet"  # event files: as the brokers write them, and as columnar.py converts them
 # What a byte of a Parquet event file stands for in JSON lines, for tune_for: 10 million events take 1.8 GB as
 # JSON lines and 94 MB as zstd Parquet (bench/audit_scale.py's set); real ids compress less.
 PARQUET_WEIGHT = 10
@@ -135,10 +134,10 @@ def read_events(spark: SparkSession, directory: str) -> EventInput:
     starting with `.` or `_` (Spark skips them). A file converted to Parquet is read once: where
     `NAME.parquet` and `NAME.jsonl` are side by side, the JSON lines are left out. Lazy: Spark lists the
     files now and reads them when a query needs them; a bad line is counted (unusable), never fatal."""
-    jsonl = _event_files(_json_reader(spark.read, schema.DDL), JSONL).json(directory)
-    parquet = _event_files(spark.read.schema(_EVENTS_CORRUPT_DDL), PARQUET).parquet(directory)
+    jsonl = _event_files(_json_reader(spark.read, schema.DDL), parts.SUFFIX).json(directory)
+    parquet = _event_files(spark.read.schema(_EVENTS_CORRUPT_DDL), parts.PARQUET).parquet(directory)
     json_files, parquet_files = jsonl.inputFiles(), parquet.inputFiles()
-    converted = {name[:-len(PARQUET)] + JSONL for name in parquet_files}
+    converted = {name[:-len(parts.PARQUET)] + parts.SUFFIX for name in parquet_files}
     if converted.intersection(json_files):
         json_files = [name for name in json_files if name not in converted]
         jsonl = _json_reader(spark.read, schema.DDL).json(json_files)
@@ -196,7 +195,7 @@ def stream_events(spark: SparkSession, directory: str, **options: str) -> DataFr
     """The valid events of the files that appear in `directory` (Spark's file source: each file is
     read once, when it appears, so it must appear whole: staging.py puts them there); bad lines are
     left out. `options` go to the file source (e.g. cleanSource)."""
-    reader = _json_reader(spark.readStream, schema.DDL).option("pathGlobFilter", f"*{JSONL}")
+    reader = _json_reader(spark.readStream, schema.DDL).option("pathGlobFilter", f"*{parts.SUFFIX}")
     for name, value in options.items():
         reader = reader.option(name, value)
     return usable(_checked(_with_file(reader.json(directory)), _event_problem(), schema.FIELDS))

@@ -46,7 +46,7 @@ class WiringJournal:
                 self.append(records.wiring(records.EXCHANGE_DELETED, {"name": node.name, "uid": node.uid}))
         elif self._durable(node):
             self.append(records.wiring(records.UNBOUND, {"exchange": node.exchange.name,
-                                                               "queue": node.queue.name, "key": node.key}))
+                                                         "queue": node.queue.name, "key": node.key}))
 
     def snapshot(self) -> list[bytes]:
         """Every durable exchange, queue and binding, in an order recovery can declare them in."""

@@ -124,7 +124,7 @@ def test_a_set_converted_to_parquet_audits_as_its_json_lines(audit, spark, scena
     """The scenario's files converted to Parquet (columnar.py), b2's with lines that are not events: the same
     figures, and the same bad lines counted under the Parquet file's name. b1's JSON lines, left beside their
     Parquet twin, are read once; b0's second file stays JSON lines."""
-    from haqueue.audit import columnar, lag
+    from haqueue.audit import columnar, lag, parts
 
     events = tmp_path / "events"
     events.mkdir()
@@ -136,7 +136,7 @@ def test_a_set_converted_to_parquet_audits_as_its_json_lines(audit, spark, scena
             continue
         text = log.read_text() + ("".join(json.dumps(line) + "\n" for line in bad) + json.dumps(good)[:40]
                                   if log.name.startswith("b2") else "")
-        counts = columnar.convert(io.BytesIO(text.encode()), str(events / (log.stem + columnar.SUFFIX)))
+        counts = columnar.convert(io.BytesIO(text.encode()), str(events / (log.stem + parts.PARQUET)))
         assert counts.kept == (2 if log.name.startswith("b2") else 0)  # the wrong type and the torn line
         if log.name.startswith("b1"):
             shutil.copy(log, events)
