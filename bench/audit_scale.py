@@ -124,15 +124,16 @@ def generate(directory: Path, events: int) -> int:
 
 # ---- one audit, in a process of its own ---------------------------------------------------------
 
-def audit_once(events: str, master: str | None, profile: bool) -> dict:
-    """Audit `events` on `master` (None: local[*]); its times, task CPU (Spark's event log) and the check."""
+def audit_once(events: str, master: str | None, profile: bool, extra: dict[str, str] | None = None) -> dict:
+    """Audit `events` on `master` (None: local[*]) with the session settings `extra`; its times, task CPU
+    (Spark's event log) and the check."""
     from haqueue.audit import lag, report, sources
     from haqueue.audit.storage import Storage
 
     scratch = Path(tempfile.mkdtemp(prefix="haqueue-audit-run-"))
     (scratch / "log").mkdir()
     conf = {"spark.eventLog.enabled": "true", "spark.eventLog.dir": f"file://{scratch}/log",
-            "spark.eventLog.compress": "false", "spark.executor.memory": EXECUTOR_MEMORY}
+            "spark.eventLog.compress": "false", "spark.executor.memory": EXECUTOR_MEMORY, **(extra or {})}
     try:
         started = time.monotonic()
         spark = sources.session(master, conf, size=sources.input_size(events))  # as `haqueue audit lag` sizes it
@@ -152,10 +153,10 @@ def audit_once(events: str, master: str | None, profile: bool) -> dict:
             print(report.summary(audit))
             for a in actions:
                 print(f"{a['wall_s']:7.1f} s  {a['jobs']:3d} jobs {a['tasks']:5d} tasks  task CPU {a['cpu_s']:6.1f} s  "
-                      f"{a['what']}")
+                      f"GC {a['gc_s']:5.1f} s  {a['what']}")
         return {"events": audit.totals["events"], "summary": report.summary(audit), "session_s": session_s,
                 "audit_s": audit_s,
-                "task_cpu_s": sum(a["cpu_s"] for a in actions), "actions": len(actions),
+                "task_cpu_s": sum(a["cpu_s"] for a in actions), "gc_s": sum(a["gc_s"] for a in actions), "actions": len(actions),
                 "jobs": sum(a["jobs"] for a in actions), "busy_cores": busy_cores, "ok": ok}
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
@@ -172,7 +173,7 @@ def spark_actions(log: Path) -> list[dict]:
         kind = e["Event"]
         if kind.endswith("SQLExecutionStart"):
             actions[e["executionId"]] = {"what": e["description"], "start": e["time"], "end": e["time"], "jobs": 0,
-                                         "tasks": 0, "cpu_s": 0.0}
+                                         "tasks": 0, "cpu_s": 0.0, "gc_s": 0.0}
         elif kind.endswith("SQLExecutionEnd") and e["executionId"] in actions:
             actions[e["executionId"]]["end"] = e["time"]
         elif kind == "SparkListenerJobStart":
@@ -183,7 +184,9 @@ def spark_actions(log: Path) -> list[dict]:
         elif kind == "SparkListenerTaskEnd" and e["Stage ID"] in stage_action:
             action = actions[stage_action[e["Stage ID"]]]
             action["tasks"] += 1
-            action["cpu_s"] += (e.get("Task Metrics") or {}).get("Executor CPU Time", 0) / 1e9
+            metrics = e.get("Task Metrics") or {}
+            action["cpu_s"] += metrics.get("Executor CPU Time", 0) / 1e9
+            action["gc_s"] += metrics.get("JVM GC Time", 0) / 1e3
     return [{**a, "wall_s": (a["end"] - a["start"]) / 1000} for _, a in sorted(actions.items())]
 
 
@@ -342,9 +345,12 @@ def main() -> int:
     ap.add_argument("--run", metavar="DIR", help="audit DIR once in this process and print its figures")
     ap.add_argument("--master", help="with --run: the Spark master (default local[*])")
     ap.add_argument("--profile", action="store_true", help="with --run: each Spark action's figures")
+    ap.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE",
+                    help="with --run: a Spark setting (as `haqueue audit lag --conf`)")
     args = ap.parse_args()
     if args.run:
-        print("RESULT " + json.dumps(audit_once(args.run, args.master, args.profile)), flush=True)
+        print("RESULT " + json.dumps(audit_once(args.run, args.master, args.profile,
+                                                        dict(c.split("=", 1) for c in args.conf))), flush=True)
         return 0
     base = Path(args.dir) if args.dir else Path(tempfile.mkdtemp(prefix="haqueue-audit-scale-"))
     events_dir, parquet_dir = base / "events", base / "parquet"
