@@ -102,6 +102,15 @@ def rss(pid: int) -> int:
     raise AssertionError(f"no VmRSS for pid {pid}")
 
 
+def peak_rss(pid: int) -> int:
+    """The most memory a process has held (VmHWM), in bytes."""
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    raise AssertionError(f"no VmHWM for pid {pid}")
+
+
 def can_connect(host: str, port: int, timeout: float = 0.5) -> bool:
     try:
         with socket.create_connection((host, port), timeout=timeout):

@@ -16,6 +16,7 @@ from .access import ADMIN, MANAGE, RECEIVE, SEE, SEND, Access
 from .connection import Connection
 from .errors import (BrokerError, CONNECTION_FORCED, DECODE, INVALID_FIELD, NOT_FOUND, NOT_IMPLEMENTED,
                      RESOURCE_LOCKED)
+from .management_purge import Purge, purge_whole
 from .management_turns import Turns
 from .proton_adapter import ACCEPTED, REJECTED, Link, LinkHandler
 from .query_pages import Listing, Listings
@@ -108,8 +109,8 @@ class Management:
         self.broker = broker
         self.access = broker.access
         self.operations: dict[tuple[str, str], tuple[Operation, Needs]] = {}
-        # Operations a plug-in answers later, in place of the local ones for requests from a client (`answer`);
-        # `handle` still applies the local one (what the plug-in itself asks for).
+        # Operations answered later (a plug-in's, a purge's), in place of the local ones for requests from a client
+        # (`answer`); `handle` still applies the local one (what a plug-in itself asks for).
         self.deferred: dict[tuple[str, str], Deferred] = {}
         self.turns = Turns(broker.schedule)
         registry = broker.registry
@@ -125,8 +126,9 @@ class Management:
                       _on_name(SEE))
         self.register("binding", "CREATE", self._bind, _binding_needs)
         self.register("binding", "DELETE", self._unbind, _binding_needs)
-        self.register("queue", "PURGE", lambda name, body: (200, {"purged": self._node(name, "queue").purge_available()}),
+        self.register("queue", "PURGE", lambda name, body: (200, {"purged": purge_whole(self._node(name, "queue"))}),
                       _on_name(MANAGE))
+        self.deferred[("queue", "PURGE")] = self._purge
         self.register("queue", "PEEK", self._peek, _on_name(RECEIVE))
         # Connections are an admin's to see and close; they change without the registry knowing, so a QUERY of
         # them lists them afresh each time.
@@ -196,6 +198,10 @@ class Management:
             self.access.check(user, action, address)
 
     # -- operations ----------------------------------------------------------------------
+    def _purge(self, name: str | None, body: dict[str, Any], user: str | None, answer: Answer) -> None:
+        """A client's PURGE, answered once done: a batch of paged messages a pass (management_purge.py)."""
+        self.broker.schedule(Purge(self._node(name, "queue"), self.broker.schedule, answer, failure))
+
     def _node(self, name: str | None, kind: str) -> Any:
         node = self.broker.registry.lookup(_name(name))
         if node is None or node.kind != kind:

@@ -29,7 +29,7 @@ AVAILABLE: Final = 0
 ACQUIRED: Final = 1
 DEQUEUED: Final = 2
 DEFERRED: Final = 3  # held back by a plug-in until a time (scheduled delivery): live, but no one is handed it
-PURGE_BATCH: Final = 10_000  # paged messages a purge reads back at a time
+PURGE_BATCH: Final = 1000  # paged messages a purge reads back a turn (management_purge.py)
 
 
 class Entry:
@@ -123,12 +123,14 @@ class Pager(Protocol):
     def take(self, n: int) -> tuple[list[Entry], int]: ...  # up to n of the oldest; bytes back in memory
     def peek(self) -> list[Entry]: ...  # every paged message as an entry, left paged (cold path)
     def paged_seqs(self) -> list[int]: ...
+    def oldest(self) -> int: ...  # the seq of the oldest paged message (count > 0)
     def drop(self, first: int, last: int) -> list[tuple[int, int, int]]: ...  # (seq, size, size in memory) of each
     def clear(self) -> int: ...  # the queue is gone; the bytes it held in memory
 
 
 DEPAGE_BELOW: Final = 1000  # entries in memory under which a paging queue reads the next paged ones back
 DEPAGE_BATCH: Final = 1000
+SWEEP_SLACK: Final = 4096  # dequeued entries the log may hold beyond twice its live ones before a sweep
 
 
 class Guard(Protocol):
@@ -199,6 +201,7 @@ class Queue:
         self._cursor = 0  # absolute index of the first entry never handed to a consumer
         self._returned: list[Returned] = []  # released entries, back in seq order
         self._pushes = 0  # items pushed on heaps of released entries
+        self._sweep_due = False  # the log holds many dequeued entries behind a live one (_compact)
         self.next_seq = 1
         self.depth = 0
         self.bytes = 0  # message data held: the bytes of the live entries
@@ -334,7 +337,7 @@ class Queue:
             observer.enqueued(self, entry)
         if self.arranger is not None:
             self.arranger.entered([entry], not seq)
-            if len(self._log) - self._head > 2 * self.depth + 4096:
+            if len(self._log) - self._head > 2 * self.depth + SWEEP_SLACK:
                 self._sweep()
         if paging:  # behind what is paged already, so the order holds
             self._out_of_memory(self.pager.page([entry]))  # type: ignore[union-attr]
@@ -495,6 +498,9 @@ class Queue:
 
     def dispatch(self) -> None:
         """Hand available entries to consumers with credit (round robin), then feed browsers."""
+        if self._sweep_due:
+            self._sweep_due = False
+            self._sweep()
         pager = self.pager
         if pager is not None and pager.count and self.depth - pager.count < DEPAGE_BELOW:
             self._depage(DEPAGE_BATCH)
@@ -694,8 +700,16 @@ class Queue:
         if head >= 1024 or head == n:  # drop the dequeued prefix in batches, not per entry
             del log[:head]
             self._base += head
+            n -= head
             head = 0
         self._head = head
+        pager = self.pager
+        live = self.depth - pager.count if pager is not None else self.depth  # in memory
+        if n - head > 2 * live + SWEEP_SLACK and not self._sweep_due:
+            # A message held at the front (a consumer that never settles) would keep every dequeued one behind it
+            # in memory: they are swept out at the next dispatch, never in the middle of a scan of the log.
+            self._sweep_due = True
+            self._schedule(self)
 
     def _sweep(self) -> None:
         """Drop the dequeued entries from anywhere in the log, not only its front: an arranger's queue dequeues
@@ -884,16 +898,19 @@ class Queue:
         for entry in self.entries():
             self.dequeue(entry)
 
-    def purge_available(self) -> int:
-        """Drop every message no consumer holds (management's PURGE), as consumed ones leave: journalled and
-        replicated dequeues. Acquired ones stay until their consumer settles them. Paged messages are read back
-        first, so a purge costs the loop in proportion to the queue's depth (a cold path). How many went."""
-        while self.pager is not None and self.pager.count:
-            self._depage(PURGE_BATCH)
-        gone = [e for e in self._log[self._head:] if e.state == AVAILABLE or e.state == DEFERRED]
+    def purge_available(self, upto: int) -> tuple[int, bool]:
+        """A turn of management's PURGE: drop the messages up to seq `upto` that no consumer holds, as consumed
+        ones leave (journalled and replicated dequeues); acquired ones stay until their consumer settles them.
+        Paged messages are read back PURGE_BATCH a turn, so a purge of a queue larger than memory never holds
+        it all in memory, nor the loop for long. (How many went, whether nothing is left to read back.)"""
+        gone = [e for e in self._log[self._head:] if e.seq <= upto and (e.state == AVAILABLE or e.state == DEFERRED)]
         for entry in gone:
             self.dequeue(entry)
-        return len(gone)
+        pager = self.pager
+        more = pager is not None and pager.count > 0 and pager.oldest() <= upto
+        if more:
+            self._depage(PURGE_BATCH)
+        return len(gone), not more
 
     def first(self, n: int) -> list[Entry]:
         """The first `n` live messages in seq order, taken or not (management's PEEK: a look that takes nothing);

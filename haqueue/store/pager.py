@@ -120,6 +120,13 @@ class QueuePager:
                           self.expiries[i] + to_monotonic if self.expiries[i] else 0.0, True)
                     for i in self._live()]
 
+    def oldest(self) -> int:
+        """The seq of the oldest paged message (count > 0; a cold path: dropped ones may lie at the head)."""
+        i = self.head
+        while self.locations[i] == DROPPED:
+            i += 1
+        return self.seqs[i]
+
     def paged_seqs(self) -> list[int]:
         return [self.seqs[i] for i in self._live()]
 
