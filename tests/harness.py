@@ -95,20 +95,20 @@ def wait_for(condition: Callable[[], Any], timeout: float, interval: float = POL
 
 def rss(pid: int) -> int:
     """The resident set size of a process, in bytes."""
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-    raise AssertionError(f"no VmRSS for pid {pid}")
+    return _status_bytes(pid, "VmRSS")
 
 
 def peak_rss(pid: int) -> int:
     """The most memory a process has held (VmHWM), in bytes."""
+    return _status_bytes(pid, "VmHWM")
+
+
+def _status_bytes(pid: int, field: str) -> int:
     with open(f"/proc/{pid}/status") as f:
         for line in f:
-            if line.startswith("VmHWM:"):
+            if line.startswith(f"{field}:"):
                 return int(line.split()[1]) * 1024
-    raise AssertionError(f"no VmHWM for pid {pid}")
+    raise AssertionError(f"no {field} for pid {pid}")
 
 
 def can_connect(host: str, port: int, timeout: float = 0.5) -> bool:
