@@ -714,7 +714,8 @@ class Queue:
     def _sweep(self) -> None:
         """Drop the dequeued entries from anywhere in the log, not only its front: an arranger's queue dequeues
         out of log order, and one old message at the front would keep every later dequeued one. Cursors keep
-        their place by the seq they point at. Never called during a scan of the log (from enqueue)."""
+        their place by the seq they point at. Never called during a scan of the log: from an arranger's enqueue, or as
+        a dispatch starts (_compact asks for it there)."""
         log, head = self._log, self._head
         live = [e for e in log[head:] if e.state != DEQUEUED]
 
