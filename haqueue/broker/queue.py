@@ -29,7 +29,7 @@ AVAILABLE: Final = 0
 ACQUIRED: Final = 1
 DEQUEUED: Final = 2
 DEFERRED: Final = 3  # held back by a plug-in until a time (scheduled delivery): live, but no one is handed it
-PURGE_BATCH: Final = 1000  # paged messages a purge reads back a turn, at most Pager.budget bytes of them
+PURGE_BATCH: Final = 1000  # paged messages a purge reads back a turn (management_purge.py)
 
 
 class Entry:
@@ -117,12 +117,10 @@ class Pager(Protocol):
 
     count: int
     bytes: int  # message data it holds, out of memory or not
-    budget: int  # bytes of message data a read-back brings into memory at most
 
     def page(self, entries: list[Entry]) -> int: ...  # take these, the newest (oldest first); bytes out of memory
     def can_page(self, entry: Entry) -> bool: ...  # can it be read back later (is it journalled)?
-    def take(self, n: int, max_bytes: int = 0) -> tuple[list[Entry], int]: ...  # up to n of the oldest (and
-    # with max_bytes, up to that much data, one at least); the bytes back in memory
+    def take(self, n: int) -> tuple[list[Entry], int]: ...  # up to n of the oldest; bytes back in memory
     def peek(self) -> list[Entry]: ...  # every paged message as an entry, left paged (cold path)
     def paged_seqs(self) -> list[int]: ...
     def oldest(self) -> int: ...  # the seq of the oldest paged message (count > 0)
@@ -505,7 +503,7 @@ class Queue:
             self._sweep()
         pager = self.pager
         if pager is not None and pager.count and self.depth - pager.count < DEPAGE_BELOW:
-            self._depage(DEPAGE_BATCH, pager.budget)
+            self._depage(DEPAGE_BATCH)
         now = time.monotonic() if self.expiring else 0.0
         consumers = self.consumers
         self._budget = SCAN_BUDGET
@@ -535,9 +533,7 @@ class Queue:
                 else:
                     exhausted = False
                 self._rotation = i
-            if exhausted and pager is not None and pager.count and self.depth - pager.count < DEPAGE_BELOW:
-                self._schedule(self)  # credit is left and more is paged: the next pass reads it back (above)
-            elif exhausted:  # nothing left to send: answer any drain request
+            if exhausted:  # nothing left to send: answer any drain request
                 for consumer in consumers:
                     consumer.after_dispatch()
         for browser in self.browsers:
@@ -682,7 +678,7 @@ class Queue:
         pager = self.pager
         if pager is None or not pager.count:
             return False
-        self._depage(DEPAGE_BATCH, pager.budget)
+        self._depage(DEPAGE_BATCH)
         return True
 
     def expire(self) -> None:
@@ -783,8 +779,8 @@ class Queue:
             if self.arranger is not None and self.pager.count:  # an arranger's queue is held in memory
                 self._depage(self.pager.count)
 
-    def _depage(self, n: int, max_bytes: int = 0) -> None:
-        entries, size = self.pager.take(n, max_bytes)  # type: ignore[union-attr]
+    def _depage(self, n: int) -> None:
+        entries, size = self.pager.take(n)  # type: ignore[union-attr]
         self._mark_local(entries)
         self._log.extend(entries)
         self._into_memory(size)
@@ -914,7 +910,7 @@ class Queue:
         pager = self.pager
         more = pager is not None and pager.count > 0 and pager.oldest() <= upto
         if more:
-            self._depage(PURGE_BATCH, pager.budget)  # type: ignore[union-attr]
+            self._depage(PURGE_BATCH)
         return len(gone), not more
 
     def first(self, n: int) -> list[Entry]:
