@@ -16,7 +16,7 @@ from .access import ADMIN, MANAGE, RECEIVE, SEE, SEND, Access
 from .connection import Connection
 from .errors import (BrokerError, CONNECTION_FORCED, DECODE, INVALID_FIELD, NOT_FOUND, NOT_IMPLEMENTED,
                      RESOURCE_LOCKED)
-from .management_purge import Purge, purge_whole
+from .management_purge import PurgeInTurns, purge_whole
 from .management_turns import Turns
 from .proton_adapter import ACCEPTED, REJECTED, Link, LinkHandler
 from .query_pages import Listing, Listings
@@ -200,7 +200,7 @@ class Management:
     # -- operations ----------------------------------------------------------------------
     def _purge(self, name: str | None, body: dict[str, Any], user: str | None, answer: Answer) -> None:
         """A client's PURGE, answered once done: a batch of paged messages a pass (management_purge.py)."""
-        self.broker.schedule(Purge(self._node(name, "queue"), self.broker.schedule, answer, failure))
+        self.broker.schedule(PurgeInTurns(self._node(name, "queue"), self.broker.schedule, answer, failure))
 
     def _node(self, name: str | None, kind: str) -> Any:
         node = self.broker.registry.lookup(_name(name))

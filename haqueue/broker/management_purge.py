@@ -8,35 +8,47 @@ from typing import Any, Callable
 from .queue import Queue
 
 
+class Purge:
+    """One PURGE of `queue`: what was on it when asked (up to its newest seq) and no consumer holds."""
+
+    def __init__(self, queue: Queue) -> None:
+        self.queue = queue
+        self.upto = queue.next_seq - 1  # the newest message when asked
+        self.purged = 0
+
+    def turn(self) -> bool:
+        """A turn of it (Queue.purge_available); whether it is done (its queue deleted meanwhile ends it too)."""
+        if self.queue.deleted:
+            return True
+        gone, done = self.queue.purge_available(self.upto)
+        self.purged += gone
+        return done
+
+
 def purge_whole(queue: Queue) -> int:
     """Purge `queue` at once (a plug-in's own request, Management.handle); how many messages went."""
-    upto, purged, done = queue.next_seq - 1, 0, False
-    while not done:
-        gone, done = queue.purge_available(upto)
-        purged += gone
-    return purged
+    purge = Purge(queue)
+    while not purge.turn():
+        pass
+    return purge.purged
 
 
-class Purge:
-    """One client's PURGE: a turn each pass (broker.schedule) until nothing paged is left to read back."""
+class PurgeInTurns(Purge):
+    """A client's PURGE: a turn each pass (broker.schedule), answered once done."""
 
-    deleted = False  # what broker.schedule asks before calling dispatch; a deleted queue ends it in dispatch
+    deleted = False  # what broker.schedule asks before calling dispatch; a deleted queue ends it in turn()
 
     def __init__(self, queue: Queue, schedule: Callable[[Any], None], answer: Callable[[int, str, Any], None],
                  failure: Callable[[Exception], tuple[int, str]]) -> None:
         """`answer`: management.Answer; `failure`: how an exception is answered (management.failure)."""
-        self.queue, self.schedule, self.answer, self.failure = queue, schedule, answer, failure
-        self.upto = queue.next_seq - 1  # the newest message when asked
-        self.purged = 0
+        super().__init__(queue)
+        self.schedule, self.answer, self.failure = schedule, answer, failure
 
     def dispatch(self) -> None:
         try:
-            if not self.queue.deleted:
-                gone, done = self.queue.purge_available(self.upto)
-                self.purged += gone
-                if not done:
-                    self.schedule(self)
-                    return
+            if not self.turn():
+                self.schedule(self)
+                return
             self.answer(200, "OK", {"purged": self.purged})
         except Exception as e:  # noqa: BLE001 - answered, never raised into the pass
             self.answer(*self.failure(e), None)

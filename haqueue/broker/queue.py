@@ -337,7 +337,7 @@ class Queue:
             observer.enqueued(self, entry)
         if self.arranger is not None:
             self.arranger.entered([entry], not seq)
-            if len(self._log) - self._head > 2 * self.depth + SWEEP_SLACK:
+            if self._many_dequeued():
                 self._sweep()
         if paging:  # behind what is paged already, so the order holds
             self._out_of_memory(self.pager.page([entry]))  # type: ignore[union-attr]
@@ -700,16 +700,20 @@ class Queue:
         if head >= 1024 or head == n:  # drop the dequeued prefix in batches, not per entry
             del log[:head]
             self._base += head
-            n -= head
             head = 0
         self._head = head
-        pager = self.pager
-        live = self.depth - pager.count if pager is not None else self.depth  # in memory
-        if n - head > 2 * live + SWEEP_SLACK and not self._sweep_due:
+        if not self._sweep_due and self._many_dequeued():
             # A message held at the front (a consumer that never settles) would keep every dequeued one behind it
             # in memory: they are swept out at the next dispatch, never in the middle of a scan of the log.
             self._sweep_due = True
             self._schedule(self)
+
+    def _many_dequeued(self) -> bool:
+        """The log holds more than SWEEP_SLACK dequeued entries beyond twice its live ones in memory (depth
+        counts the paged ones too): time for a sweep."""
+        pager = self.pager
+        live = self.depth - pager.count if pager is not None else self.depth
+        return len(self._log) - self._head > 2 * live + SWEEP_SLACK
 
     def _sweep(self) -> None:
         """Drop the dequeued entries from anywhere in the log, not only its front: an arranger's queue dequeues
