@@ -54,8 +54,6 @@ def describe(node: Queue | Exchange | Binding, level: str) -> dict[str, Any]:
                             "replicate": level}
     if isinstance(node, Exchange):
         info["type"] = node.type
-    elif node.temporary:  # a backup's copy goes with it too, and its store keeps it out of the journal
-        info["temporary"] = True
     return info
 
 

@@ -1,7 +1,7 @@
 """WiringReplicator: the backup's end of `$ha.wiring`. Makes the local queues, exchanges and bindings
-equal to the primary's: the snapshot replaces everything (deleting what the primary lacks, and
-re-creating an object whose unique id differs: the same name, but a different queue), then live
-declare/delete events keep it equal."""
+equal to the primary's: the snapshot replaces everything but this broker's temporary queues (deleting what
+the primary lacks, and re-creating an object whose unique id differs: the same name, but a different queue),
+then live declare/delete events keep it equal."""
 from __future__ import annotations
 
 import logging
@@ -84,6 +84,8 @@ class WiringReplicator(LinkHandler):
         self.backup.from_disk = from_disk(str(event.get("sync") or ALL))
         wanted_nodes = {d["name"]: d for d in event["queues"] + event["exchanges"]}
         for node in list(self.registry.nodes.values()):
+            if isinstance(node, Queue) and node.temporary:
+                continue  # this broker's own (an admin tool's reply queue): the primary replicates none
             wanted = wanted_nodes.get(node.name)
             if wanted is None or wanted["uid"] != node.uid or wanted["kind"] != node.kind:
                 self._remove(node.name)
@@ -109,8 +111,7 @@ class WiringReplicator(LinkHandler):
         if existing is not None and existing.uid != d["uid"]:
             self._remove(d["name"])
         if kind == "queue":
-            queue, _ = self.registry.declare_queue(d["name"], dict(d["args"]), uid=d["uid"],
-                                                   temporary=bool(d.get("temporary")))
+            queue, _ = self.registry.declare_queue(d["name"], dict(d["args"]), uid=d["uid"])
             if d.get("replicate") in MESSAGE_LEVELS:
                 self.backup.replicate(queue, fresh=live)
         else:

@@ -11,8 +11,8 @@ import time
 import pytest
 from proton import Message
 
-from ha_harness import (PAIR_GOES_ON, HaCluster, Load, Refused, browse, can_connect, connect, expect_refused_client,
-                        receive, send_all, split_address, wait_for)
+from ha_harness import (HA_USER, PAIR_GOES_ON, HaCluster, Load, Refused, browse, can_connect, connect,
+                        expect_refused_client, receive, send_all, split_address, wait_for)
 
 
 def backups(c: HaCluster, primary) -> list:
@@ -208,6 +208,24 @@ def test_backup_refuses_client_and_admits_admin(ha_cluster):
     # the primary serves anonymous clients on the public address (and on its own)
     send_all(c.public, "ok", ["x"])
     assert can_connect(*split_address(c.public))
+
+
+def test_an_admin_connection_made_before_a_backup_follows_a_primary_outlives_the_primarys_snapshot(ha_cluster):
+    """The OCF agent's monitor may ask a broker that has just started, before it follows a primary: the primary's
+    wiring snapshot makes the replicated queues equal to its own, and leaves the reply queue of that connection
+    (a temporary queue, the backup's own) alone. It was deleted, the monitor's link closed, and Pacemaker took
+    the broker for failed and restarted it (a failed action in tests/pacemaker's pcs move-and-ban)."""
+    c = ha_cluster(size=2)
+    c.start()
+    b = c[1]
+    with c.admin(b, user=HA_USER) as client:
+        code, _, joining = client.request("READ", "ha")
+        assert code == 200 and joining["state"] != "ready", joining
+        c.promote(c[0])
+        c.wait_ready(b)
+        code, description, ready = client.request("READ", "ha")
+        assert code == 200, description
+        assert ready["state"] == "ready" and ready["primary"] == c[0].name, ready
 
 
 def test_ha_ping(ha_cluster):
