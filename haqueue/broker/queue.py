@@ -29,7 +29,7 @@ AVAILABLE: Final = 0
 ACQUIRED: Final = 1
 DEQUEUED: Final = 2
 DEFERRED: Final = 3  # held back by a plug-in until a time (scheduled delivery): live, but no one is handed it
-PURGE_BATCH: Final = 1000  # paged messages a purge reads back a turn (management_purge.py)
+PURGE_BATCH: Final = 1000  # paged messages a purge reads back a turn, at most Pager.budget bytes of them
 
 
 class Entry:
@@ -117,10 +117,12 @@ class Pager(Protocol):
 
     count: int
     bytes: int  # message data it holds, out of memory or not
+    budget: int  # bytes of message data a read-back brings into memory at most
 
     def page(self, entries: list[Entry]) -> int: ...  # take these, the newest (oldest first); bytes out of memory
     def can_page(self, entry: Entry) -> bool: ...  # can it be read back later (is it journalled)?
-    def take(self, n: int) -> tuple[list[Entry], int]: ...  # up to n of the oldest; bytes back in memory
+    def take(self, n: int, max_bytes: int = 0) -> tuple[list[Entry], int]: ...  # up to n of the oldest (and
+    # with max_bytes, up to that much data, one at least); the bytes back in memory
     def peek(self) -> list[Entry]: ...  # every paged message as an entry, left paged (cold path)
     def paged_seqs(self) -> list[int]: ...
     def oldest(self) -> int: ...  # the seq of the oldest paged message (count > 0)
@@ -502,8 +504,10 @@ class Queue:
             self._sweep_due = False
             self._sweep()
         pager = self.pager
+        # Nothing came back: the oldest paged one is not on disk yet, and the store dispatches again once it is.
+        stalled = False
         if pager is not None and pager.count and self.depth - pager.count < DEPAGE_BELOW:
-            self._depage(DEPAGE_BATCH)
+            stalled = not self._depage(DEPAGE_BATCH, pager.budget)
         now = time.monotonic() if self.expiring else 0.0
         consumers = self.consumers
         self._budget = SCAN_BUDGET
@@ -533,7 +537,10 @@ class Queue:
                 else:
                     exhausted = False
                 self._rotation = i
-            if exhausted:  # nothing left to send: answer any drain request
+            if exhausted and not stalled and pager is not None and pager.count and \
+                    self.depth - pager.count < DEPAGE_BELOW:
+                self._schedule(self)  # credit is left and more is paged: the next pass reads it back (above)
+            elif exhausted:  # nothing left to send: answer any drain request
                 for consumer in consumers:
                     consumer.after_dispatch()
         for browser in self.browsers:
@@ -678,7 +685,7 @@ class Queue:
         pager = self.pager
         if pager is None or not pager.count:
             return False
-        self._depage(DEPAGE_BATCH)
+        self._depage(DEPAGE_BATCH, pager.budget)
         return True
 
     def expire(self) -> None:
@@ -783,14 +790,16 @@ class Queue:
             if self.arranger is not None and self.pager.count:  # an arranger's queue is held in memory
                 self._depage(self.pager.count)
 
-    def _depage(self, n: int) -> None:
-        entries, size = self.pager.take(n)  # type: ignore[union-attr]
+    def _depage(self, n: int, max_bytes: int = 0) -> int:
+        """Read back up to n of the paged messages (and up to max_bytes of data); how many came."""
+        entries, size = self.pager.take(n, max_bytes)  # type: ignore[union-attr]
         self._mark_local(entries)
         self._log.extend(entries)
         self._into_memory(size)
         self._annotated(entries)
         if self.arranger is not None:
             self.arranger.entered(entries, False)
+        return len(entries)
 
     # -- a replica's view: by seq ------------------------------------------------------------
     def live_seqs(self) -> list[int]:
@@ -914,7 +923,7 @@ class Queue:
         pager = self.pager
         more = pager is not None and pager.count > 0 and pager.oldest() <= upto
         if more:
-            self._depage(PURGE_BATCH)
+            self._depage(PURGE_BATCH, pager.budget)  # type: ignore[union-attr]
         return len(gone), not more
 
     def first(self, n: int) -> list[Entry]:

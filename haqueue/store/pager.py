@@ -41,6 +41,9 @@ class QueuePager:
         self.bytes = 0  # message data paged, kept ones included
         self.dropped = 0  # DROPPED ones still in the arrays
         self.count = 0  # paged messages: an attribute, not a property, as the queue reads it per enqueue
+        # What a consumer's read-back brings into memory at most: a quarter of the store's page_above, so that
+        # large messages are not read back a thousand at a time (a gigabyte of 1 MB ones).
+        self.budget = max(1, store.page_above // 4)
 
 
     def can_page(self, entry: Entry) -> bool:
@@ -77,16 +80,16 @@ class QueuePager:
         self.expiries.append(expiry)
         self.bytes += length - records.ENQUEUE_OVERHEAD
 
-    def take(self, n: int) -> tuple[list[Entry], int]:
-        """Up to n of the oldest paged messages as entries, stopping at one whose record is not yet synced;
-        and the bytes read back into memory."""
+    def take(self, n: int, max_bytes: int = 0) -> tuple[list[Entry], int]:
+        """Up to n of the oldest paged messages as entries, stopping at one whose record is not yet synced, and
+        with `max_bytes` once their data reaches it (one at least); and the bytes read back into memory."""
         taken: list[Entry] = []
-        read = 0
+        read = taken_bytes = 0
         synced = self.store.synced
         to_monotonic = time.monotonic() - time.time()
         where = self.journal.where
         with Reader(self.store.directory) as reader:
-            while len(taken) < n and self.head < len(self.seqs):
+            while len(taken) < n and self.head < len(self.seqs) and not (max_bytes and taken_bytes >= max_bytes):
                 i = self.head
                 location, length = self.locations[i], self.lengths[i]
                 if location == DROPPED:
@@ -105,6 +108,7 @@ class QueuePager:
                     where[entry] = location
                     read += len(entry.data)
                 taken.append(entry)
+                taken_bytes += len(entry.data)
                 self.bytes -= len(entry.data)
                 self.count -= 1
                 self.head += 1

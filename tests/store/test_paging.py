@@ -88,6 +88,27 @@ def test_a_purge_reads_paged_messages_back_a_batch_at_a_time_and_is_journalled(b
 
 
 @pytest.mark.slow
+def test_large_paged_messages_come_back_a_quarter_of_page_above_at_a_time(broker_factory):
+    """A consumer of a paging queue of 100 KB messages has them read back a quarter of page_above at a time,
+    not up to a thousand at once (all 27 MB paged here; 100 MB of such messages): the broker's peak memory
+    grows by less than page_above while a slow consumer takes half the queue, and a consumer with more credit
+    than a read-back brings still gets the rest, in order."""
+    b = broker_factory(store={"page_above": PAGE_ABOVE, "segment_bytes": 4 * 1024 * 1024})
+    n, pad = 300, "x" * 100_000  # 30 MB
+    send_all(b.address, "large", [Message(body={"i": i, "pad": pad}, durable=True) for i in range(n)], timeout=60)
+    with Client(b) as c:
+        wait_for(lambda: c.mgmt("READ", "store").body["paged_messages"] > n // 2, 10, message="paging")
+        peak = peak_rss(b.pid)
+        slow = c.receiver("large")
+        got = [r.body["i"] for _ in range(n // 20) for r in slow.receive_n(10)]  # 10 in flight at a time
+        growth = peak_rss(b.pid) - peak
+    print(f"peak RSS growth while a consumer took {n // 2} of {n} paged 100 KB messages: {growth / 1e6:.1f} MB")
+    assert growth < PAGE_ABOVE
+    got += [m.body["i"] for m in receive(b.address, "large", n - n // 2, timeout=30)]  # credit for all of them
+    assert got == list(range(n))
+
+
+@pytest.mark.slow
 def test_without_paging_the_same_flood_holds_the_bodies(broker_factory):
     """The control: the bound above means something."""
     b = broker_factory()
