@@ -173,7 +173,8 @@ def _analyse(ev: DataFrame, bad: DataFrame, bound: timedelta) -> Audit:
                     .unionByName(_as_problem(_at_risk(completes, replicas, sizes), AT_RISK, "t"))
                     .unionByName(_aside(aside, completes))).persist()
         kept.append(problems)
-        counts = problems.groupBy("queue", "backup", "problem", "epoch").agg(F.sum("weight").alias("n")).toPandas()
+        counts: pd.DataFrame = (problems.groupBy("queue", "backup", "problem", "epoch")
+                                .agg(F.sum("weight").alias("n")).toPandas())
         detail = (problems.orderBy("problem", "queue", "seq", "backup").limit(DETAIL_LIMIT)
                   .select("problem", "queue", "seq", "message_id", "backup", F.timestamp_micros("t").alias("time"))
                   .toPandas())
@@ -218,8 +219,9 @@ def _judged_primary_side(summary: pd.DataFrame) -> pd.DataFrame:
 
 
 def _bad_table(bad: DataFrame) -> pd.DataFrame:
-    table = (bad.groupBy("file", "problem").agg(F.count("*").alias("lines"), F.min("line").alias("example"))
-             .orderBy("file", "problem").toPandas())
+    table: pd.DataFrame = (bad.groupBy("file", "problem")
+                           .agg(F.count("*").alias("lines"), F.min("line").alias("example"))
+                           .orderBy("file", "problem").toPandas())
     table["example"] = table["example"].str.slice(0, 200)
     return table
 
@@ -380,7 +382,7 @@ def _queue_table(summary: pd.DataFrame, completes: DataFrame, origin: DataFrame,
                    "completion_p99_ms", "completion_max_ms", *numbers[3:]]].sort_values("queue", ignore_index=True)
 
 
-SHARD_COLUMNS = ["shard", "queues", "enqueued", "completed", "dequeued", "backups", "received", "lag_p50_ms",
+SHARD_COLUMNS: list[str] = ["shard", "queues", "enqueued", "completed", "dequeued", "backups", "received", "lag_p50_ms",
                  "lag_p95_ms", "lag_p99_ms", "lag_max_ms", *_COUNT_COLUMNS.values()]
 
 
@@ -432,8 +434,9 @@ def _epochs(summary: pd.DataFrame, dequeues: DataFrame, origin: DataFrame, unatt
 
 # ---- client ledgers ----------------------------------------------------------------------------
 
-LEDGER_COLUMNS = ["queue", "confirmed", "received", "lost", "duplicated", "unexpected", "left_on_queue", "kept_local"]
-LEDGER_PROBLEM_COLUMNS = ["problem", "queue", "id", "time"]
+LEDGER_COLUMNS: list[str] = ["queue", "confirmed", "received", "lost", "duplicated", "unexpected", "left_on_queue",
+                             "kept_local"]
+LEDGER_PROBLEM_COLUMNS: list[str] = ["problem", "queue", "id", "time"]
 LOST, DUPLICATED, UNEXPECTED = "lost", "duplicated", "unexpected"
 
 
@@ -468,13 +471,14 @@ def _ledger_tables(ev: DataFrame, entries: DataFrame) -> tuple[pd.DataFrame, pd.
         union = union.unionByName(frame)
     union = union.persist()
     try:
-        counts = union.groupBy("queue", "kind").count().toPandas()
+        counts: pd.DataFrame = union.groupBy("queue", "kind").count().toPandas()
         if counts.empty:
             return pd.DataFrame(columns=LEDGER_COLUMNS), pd.DataFrame(columns=LEDGER_PROBLEM_COLUMNS)
-        detail = (union.filter(F.col("kind").isin(LOST, DUPLICATED, UNEXPECTED)).orderBy("kind", "queue", "t")
-                  .limit(DETAIL_LIMIT)
-                  .select(F.col("kind").alias("problem"), "queue", "id", F.timestamp_micros("t").alias("time"))
-                  .toPandas())
+        detail: pd.DataFrame = (union.filter(F.col("kind").isin(LOST, DUPLICATED, UNEXPECTED))
+                                .orderBy("kind", "queue", "t").limit(DETAIL_LIMIT)
+                                .select(F.col("kind").alias("problem"), "queue", "id",
+                                        F.timestamp_micros("t").alias("time"))
+                                .toPandas())
     finally:
         union.unpersist()
     table = counts.pivot_table(index="queue", columns="kind", values="count", aggfunc="sum")
