@@ -12,14 +12,11 @@ import logging
 import os
 import time
 from array import array
-from typing import Final, TYPE_CHECKING
+from typing import Final, Protocol
 
-from ..broker.queue import Entry
+from ..broker.queue import Entry, Queue
 from . import records
 from .writer import segment_path
-
-if TYPE_CHECKING:
-    from .store import QueueJournal, Store
 
 log = logging.getLogger("haqueue.store")
 
@@ -28,8 +25,31 @@ IN_MEMORY: Final = -1  # the location of a paged message that has no record
 DROPPED: Final = -2  # the location of a paged message dequeued by seq (a replica's), skipped when read back
 
 
+class PagingStore(Protocol):
+    """What a pager reads and keeps up to date of its store (store.Store, which makes the pagers)."""
+
+    directory: str  # where the journal's segments are
+    page_above: int  # bytes of message data in memory above which queues page
+    clock: float  # wall clock = monotonic + clock
+    synced: int  # the location up to which the journal is on disk
+    live: dict[int, int]  # live message records per segment
+    live_bytes: int  # bodies of every live journalled message
+    waiting_for_sync: set[Queue]  # queues to dispatch again after the next sync
+
+    def dequeue(self, qid: int, seq: int) -> None: ...
+
+
+class PagedJournal(Protocol):
+    """What a pager needs of its queue's journal (store.QueueJournal)."""
+
+    queue: Queue
+    qid: int
+    where: dict[Entry, int]  # each journalled entry in memory: where its record is
+    memory_bytes: int  # bodies of journalled entries held in memory
+
+
 class QueuePager:
-    def __init__(self, store: "Store", journal: "QueueJournal") -> None:
+    def __init__(self, store: PagingStore, journal: PagedJournal) -> None:
         self.store = store
         self.journal = journal
         self.seqs = array("q")
