@@ -382,8 +382,8 @@ def _queue_table(summary: pd.DataFrame, completes: DataFrame, origin: DataFrame,
                    "completion_p99_ms", "completion_max_ms", *numbers[3:]]].sort_values("queue", ignore_index=True)
 
 
-SHARD_COLUMNS: list[str] = ["shard", "queues", "enqueued", "completed", "dequeued", "backups", "received", "lag_p50_ms",
-                 "lag_p95_ms", "lag_p99_ms", "lag_max_ms", *_COUNT_COLUMNS.values()]
+SHARD_COLUMNS: list[str] = ["shard", "queues", "enqueued", "completed", "dequeued", "backups", "received",
+                            "lag_p50_ms", "lag_p95_ms", "lag_p99_ms", "lag_max_ms", *_COUNT_COLUMNS.values()]
 
 
 def _shard_table(summary: pd.DataFrame, lag: DataFrame, backups: pd.DataFrame) -> pd.DataFrame:

@@ -504,7 +504,7 @@ class Queue:
             self._sweep_due = False
             self._sweep()
         pager = self.pager
-        # Nothing came back: the oldest paged one is not on disk yet, and the store dispatches again once it is.
+        # stalled: nothing came back, the oldest paged one is not on disk yet (the store dispatches again once it is)
         stalled = False
         if pager is not None and pager.count and self.depth - pager.count < DEPAGE_BELOW:
             stalled = not self._depage(DEPAGE_BATCH, pager.budget)
