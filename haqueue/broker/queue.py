@@ -506,7 +506,7 @@ class Queue:
         pager = self.pager
         # stalled: nothing came back, the oldest paged one is not on disk yet (the store dispatches again once it is)
         stalled = False
-        if pager is not None and pager.count and self.depth - pager.count < DEPAGE_BELOW:
+        if pager is not None and self._short_in_memory(pager):
             stalled = not self._depage(DEPAGE_BATCH, pager.budget)
         now = time.monotonic() if self.expiring else 0.0
         consumers = self.consumers
@@ -537,8 +537,7 @@ class Queue:
                 else:
                     exhausted = False
                 self._rotation = i
-            if exhausted and not stalled and pager is not None and pager.count and \
-                    self.depth - pager.count < DEPAGE_BELOW:
+            if exhausted and not stalled and pager is not None and self._short_in_memory(pager):
                 self._schedule(self)  # credit is left and more is paged: the next pass reads it back (above)
             elif exhausted:  # nothing left to send: answer any drain request
                 for consumer in consumers:
@@ -789,6 +788,10 @@ class Queue:
             self.bytes += self.pager.bytes
             if self.arranger is not None and self.pager.count:  # an arranger's queue is held in memory
                 self._depage(self.pager.count)
+
+    def _short_in_memory(self, pager: Pager) -> bool:
+        """More is paged and fewer than DEPAGE_BELOW are in memory: dispatch reads the next ones back."""
+        return pager.count > 0 and self.depth - pager.count < DEPAGE_BELOW
 
     def _depage(self, n: int, max_bytes: int = 0) -> int:
         """Read back up to n of the paged messages (and up to max_bytes of data); how many came."""

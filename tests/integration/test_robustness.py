@@ -260,7 +260,8 @@ def test_connections_dropped_mid_message_give_their_memory_back(broker):
 def test_a_message_held_at_the_front_keeps_no_consumed_ones_in_memory(broker):
     """A consumer that holds the oldest message and never settles it does not make the broker keep every
     message consumed after it: 40,000 1 KB messages through the queue behind it, and its RSS after the
-    last 20,000 is where the first 20,000 left it. The held message stays on the queue, and goes back to it with its consumer."""
+    last 20,000 is where the first 20,000 left it. The held message stays on the queue, and goes back to it
+    with its consumer."""
     from harness import rss
     from ha_harness import receive, send_all
     with Client(broker) as holder:
