@@ -5,8 +5,10 @@ how far behind the backup ran (lag: its receive time minus the primary's enqueue
 confirmed messages never reached a backup that was ready, which reached it twice, which arrived
 out of order, and which dequeues it never applied; per queue, which messages were confirmed while
 fewer than a majority of the cluster held them (at risk) and which a rejoining broker kept aside
-because the new primary never had them (diverged if confirmed as replicated, else kept aside). Only Spark SQL functions are used (no Python
-UDFs), so executors need PySpark alone; the driver collects the small result tables.
+because the new primary never had them (diverged if confirmed as replicated, else kept aside). Each problem of
+one message is judged on the events of the messages facts.py cannot prove sound, a few on a healthy cluster.
+Only Spark SQL functions are used (no Python UDFs), so executors need PySpark alone; the driver collects the
+small result tables.
 
 The command (session, paths, outputs, exit code) is lag_command.py's.
 """
@@ -22,7 +24,7 @@ from pyspark.sql import Column, DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 from pyspark.sql.types import TimestampType
 
-from haqueue.audit import measures, schema
+from haqueue.audit import facts, measures, schema
 from haqueue.audit.sources import EventInput, read_events, read_ledgers, tune_for, unusable, usable
 from haqueue.audit.storage import uri
 
@@ -91,17 +93,18 @@ def _total(table: pd.DataFrame, column: str) -> int:
 # ---- the analysis ------------------------------------------------------------------------------
 
 def analyse(spark: SparkSession, directory: str, since: int | None = None, until: int | None = None,
-            ledgers: Sequence[str] = (), bound: timedelta = measures.DEFAULT_BOUND) -> Audit:
+            ledgers: Sequence[str] = (), bound: timedelta = measures.DEFAULT_BOUND, prove: bool = True) -> Audit:
     """The whole audit of the events under `directory` (a path or a URI, storage.py), the session sized for
     them first (sources.tune_for); since/until (µs) bound the events judged (the ledgers, if any, are judged
-    whole); `bound`: how long after a confirmation a copy may come (measures.absent_copies)."""
+    whole); `bound`: how long after a confirmation a copy may come (measures.absent_copies); prove: False judges
+    every message by every check, not the suspects alone (_analyse)."""
     found = read_events(spark, uri(directory))
     tune_for(spark, found.size)
-    return analyse_input(found, since, until, ledgers, bound)
+    return analyse_input(found, since, until, ledgers, bound, prove)
 
 
 def analyse_input(found: EventInput, since: int | None, until: int | None, ledgers: Sequence[str],
-                  bound: timedelta) -> Audit:
+                  bound: timedelta, prove: bool = True) -> Audit:
     """The audit of the lines read_events found: read once, kept in memory grouped by message (_by_message)."""
     spark = found.lines.sparkSession
     # Every large frame below is partitioned by message (uid, seq): a join on more keys (a message on one backup
@@ -113,7 +116,7 @@ def analyse_input(found: EventInput, since: int | None, until: int | None, ledge
     lines = _by_message(found.lines).persist(StorageLevel.MEMORY_AND_DISK)
     try:
         events = measures.timed(usable(lines)).withColumn("judged", _window(F.col("t"), since, until))
-        audit = _analyse(events, unusable(lines), bound)
+        audit = _analyse(events, unusable(lines), bound, prove)
         if ledgers:
             entries, bad_entries = read_ledgers(spark, [uri(path) for path in ledgers])
             audit.ledgers, audit.ledger_problems = _ledger_tables(events, entries)
@@ -141,18 +144,40 @@ def _window(t: Column, since: int | None, until: int | None) -> Column:
     return judged
 
 
-def _analyse(ev: DataFrame, bad: DataFrame, bound: timedelta) -> Audit:
+@dataclass(frozen=True)
+class _Kinds:
+    """An event frame's events by kind, as the checks take them."""
+
+    primary_side: DataFrame  # what primaries (and standalone brokers) logged
+    enqueues: DataFrame
+    completes: DataFrame  # confirmations of replicated messages: one kept off the backups needs no copy anywhere
+    dequeues: DataFrame  # on a primary
+    replicas: DataFrame  # copies received, the receiving broker as `backup`
+    mirrored: DataFrame  # dequeues a backup applied: uid, seq, backup, run
+    aside: DataFrame  # messages kept aside at a rejoin (judged), the broker as `backup`
+
+    @classmethod
+    def of(cls, ev: DataFrame) -> _Kinds:
+        primary_side = ev.filter(F.col("role") != schema.BACKUP)
+        return cls(
+            primary_side=primary_side,
+            enqueues=primary_side.filter(F.col("event") == schema.ENQUEUE),
+            completes=primary_side.filter((F.col("event") == schema.COMPLETE)
+                                          & F.coalesce(F.col("replicated"), F.lit(True))),
+            dequeues=primary_side.filter(F.col("event") == schema.DEQUEUE),
+            replicas=ev.filter(F.col("event") == schema.REPLICATE).withColumnRenamed("broker", "backup"),
+            mirrored=(ev.filter((F.col("event") == schema.DEQUEUE) & (F.col("role") == schema.BACKUP))
+                      .select("uid", "seq", F.col("broker").alias("backup"), "run")),
+            aside=ev.filter((F.col("event") == schema.DIVERGED) & F.col("judged")).withColumnRenamed("broker",
+                                                                                                     "backup"))
+
+
+def _analyse(ev: DataFrame, bad: DataFrame, bound: timedelta, prove: bool = True) -> Audit:
+    """The audit of the events `ev`; prove: judge per message only the suspects (facts.py), else every message
+    (the same answers, slower: what tests compare the suspects' answers with)."""
     spark = ev.sparkSession
-    primary_side = ev.filter(F.col("role") != schema.BACKUP)
-    enqueues = primary_side.filter(F.col("event") == schema.ENQUEUE)
-    # Confirmations of replicated messages: one kept off the backups (`replicated` false) needs no copy anywhere.
-    completes = primary_side.filter((F.col("event") == schema.COMPLETE) & F.coalesce(F.col("replicated"), F.lit(True)))
-    dequeues = primary_side.filter(F.col("event") == schema.DEQUEUE)
-    replicas = (ev.filter(F.col("event") == schema.REPLICATE)
-                .withColumnRenamed("broker", "backup"))
-    mirrored = (ev.filter((F.col("event") == schema.DEQUEUE) & (F.col("role") == schema.BACKUP))
-                .select("uid", "seq", F.col("broker").alias("backup"), "run"))
-    aside = ev.filter((F.col("event") == schema.DIVERGED) & F.col("judged")).withColumnRenamed("broker", "backup")
+    every = _Kinds.of(ev)
+    completes, dequeues, enqueues = every.completes, every.dequeues, every.enqueues
     # Where and when each message was first enqueued (a message keeps its uid and seq everywhere).
     origin = enqueues.groupBy("uid", "seq").agg(F.min("t").alias("t_enq"), F.min("epoch").alias("enq_epoch"))
 
@@ -165,13 +190,22 @@ def _analyse(ev: DataFrame, bad: DataFrame, bound: timedelta) -> Audit:
         summary[summary["cluster_size"].notna()].groupby(["broker", "run"], as_index=False)["cluster_size"].max(),
         "broker STRING, run BIGINT, cluster_size BIGINT")
     marks = ev.filter(F.col("event") == schema.MARK).select("broker", "time").persist()
-    lag = measures.live_lag(replicas.filter(F.col("judged")), enqueues).persist()
+    lag = measures.live_lag(every.replicas.filter(F.col("judged")), enqueues).persist()
     kept = [marks, lag]  # persisted: each is read by several queries
     try:
-        problems = (_problems(completes, dequeues, replicas, mirrored, runs, marks, bound, kept)
-                    .unionByName(_as_problem(_unattested(primary_side, replicas), UNATTESTED, "t", epoch="epoch"))
-                    .unionByName(_as_problem(_at_risk(completes, replicas, sizes), AT_RISK, "t"))
-                    .unionByName(_aside(aside, completes))).persist()
+        judged = every
+        if prove:
+            largest = summary["cluster_size"].max()
+            doubtful = facts.suspects(ev, sorted(summary["broker"].unique()),
+                                      None if pd.isna(largest) else int(largest), bound).persist()
+            suspect_events = facts.events_of(ev, doubtful).persist()
+            kept += [doubtful, suspect_events]
+            judged = _Kinds.of(suspect_events)
+        problems = (_problems(judged, every.replicas, runs, marks, bound, kept)
+                    .unionByName(_as_problem(_unattested(judged.primary_side, judged.replicas), UNATTESTED, "t",
+                                             epoch="epoch"))
+                    .unionByName(_as_problem(_at_risk(judged.completes, judged.replicas, sizes), AT_RISK, "t"))
+                    .unionByName(_aside(judged.aside, judged.completes))).persist()
         kept.append(problems)
         counts: pd.DataFrame = (problems.groupBy("queue", "backup", "problem", "epoch")
                                 .agg(F.sum("weight").alias("n")).toPandas())
@@ -236,16 +270,19 @@ _COUNT_COLUMNS = {MISSING: "missing", UNVERIFIED: "unverified", DUPLICATE: "dupl
 _QUEUE_COUNT_COLUMNS = {UNATTESTED: "unattested", AT_RISK: "at_risk", DIVERGED: "diverged", KEPT_ASIDE: "kept_aside"}
 
 
-def _problems(completes: DataFrame, dequeues: DataFrame, replicas: DataFrame, mirrored: DataFrame,
-              runs: DataFrame, marks: DataFrame, bound: timedelta, kept: list[DataFrame]) -> DataFrame:
-    """The problems found per backup; the frames it persists go to `kept`."""
-    absent = measures.absent_copies(completes.filter(F.col("judged")), replicas, dequeues, bound).persist()
+def _problems(judged: _Kinds, replicas: DataFrame, runs: DataFrame, marks: DataFrame, bound: timedelta,
+              kept: list[DataFrame]) -> DataFrame:
+    """The problems found per backup: of the messages in `judged`, and out of order among all `replicas`; the
+    frames it persists go to `kept`."""
+    absent = measures.absent_copies(judged.completes.filter(F.col("judged")), judged.replicas, judged.dequeues,
+                                    bound).persist()
     kept.append(absent)  # judged twice: missing and unverified
     frames = [_as_problem(measures.missing(absent, marks, bound), MISSING, "t"),
               _as_problem(measures.unverified(absent, marks, bound), UNVERIFIED, "t"),
-              _as_problem(_duplicates(replicas), DUPLICATE, "t", F.col("copies") - 1),
+              _as_problem(_duplicates(judged.replicas), DUPLICATE, "t", F.col("copies") - 1),
               _as_problem(_order_violations(replicas), OUT_OF_ORDER, "t"),
-              _as_problem(_unmirrored(dequeues, replicas, mirrored, runs), NOT_MIRRORED, "t_deq")]
+              _as_problem(_unmirrored(judged.dequeues, judged.replicas, judged.mirrored, runs), NOT_MIRRORED,
+                          "t_deq")]
     union = frames[0]
     for frame in frames[1:]:
         union = union.unionByName(frame)
