@@ -19,6 +19,7 @@ The problems not judged per message (copies out of order: an order across messag
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from datetime import timedelta
 from functools import reduce
 
@@ -27,31 +28,78 @@ from pyspark.sql import functions as F
 
 from haqueue.audit import measures, schema
 
-# Brokers get columns of their own in the aggregation: beyond this many, every message is a suspect (its
-# checks are exact all the same, only slower).
+# Brokers get columns of their own in the aggregation: lag.py judges every message by the checks beyond this many.
 MAX_BROKERS = 16
 # Suspects at most this many are handed to every executor (a broadcast) to pick their events out; more are
 # joined with the events as any two large frames (a message per row either way).
 BROADCAST_SUSPECTS = 1_000_000
 
 
-def suspects(ev: DataFrame, brokers: Sequence[str], largest_cluster: int | None,
-             bound: timedelta = measures.DEFAULT_BOUND) -> DataFrame:
-    """(uid, seq) of every message the facts of its events cannot prove sound (`_sound`). ev: the events
-    (lag.py's, with `judged`); brokers: every broker that logged an event; largest_cluster: the largest
-    cluster size any broker's marks give (None: no marks give one); bound: as measures.absent_copies'."""
+@dataclass(frozen=True)
+class Proof:
+    """The facts of every message (`_facts`, one row per uid, seq and queue, and whether they prove it sound), the
+    suspects among them, and what the audit's figures take from the sound ones: what lag.py would get from joining
+    their events, read off their facts instead. Both frames are persisted: `unpersist` when done."""
+
+    facts: DataFrame
+    suspects: DataFrame  # (uid, seq)
+    brokers: Sequence[str]
+
+    def events(self, ev: DataFrame) -> DataFrame:
+        """The suspects' events in `ev`."""
+        return ev.join(self._few(self.suspects), ["uid", "seq"], "left_semi")
+
+    def sound(self) -> DataFrame:
+        """The facts of the sound messages (a message split over two queue names is a suspect as a whole)."""
+        return self.facts.filter(F.col("sound")).join(self._few(self.suspects), ["uid", "seq"], "left_anti")
+
+    def lags(self) -> DataFrame:
+        """measures.live_lag's rows of the sound messages: one per live copy in the window judged, its lag from
+        the one enqueue logged (if within LAG_HORIZON before the copy to CLOCK_SKEW after it), else from the
+        enqueue time the copy carried."""
+        micros = timedelta(microseconds=1)
+        copies = F.inline(F.array(*(F.struct(F.lit(name).alias("backup"), F.col(f"copy_lo_{i}").alias("t"),
+                                             F.col(f"live_{i}").alias("live"), F.col(f"carried_{i}").alias("carried"))
+                                    for i, name in enumerate(self.brokers))))
+        within = ((F.col("enqueue_t") >= F.col("t") - measures.LAG_HORIZON // micros)
+                  & (F.col("enqueue_t") <= F.col("t") + measures.CLOCK_SKEW // micros))
+        enqueued = F.when(within, F.col("enqueue_t")).when(F.col("carried") > 0, F.col("carried"))
+        return (self.sound().select("queue", "enqueue_t", copies).filter(F.col("live") == 1)
+                .select("queue", "backup", F.timestamp_micros("t").alias("time"), "t",
+                        (F.col("t") - enqueued).alias("lag_us")))
+
+    def completions(self) -> DataFrame:
+        """(queue, completion_us) of the sound messages' confirmations in the window judged: from the first enqueue."""
+        return (self.sound().filter(F.col("confirmed_judged") == 1)
+                .select("queue", (F.col("confirmed_t") - F.col("enqueue_t")).alias("completion_us")))
+
+    def inherited(self) -> DataFrame:
+        """(epoch, broker) of the sound messages' dequeues in the window judged that a primary of a later epoch than
+        the message's first enqueue did."""
+        broker = F.coalesce(*(F.when(F.col(f"dequeued_{i}") == 1, F.lit(name)) for i, name in enumerate(self.brokers)))
+        return (self.sound().filter((F.col("dequeued_judged") == 1) & (F.col("enqueue_epoch") < F.col("dequeue_epoch")))
+                .select(F.col("dequeue_epoch").alias("epoch"), broker.alias("broker")))
+
+    def unpersist(self) -> None:
+        self.facts.unpersist()
+        self.suspects.unpersist()
+
+    def _few(self, suspects: DataFrame) -> DataFrame:
+        return F.broadcast(suspects) if suspects.count() <= BROADCAST_SUSPECTS else suspects
+
+
+def prove(ev: DataFrame, brokers: Sequence[str], largest_cluster: int | None,
+          bound: timedelta = measures.DEFAULT_BOUND) -> Proof:
+    """The facts of the messages in `ev` (lag.py's events, with `judged`), and the suspects: the messages their
+    facts cannot prove sound (`_sound`). brokers: every broker that logged an event, at most MAX_BROKERS;
+    largest_cluster: the largest cluster size any broker's marks give (None: no marks give one); bound: as
+    measures.absent_copies'."""
     messages = ev.filter(F.col("uid").isNotNull() & F.col("seq").isNotNull())
-    if len(brokers) > MAX_BROKERS:
-        return messages.select("uid", "seq").distinct()
-    facts = messages.groupBy("uid", "seq").agg(*_facts(brokers))
-    return facts.filter(~F.coalesce(_sound(len(brokers), largest_cluster, bound), F.lit(False))).select("uid", "seq")
-
-
-def events_of(ev: DataFrame, chosen: DataFrame) -> DataFrame:
-    """The events of the messages (uid, seq) in `chosen` (persisted: it is counted first)."""
-    if chosen.count() <= BROADCAST_SUSPECTS:
-        chosen = F.broadcast(chosen)
-    return ev.join(chosen, ["uid", "seq"], "left_semi")
+    facts = (messages.groupBy("uid", "seq", "queue").agg(*_facts(brokers))
+             .withColumn("sound", F.coalesce(_sound(len(brokers), largest_cluster, bound), F.lit(False)))
+             .persist())
+    suspects = facts.filter(~F.col("sound")).select("uid", "seq").distinct().persist()
+    return Proof(facts, suspects, brokers)
 
 
 def _count(condition: Column) -> Column:
@@ -67,27 +115,37 @@ def _most(condition: Column, column: str) -> Column:
 
 
 def _facts(brokers: Sequence[str]) -> list[Column]:
-    """Per message: how many enqueues and confirmations its primaries logged (`attested`), how many
-    confirmations of a replicated message (`confirmed`), their time and how many backups the confirmation
-    names, how many dequeues the primaries logged and kept asides any broker did; per broker i (brokers[i]):
-    its copies (`copies_i`, their first and last time), the dequeues it applied as a backup (`mirrored_i`),
-    the first and last run of those two kinds (`run_lo_i`, `run_hi_i`), the dequeues it did as a primary
-    (`dequeued_i`) and the confirmations naming it (`named_i`). Numbers only: the aggregation keeps them in a
-    hash map of fixed-width rows (strings or arrays would make it sort every event by message first)."""
+    """Per message: how many enqueues and confirmations its primaries logged (`attested`), its enqueues (the
+    first one's time and epoch), its confirmations of a replicated message (`confirmed`: the first one's time,
+    how many backups it names, how many in the window judged), its dequeues on a primary (the first one's
+    epoch, how many judged) and how many brokers kept it aside; per broker i (brokers[i]): its copies (`copies_i`,
+    their first and last time, how many live and judged, the enqueue time they carried), the dequeues it applied
+    as a backup (`mirrored_i`), the first and last run of those two kinds (`run_lo_i`, `run_hi_i`), the dequeues
+    it did as a primary (`dequeued_i`) and the confirmations naming it (`named_i`). Numbers only: the aggregation
+    keeps them in a hash map of fixed-width rows (strings or arrays would make it sort every event by message
+    first)."""
     event, role, broker = F.col("event"), F.col("role"), F.col("broker")
     primary_side = role != schema.BACKUP
     confirmed = primary_side & (event == schema.COMPLETE) & F.coalesce(F.col("replicated"), F.lit(True))
     dequeued = primary_side & (event == schema.DEQUEUE)
     copy = event == schema.REPLICATE
     mirrored = (event == schema.DEQUEUE) & (role == schema.BACKUP)
+    judged = F.col("judged")
+    enqueued = primary_side & (event == schema.ENQUEUE)
     facts = [_count(primary_side & event.isin(schema.ENQUEUE, schema.COMPLETE)).alias("attested"),
+             _count(enqueued).alias("enqueues"), _least(enqueued, "t").alias("enqueue_t"),
+             _least(enqueued, "epoch").alias("enqueue_epoch"),
              _count(confirmed).alias("confirmed"), _least(confirmed, "t").alias("confirmed_t"),
+             _count(confirmed & judged).alias("confirmed_judged"),
              F.max(F.when(confirmed, F.size("backups"))).alias("named"),
-             _count(dequeued).alias("dequeued"), _count(event == schema.DIVERGED).alias("aside")]
+             _count(dequeued).alias("dequeued"), _count(dequeued & judged).alias("dequeued_judged"),
+             _least(dequeued, "epoch").alias("dequeue_epoch"), _count(event == schema.DIVERGED).alias("aside")]
     for i, name in enumerate(brokers):
         on = broker == name
         facts += [_count(copy & on).alias(f"copies_{i}"), _least(copy & on, "t").alias(f"copy_lo_{i}"),
                   _most(copy & on, "t").alias(f"copy_hi_{i}"), _count(mirrored & on).alias(f"mirrored_{i}"),
+                  _count(copy & on & judged & (F.col("mode") == schema.LIVE)).alias(f"live_{i}"),
+                  _most(copy & on, "enqueued").alias(f"carried_{i}"),
                   _least((copy | mirrored) & on, "run").alias(f"run_lo_{i}"),
                   _most((copy | mirrored) & on, "run").alias(f"run_hi_{i}"),
                   _count(dequeued & on).alias(f"dequeued_{i}"),
@@ -100,8 +158,9 @@ def _sound(brokers: int, largest_cluster: int | None, bound: timedelta) -> Colum
     c = F.col
     micros = timedelta(microseconds=1)
     one_confirmation = c("confirmed") == 1
-    # Unattested: a primary logged its enqueue or confirmation. Kept aside: no broker set it aside.
-    sound = (c("attested") >= 1) & (c("aside") == 0)
+    # Unattested: a primary logged its enqueue or confirmation. Kept aside: no broker set it aside. One enqueue:
+    # the lag of each copy and the confirmation's latency are measured from it (Proof).
+    sound = (c("attested") >= 1) & (c("aside") == 0) & (c("enqueues") == 1)
     # At risk: the confirmation names enough backups for a majority of the largest cluster any mark gives, so
     # of its own primary's (a run no mark gives a size is not judged).
     if largest_cluster is not None:

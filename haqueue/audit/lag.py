@@ -177,10 +177,6 @@ def _analyse(ev: DataFrame, bad: DataFrame, bound: timedelta, prove: bool = True
     (the same answers, slower: what tests compare the suspects' answers with)."""
     spark = ev.sparkSession
     every = _Kinds.of(ev)
-    completes, dequeues, enqueues = every.completes, every.dequeues, every.enqueues
-    # Where and when each message was first enqueued (a message keeps its uid and seq everywhere).
-    origin = enqueues.groupBy("uid", "seq").agg(F.min("t").alias("t_enq"), F.min("epoch").alias("enq_epoch"))
-
     summary = _summary(ev)  # the counts, runs and sizes the tables need, from one pass over the events
     totals = _totals(summary)
     runs = spark.createDataFrame(
@@ -190,17 +186,30 @@ def _analyse(ev: DataFrame, bad: DataFrame, bound: timedelta, prove: bool = True
         summary[summary["cluster_size"].notna()].groupby(["broker", "run"], as_index=False)["cluster_size"].max(),
         "broker STRING, run BIGINT, cluster_size BIGINT")
     marks = ev.filter(F.col("event") == schema.MARK).select("broker", "time").persist()
-    lag = measures.live_lag(every.replicas.filter(F.col("judged")), enqueues).persist()
-    kept = [marks, lag]  # persisted: each is read by several queries
+    kept = [marks]  # persisted: each is read by several queries
     try:
-        judged = every
-        if prove:
+        # The messages judged by the checks: the suspects, else every one.
+        judged, proof = every, None
+        brokers = sorted(summary["broker"].unique())
+        if prove and len(brokers) <= facts.MAX_BROKERS:
             largest = summary["cluster_size"].max()
-            doubtful = facts.suspects(ev, sorted(summary["broker"].unique()),
-                                      None if pd.isna(largest) else int(largest), bound).persist()
-            suspect_events = facts.events_of(ev, doubtful).persist()
-            kept += [doubtful, suspect_events]
+            proof = facts.prove(ev, brokers, None if pd.isna(largest) else int(largest), bound)
+            suspect_events = proof.events(ev).persist()
+            kept.append(suspect_events)
             judged = _Kinds.of(suspect_events)
+        # Where and when each judged message was first enqueued (a message keeps its uid and seq everywhere).
+        origin = judged.enqueues.groupBy("uid", "seq").agg(F.min("t").alias("t_enq"),
+                                                           F.min("epoch").alias("enq_epoch"))
+        lag = measures.live_lag(judged.replicas.filter(F.col("judged")), judged.enqueues)
+        completions = (judged.completes.filter(F.col("judged")).join(origin, ["uid", "seq"])
+                       .select("queue", (F.col("t") - F.col("t_enq")).alias("completion_us")))
+        inherited = (judged.dequeues.filter(F.col("judged")).join(origin, ["uid", "seq"])
+                     .filter(F.col("enq_epoch") < F.col("epoch")).select("epoch", "broker"))
+        if proof is not None:
+            lag, completions, inherited = (lag.unionByName(proof.lags()), completions.unionByName(proof.completions()),
+                                           inherited.unionByName(proof.inherited()))
+        lag = lag.persist()
+        kept.append(lag)
         problems = (_problems(judged, every.replicas, runs, marks, bound, kept)
                     .unionByName(_as_problem(_unattested(judged.primary_side, judged.replicas), UNATTESTED, "t",
                                              epoch="epoch"))
@@ -215,15 +224,16 @@ def _analyse(ev: DataFrame, bad: DataFrame, bound: timedelta, prove: bool = True
         backups = _backup_table(summary, lag, _pivot(counts, ["queue", "backup"], _COUNT_COLUMNS))
         bad_input = _bad_table(bad)
         totals["bad_lines"] = int(bad_input["lines"].sum())
-        queues = _queue_table(summary, completes, origin, backups,
-                              _pivot(counts, ["queue"], _QUEUE_COUNT_COLUMNS))
+        queues = _queue_table(summary, completions, backups, _pivot(counts, ["queue"], _QUEUE_COUNT_COLUMNS))
         unattested = counts[counts["problem"] == UNATTESTED].groupby("epoch", as_index=False)["n"].sum()
-        epochs = _epochs(summary, dequeues, origin, unattested.astype("int64").rename(columns={"n": "unattested"}))
+        epochs = _epochs(summary, inherited, unattested.astype("int64").rename(columns={"n": "unattested"}))
         return Audit(totals=totals, queues=queues, backups=backups, epochs=epochs, timeline=_timeline(lag, totals),
                      problems=detail, bad_input=bad_input, shards=_shard_table(summary, lag, backups))
     finally:
         for frame in kept:
             frame.unpersist()
+        if proof is not None:
+            proof.unpersist()
 
 
 # The columns of the summary (_summary): one row per distinct value of the keys, its events counted.
@@ -401,13 +411,12 @@ def _backup_table(summary: pd.DataFrame, lag: DataFrame, counts: pd.DataFrame) -
     return result[columns].sort_values(["queue", "backup"], ignore_index=True)
 
 
-def _queue_table(summary: pd.DataFrame, completes: DataFrame, origin: DataFrame,
-                 backups: pd.DataFrame, queue_counts: pd.DataFrame) -> pd.DataFrame:
+def _queue_table(summary: pd.DataFrame, completions: DataFrame, backups: pd.DataFrame,
+                 queue_counts: pd.DataFrame) -> pd.DataFrame:
+    """completions: (queue, completion_us) of each judged confirmation, from its message's first enqueue."""
     logged = _judged_primary_side(summary)
     counts = _event_counts(logged[logged["queue"].notna()], ["queue"])
-    latency = (completes.filter(F.col("judged")).join(origin, ["uid", "seq"])
-               .withColumn("completion_us", F.col("t") - F.col("t_enq"))
-               .groupBy("queue").agg(*measures.percentiles("completion_us", "completion")))
+    latency = completions.groupBy("queue").agg(*measures.percentiles("completion_us", "completion"))
     result = counts.merge(latency.toPandas(), on="queue", how="left")
     sums = backups.groupby("queue")[list(_COUNT_COLUMNS.values())].sum()
     result = result.merge(sums, left_on="queue", right_index=True, how="outer")
@@ -448,20 +457,19 @@ def _shard_table(summary: pd.DataFrame, lag: DataFrame, backups: pd.DataFrame) -
     return result.sort_values("shard", ignore_index=True)
 
 
-def _epochs(summary: pd.DataFrame, dequeues: DataFrame, origin: DataFrame, unattested: pd.DataFrame) -> pd.DataFrame:
+def _epochs(summary: pd.DataFrame, inherited: DataFrame, unattested: pd.DataFrame) -> pd.DataFrame:
     """Each epoch's primary, how many messages it took over from earlier epochs and consumed, and how
     many its backups hold that its log does not record (an epoch whose primary left no event at all
-    shows with no primary)."""
+    shows with no primary). inherited: (epoch, broker) of each judged dequeue of a message first enqueued
+    in an earlier epoch."""
     logged = _judged_primary_side(summary)
     spans = logged.groupby(["epoch", "broker"], as_index=False).agg(first_event=("first", "min"),
                                                                      last_event=("last", "max"))
     table = spans.merge(_event_counts(logged, ["epoch", "broker"]), on=["epoch", "broker"])
     for column in ("first_event", "last_event"):
         table[column] = pd.to_datetime(table[column], unit="us")
-    inherited = (dequeues.filter(F.col("judged")).join(origin, ["uid", "seq"])
-                 .filter(F.col("enq_epoch") < F.col("epoch"))
-                 .groupBy("epoch", "broker").agg(F.count("*").alias("inherited_dequeued")).toPandas())
-    result = (table.merge(inherited, on=["epoch", "broker"], how="left").fillna({"inherited_dequeued": 0})
+    counted = inherited.groupBy("epoch", "broker").agg(F.count("*").alias("inherited_dequeued")).toPandas()
+    result = (table.merge(counted, on=["epoch", "broker"], how="left").fillna({"inherited_dequeued": 0})
               .rename(columns={"broker": "primary"}))
     result = result.merge(unattested, on="epoch", how="outer")
     numbers = ["enqueued", "completed", "dequeued", "inherited_dequeued", "unattested"]

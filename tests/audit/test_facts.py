@@ -19,7 +19,9 @@ FATES = ["healthy"] * 12 + [
     "no copy on b2", "copy twice on b1", "copy late on b2", "copy long before", "b2 dequeue not applied",
     "b2 restarted before its dequeue", "primary log lost it", "names an unknown backup", "names no backup",
     "names no backup, no copies", "confirmed twice", "dequeued twice", "kept aside on b2", "kept off the backups",
-    "names b1 twice", "not dequeued", "enqueued twice", "dequeued before confirmed"]
+    "names b1 twice", "not dequeued", "enqueued twice", "dequeued before confirmed",
+    # no problem, but measured otherwise: lag from the time the copy carried (or none), a dequeue inherited
+    "copy 5 s after its enqueue", "copy 5 s after, carried nothing", "dequeued by the next primary"]
 
 
 def mixed_set(seed: int) -> tuple[EventLog, set[int]]:
@@ -53,6 +55,8 @@ def mixed_set(seed: int) -> tuple[EventLog, set[int]]:
             if fate == "enqueued twice":
                 primary(schema.ENQUEUE, t + 100)
         copies = {"b1": t + 300, "b2": t + 400}
+        if fate.startswith("copy 5 s after"):
+            copies["b1"] = t + 5 * SECOND + MS
         if fate == "copy late on b2":
             copies["b2"] = t + 6 * SECOND
         if fate == "copy long before":
@@ -64,7 +68,8 @@ def mixed_set(seed: int) -> tuple[EventLog, set[int]]:
         for broker, at in copies.items():
             run = b1 if broker == "b1" else b2
             for _ in range(2 if fate == "copy twice on b1" and broker == "b1" else 1):
-                backup(broker, run, schema.REPLICATE, at, mode=schema.LIVE, enqueued=t)
+                backup(broker, run, schema.REPLICATE, at, mode=schema.LIVE,
+                       enqueued=0 if fate.endswith("carried nothing") else t)
         named = {"names an unknown backup": ["b1", "b2", "b9"], "names no backup": [],
                  "names no backup, no copies": [], "names b1 twice": ["b1", "b1"]}.get(fate, ["b1", "b2"])
         if fate != "primary log lost it":
@@ -74,9 +79,12 @@ def mixed_set(seed: int) -> tuple[EventLog, set[int]]:
         if fate == "not dequeued":
             continue
         dequeued = t + (MS if fate == "dequeued before confirmed" else 5 * MS)
-        for _ in range(2 if fate == "dequeued twice" else 1):
-            primary(schema.DEQUEUE, dequeued)
-        backup("b1", b1, schema.DEQUEUE, dequeued + 200)
+        if fate == "dequeued by the next primary":
+            log.message("b1", b1, schema.DEQUEUE, dequeued, schema.PRIMARY, 2, seq)
+        else:
+            for _ in range(2 if fate == "dequeued twice" else 1):
+                primary(schema.DEQUEUE, dequeued)
+            backup("b1", b1, schema.DEQUEUE, dequeued + 200)
         if fate == "b2 restarted before its dequeue":
             backup("b2", b2_again, schema.DEQUEUE, dequeued + 200)
         elif fate != "b2 dequeue not applied" and "b2" in copies:
@@ -86,22 +94,23 @@ def mixed_set(seed: int) -> tuple[EventLog, set[int]]:
     return log, healthy
 
 
-def assert_same_audits(spark, events: str) -> pd.DataFrame:
-    """Audits `events` judging suspects alone and every message; the problems found."""
+def assert_same_audits(spark, events: str) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Audits `events` judging suspects alone and every message; the problems found and the epochs."""
     from haqueue.audit import lag
 
     proven, judged = lag.analyse(spark, events), lag.analyse(spark, events, prove=False)
     assert proven.totals == judged.totals
     for name, table in judged.tables.items():
         pd.testing.assert_frame_equal(proven.tables[name], table, check_dtype=False, obj=name)
-    return judged.problems
+    return judged.problems, judged.epochs
 
 
 def test_every_kind_of_problem_is_found_as_when_every_message_is_judged(spark, tmp_path):
     from haqueue.audit import lag
 
     log, _ = mixed_set(29)
-    problems = assert_same_audits(spark, str(log.write(tmp_path / "events")))
+    problems, epochs = assert_same_audits(spark, str(log.write(tmp_path / "events")))
+    assert epochs["inherited_dequeued"].sum() > 0
     assert set(problems["problem"]) == {lag.MISSING, lag.UNVERIFIED, lag.DUPLICATE, lag.NOT_MIRRORED,
                                         lag.UNATTESTED, lag.AT_RISK, lag.DIVERGED}
 
@@ -112,12 +121,16 @@ def test_the_scenarios_audit_as_when_every_message_is_judged(spark, tmp_path):
 
 
 def test_healthy_messages_never_reach_the_checks_and_every_message_with_a_problem_does(spark, tmp_path):
+    from pyspark.sql import functions as F
+
     from haqueue.audit import facts, lag, measures
     from haqueue.audit.sources import read_events, usable
 
     log, healthy = mixed_set(29)
     events = str(log.write(tmp_path / "events"))
-    ev = measures.timed(usable(read_events(spark, events).lines))
-    doubtful = {row.seq for row in facts.suspects(ev, ["b0", "b1", "b2"], 3).collect()}
+    ev = measures.timed(usable(read_events(spark, events).lines)).withColumn("judged", F.lit(True))
+    proof = facts.prove(ev, ["b0", "b1", "b2"], 3)
+    doubtful = {row.seq for row in proof.suspects.collect()}
+    proof.unpersist()
     assert len(healthy) > MESSAGES // 4 and not doubtful & healthy
     assert set(lag.analyse(spark, events, prove=False).problems["seq"]) <= doubtful
