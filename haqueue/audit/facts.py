@@ -58,7 +58,7 @@ class Proof:
         the one enqueue logged (if within LAG_HORIZON before the copy to CLOCK_SKEW after it), else from the
         enqueue time the copy carried."""
         micros = timedelta(microseconds=1)
-        copies = F.inline(F.array(*(F.struct(F.lit(name).alias("backup"), F.col(f"copy_lo_{i}").alias("t"),
+        copies = F.inline(F.array(*(F.struct(F.lit(name).alias("backup"), F.col(f"copy_t_{i}").alias("t"),
                                              F.col(f"live_{i}").alias("live"), F.col(f"carried_{i}").alias("carried"))
                                     for i, name in enumerate(self.brokers))))
         within = ((F.col("enqueue_t") >= F.col("t") - measures.LAG_HORIZON // micros)
@@ -76,7 +76,7 @@ class Proof:
     def inherited(self) -> DataFrame:
         """(epoch, broker) of the sound messages' dequeues in the window judged that a primary of a later epoch than
         the message's first enqueue did."""
-        broker = F.coalesce(*(F.when(F.col(f"dequeued_{i}") == 1, F.lit(name)) for i, name in enumerate(self.brokers)))
+        broker = F.element_at(F.array(*map(F.lit, self.brokers)), F.col("dequeuer").cast("int") + 1)
         return (self.sound().filter((F.col("dequeued_judged") == 1) & (F.col("enqueue_epoch") < F.col("dequeue_epoch")))
                 .select(F.col("dequeue_epoch").alias("epoch"), broker.alias("broker")))
 
@@ -95,7 +95,7 @@ def prove(ev: DataFrame, brokers: Sequence[str], largest_cluster: int | None,
     largest_cluster: the largest cluster size any broker's marks give (None: no marks give one); bound: as
     measures.absent_copies'."""
     messages = ev.filter(F.col("uid").isNotNull() & F.col("seq").isNotNull())
-    facts = (messages.groupBy("uid", "seq", "queue").agg(*_facts(brokers))
+    facts = (_coded(messages, brokers).groupBy("uid", "seq", "queue").agg(*_facts(brokers))
              .withColumn("sound", F.coalesce(_sound(len(brokers), largest_cluster, bound), F.lit(False)))
              .persist())
     suspects = facts.filter(~F.col("sound")).select("uid", "seq").distinct().persist()
@@ -114,42 +114,56 @@ def _most(condition: Column, column: str) -> Column:
     return F.max(F.when(condition, F.col(column)))
 
 
+# Each event's kind as _coded gives it: what a message's facts count, told apart by one number.
+ENQUEUED, CONFIRMED, KEPT_LOCAL, DEQUEUED, COPY, MIRRORED, ASIDE = range(1, 8)
+
+
+def _coded(messages: DataFrame, brokers: Sequence[str]) -> DataFrame:
+    """The events as numbers the aggregation compares cheaply: `kind` (ENQUEUED... on a primary's side, COPY and
+    MIRRORED on a backup's, ASIDE anywhere), `b` the broker's index in `brokers`, `mask` the backups a
+    confirmation names (bit i: brokers[i]), and what the facts keep of each."""
+    event, primary_side = F.col("event"), F.col("role") != schema.BACKUP
+    replicated = F.coalesce(F.col("replicated"), F.lit(True))
+    kind = (F.when(primary_side & (event == schema.ENQUEUE), ENQUEUED)
+            .when(primary_side & (event == schema.COMPLETE), F.when(replicated, CONFIRMED).otherwise(KEPT_LOCAL))
+            .when(event == schema.DEQUEUE, F.when(primary_side, DEQUEUED).otherwise(MIRRORED))
+            .when(event == schema.REPLICATE, COPY).when(event == schema.DIVERGED, ASIDE).otherwise(0))
+    named = reduce(Column.bitwiseOR, (F.when(F.array_contains("backups", name), 1 << i).otherwise(0)
+                                        for i, name in enumerate(brokers)), F.lit(0))
+    return messages.select("uid", "seq", "queue", "t", "epoch", "run", "enqueued", "judged", kind.alias("kind"),
+                           (F.array_position(F.array(*map(F.lit, brokers)), F.col("broker")) - 1).alias("b"),
+                           F.when(event == schema.COMPLETE, named).alias("mask"),
+                           F.when(event == schema.COMPLETE, F.size("backups")).alias("named"),
+                           (F.col("mode") == schema.LIVE).alias("live"))
+
+
 def _facts(brokers: Sequence[str]) -> list[Column]:
-    """Per message: how many enqueues and confirmations its primaries logged (`attested`), its enqueues (the
-    first one's time and epoch), its confirmations of a replicated message (`confirmed`: the first one's time,
-    how many backups it names, how many in the window judged), its dequeues on a primary (the first one's
-    epoch, how many judged) and how many brokers kept it aside; per broker i (brokers[i]): its copies (`copies_i`,
-    their first and last time, how many live and judged, the enqueue time they carried), the dequeues it applied
-    as a backup (`mirrored_i`), the first and last run of those two kinds (`run_lo_i`, `run_hi_i`), the dequeues
-    it did as a primary (`dequeued_i`) and the confirmations naming it (`named_i`). Numbers only: the aggregation
-    keeps them in a hash map of fixed-width rows (strings or arrays would make it sort every event by message
-    first)."""
-    event, role, broker = F.col("event"), F.col("role"), F.col("broker")
-    primary_side = role != schema.BACKUP
-    confirmed = primary_side & (event == schema.COMPLETE) & F.coalesce(F.col("replicated"), F.lit(True))
-    dequeued = primary_side & (event == schema.DEQUEUE)
-    copy = event == schema.REPLICATE
-    mirrored = (event == schema.DEQUEUE) & (role == schema.BACKUP)
-    judged = F.col("judged")
-    enqueued = primary_side & (event == schema.ENQUEUE)
-    facts = [_count(primary_side & event.isin(schema.ENQUEUE, schema.COMPLETE)).alias("attested"),
-             _count(enqueued).alias("enqueues"), _least(enqueued, "t").alias("enqueue_t"),
-             _least(enqueued, "epoch").alias("enqueue_epoch"),
+    """Per message (of _coded events): how many enqueues and confirmations its primaries logged (`attested`), its
+    enqueues (the first one's time and epoch), its confirmations of a replicated message (`confirmed`: the first
+    one's time, how many backups it names and which known ones, how many in the window judged), its dequeues on
+    a primary (the first one's epoch and broker, how many judged) and how many brokers kept it aside; per broker
+    i (brokers[i]): its copies (`copies_i`, the first one's time, how many live and judged, the latest enqueue
+    time they carried), the dequeues it applied as a backup (`mirrored_i`) and the first and last run of those
+    two kinds (`run_lo_i`, `run_hi_i`). Numbers only: the aggregation keeps them in a hash map of fixed-width
+    rows (strings or arrays would make it sort every event by message first)."""
+    kind, b, judged = F.col("kind"), F.col("b"), F.col("judged")
+    confirmed, dequeued = kind == CONFIRMED, kind == DEQUEUED
+    facts = [_count(kind.isin(ENQUEUED, CONFIRMED, KEPT_LOCAL)).alias("attested"),
+             _count(kind == ENQUEUED).alias("enqueues"), _least(kind == ENQUEUED, "t").alias("enqueue_t"),
+             _least(kind == ENQUEUED, "epoch").alias("enqueue_epoch"),
              _count(confirmed).alias("confirmed"), _least(confirmed, "t").alias("confirmed_t"),
-             _count(confirmed & judged).alias("confirmed_judged"),
-             F.max(F.when(confirmed, F.size("backups"))).alias("named"),
+             _count(confirmed & judged).alias("confirmed_judged"), _most(confirmed, "named").alias("named"),
+             _most(confirmed, "mask").alias("mask"),
              _count(dequeued).alias("dequeued"), _count(dequeued & judged).alias("dequeued_judged"),
-             _least(dequeued, "epoch").alias("dequeue_epoch"), _count(event == schema.DIVERGED).alias("aside")]
-    for i, name in enumerate(brokers):
-        on = broker == name
-        facts += [_count(copy & on).alias(f"copies_{i}"), _least(copy & on, "t").alias(f"copy_lo_{i}"),
-                  _most(copy & on, "t").alias(f"copy_hi_{i}"), _count(mirrored & on).alias(f"mirrored_{i}"),
-                  _count(copy & on & judged & (F.col("mode") == schema.LIVE)).alias(f"live_{i}"),
-                  _most(copy & on, "enqueued").alias(f"carried_{i}"),
-                  _least((copy | mirrored) & on, "run").alias(f"run_lo_{i}"),
-                  _most((copy | mirrored) & on, "run").alias(f"run_hi_{i}"),
-                  _count(dequeued & on).alias(f"dequeued_{i}"),
-                  _count(confirmed & F.array_contains("backups", name)).alias(f"named_{i}")]
+             _least(dequeued, "epoch").alias("dequeue_epoch"), _least(dequeued, "b").alias("dequeuer"),
+             _count(kind == ASIDE).alias("aside")]
+    for i in range(len(brokers)):
+        copy, held = (kind == COPY) & (b == i), kind.isin(COPY, MIRRORED) & (b == i)
+        facts += [_count(copy).alias(f"copies_{i}"), _least(copy, "t").alias(f"copy_t_{i}"),
+                  _count(copy & judged & F.col("live")).alias(f"live_{i}"),
+                  _most(copy, "enqueued").alias(f"carried_{i}"),
+                  _count((kind == MIRRORED) & (b == i)).alias(f"mirrored_{i}"),
+                  _least(held, "run").alias(f"run_lo_{i}"), _most(held, "run").alias(f"run_hi_{i}")]
     return facts
 
 
@@ -166,18 +180,16 @@ def _sound(brokers: int, largest_cluster: int | None, bound: timedelta) -> Colum
     if largest_cluster is not None:
         sound = sound & ((c("confirmed") == 0) | (c("named") + 1 >= F.lit(largest_cluster // 2 + 1)))
     # Missing, unverified: one confirmation, each backup it names known here (no name unaccounted for)...
-    sound = sound & ((c("confirmed") == 0) | (one_confirmation & (
-        c("named") == reduce(lambda a, b: a + b, [c(f"named_{i}") for i in range(brokers)], F.lit(0)))))
+    sound = sound & ((c("confirmed") == 0) | (one_confirmation & (c("named") == F.bit_count("mask"))))
     for i in range(brokers):
-        copies, named = c(f"copies_{i}"), c(f"named_{i}")
+        copies, named = c(f"copies_{i}"), c("mask").bitwiseAND(1 << i) != 0
         # Duplicates: each broker received the message at most once.
         sound = sound & (copies <= 1)
         # ...and each holding its one copy from COPY_HORIZON before the confirmation to `bound` after it.
-        sound = sound & ((named == 0) | ((copies == 1) & (
-            c(f"copy_lo_{i}") >= c("confirmed_t") - F.lit(measures.COPY_HORIZON // micros))
-            & (c(f"copy_hi_{i}") <= c("confirmed_t") + F.lit(bound // micros))))
+        sound = sound & ((c("confirmed") == 0) | ~named | ((copies == 1) & c(f"copy_t_{i}").between(
+            c("confirmed_t") - F.lit(measures.COPY_HORIZON // micros), c("confirmed_t") + F.lit(bound // micros))))
         # Dequeues not mirrored: at most one dequeue on a primary, and each broker holding a copy either did it
         # or applied one in the run it received the copy in (all its copies and dequeues in one run).
-        sound = sound & ((c("dequeued") == 0) | (copies == 0) | (c(f"dequeued_{i}") == 1) | (
+        sound = sound & ((c("dequeued") == 0) | (copies == 0) | (c("dequeuer") == i) | (
             (c(f"mirrored_{i}") >= 1) & (c(f"run_lo_{i}") == c(f"run_hi_{i}"))))
     return sound & (c("dequeued") <= 1)
