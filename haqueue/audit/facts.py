@@ -7,7 +7,8 @@ Here one aggregation by message (uid, seq) counts and bounds each kind of event 
 message whose counts and bounds rule out every problem is sound (`_sound`). lag.py runs its exact checks on the
 events of the other messages alone, the suspects: a handful of 10 million on a healthy cluster, every message on
 a broken one. The checks stay the only definition of each problem; this module only decides which messages they
-need to look at.
+need to look at. What the audit measures of a sound message (the lag of each copy, the confirmation's latency,
+a dequeue by a later epoch's primary) is read off its facts (`Proof`), as the joins would find it.
 
 So a mistake here could hide a problem only by calling a message sound that is not. Each condition of `_sound`
 names the problems it rules out, and each is stricter than the check it stands for: a message whose events are
@@ -44,14 +45,15 @@ class Proof:
     facts: DataFrame
     suspects: DataFrame  # (uid, seq)
     brokers: Sequence[str]
+    few: bool  # at most BROADCAST_SUSPECTS suspects
 
     def events(self, ev: DataFrame) -> DataFrame:
         """The suspects' events in `ev`."""
-        return ev.join(self._few(self.suspects), ["uid", "seq"], "left_semi")
+        return ev.join(self._picked(), ["uid", "seq"], "left_semi")
 
     def sound(self) -> DataFrame:
-        """The facts of the sound messages (a message split over two queue names is a suspect as a whole)."""
-        return self.facts.filter(F.col("sound")).join(self._few(self.suspects), ["uid", "seq"], "left_anti")
+        """The facts of the sound messages."""
+        return self.facts.filter(F.col("sound")).join(self._picked(), ["uid", "seq"], "left_anti")
 
     def lags(self) -> DataFrame:
         """measures.live_lag's rows of the sound messages: one per live copy in the window judged, its lag from
@@ -84,8 +86,8 @@ class Proof:
         self.facts.unpersist()
         self.suspects.unpersist()
 
-    def _few(self, suspects: DataFrame) -> DataFrame:
-        return F.broadcast(suspects) if suspects.count() <= BROADCAST_SUSPECTS else suspects
+    def _picked(self) -> DataFrame:
+        return F.broadcast(self.suspects) if self.few else self.suspects
 
 
 def prove(ev: DataFrame, brokers: Sequence[str], largest_cluster: int | None,
@@ -98,8 +100,11 @@ def prove(ev: DataFrame, brokers: Sequence[str], largest_cluster: int | None,
     facts = (_coded(messages, brokers).groupBy("uid", "seq", "queue").agg(*_facts(brokers))
              .withColumn("sound", F.coalesce(_sound(len(brokers), largest_cluster, bound), F.lit(False)))
              .persist())
-    suspects = facts.filter(~F.col("sound")).select("uid", "seq").distinct().persist()
-    return Proof(facts, suspects, brokers)
+    # A message whose events name two queues (a log that contradicts itself) is a suspect as a whole.
+    suspects = (facts.groupBy("uid", "seq").agg(F.min(F.col("sound").cast("int")).alias("sound"),
+                                                F.count("*").alias("queues"))
+                .filter((F.col("sound") == 0) | (F.col("queues") > 1)).select("uid", "seq").persist())
+    return Proof(facts, suspects, brokers, suspects.count() <= BROADCAST_SUSPECTS)
 
 
 def _count(condition: Column) -> Column:

@@ -5,8 +5,9 @@ how far behind the backup ran (lag: its receive time minus the primary's enqueue
 confirmed messages never reached a backup that was ready, which reached it twice, which arrived
 out of order, and which dequeues it never applied; per queue, which messages were confirmed while
 fewer than a majority of the cluster held them (at risk) and which a rejoining broker kept aside
-because the new primary never had them (diverged if confirmed as replicated, else kept aside). Each problem of
-one message is judged on the events of the messages facts.py cannot prove sound, a few on a healthy cluster.
+because the new primary never had them (diverged if confirmed as replicated, else kept aside). The checks of
+one message's events run on the messages facts.py cannot prove sound, a few on a healthy cluster; the
+figures of the sound ones (lag, latency, inherited dequeues) are read off their facts.
 Only Spark SQL functions are used (no Python UDFs), so executors need PySpark alone; the driver collects the
 small result tables.
 
