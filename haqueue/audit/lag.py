@@ -198,17 +198,7 @@ def _analyse(ev: DataFrame, bad: DataFrame, bound: timedelta, prove: bool = True
             suspect_events = proof.events(ev).persist()
             kept.append(suspect_events)
             judged = _Kinds.of(suspect_events)
-        # Where and when each judged message was first enqueued (a message keeps its uid and seq everywhere).
-        origin = judged.enqueues.groupBy("uid", "seq").agg(F.min("t").alias("t_enq"),
-                                                           F.min("epoch").alias("enq_epoch"))
-        lag = measures.live_lag(judged.replicas.filter(F.col("judged")), judged.enqueues)
-        completions = (judged.completes.filter(F.col("judged")).join(origin, ["uid", "seq"])
-                       .select("queue", (F.col("t") - F.col("t_enq")).alias("completion_us")))
-        inherited = (judged.dequeues.filter(F.col("judged")).join(origin, ["uid", "seq"])
-                     .filter(F.col("enq_epoch") < F.col("epoch")).select("epoch", "broker"))
-        if proof is not None:
-            lag, completions, inherited = (lag.unionByName(proof.lags()), completions.unionByName(proof.completions()),
-                                           inherited.unionByName(proof.inherited()))
+        lag, completions, inherited = _measures(judged, proof)
         lag = lag.persist()
         kept.append(lag)
         problems = (_problems(judged, every.replicas, runs, marks, bound, kept)
@@ -235,6 +225,24 @@ def _analyse(ev: DataFrame, bad: DataFrame, bound: timedelta, prove: bool = True
             frame.unpersist()
         if proof is not None:
             proof.unpersist()
+
+
+def _measures(judged: _Kinds, proof: facts.Proof | None) -> tuple[DataFrame, DataFrame, DataFrame]:
+    """(lag, completions, inherited) of every message: measures.live_lag's rows; (queue, completion_us) of each
+    confirmation in the window judged, from its message's first enqueue; (epoch, broker) of each dequeue in the
+    window judged of a message first enqueued in an earlier epoch. By joins for the messages in `judged`, read
+    off the facts for the sound ones of `proof`."""
+    # Where and when each judged message was first enqueued (a message keeps its uid and seq everywhere).
+    origin = judged.enqueues.groupBy("uid", "seq").agg(F.min("t").alias("t_enq"), F.min("epoch").alias("enq_epoch"))
+    lag = measures.live_lag(judged.replicas.filter(F.col("judged")), judged.enqueues)
+    completions = (judged.completes.filter(F.col("judged")).join(origin, ["uid", "seq"])
+                   .select("queue", (F.col("t") - F.col("t_enq")).alias("completion_us")))
+    inherited = (judged.dequeues.filter(F.col("judged")).join(origin, ["uid", "seq"])
+                 .filter(F.col("enq_epoch") < F.col("epoch")).select("epoch", "broker"))
+    if proof is None:
+        return lag, completions, inherited
+    return (lag.unionByName(proof.lags()), completions.unionByName(proof.completions()),
+            inherited.unionByName(proof.inherited()))
 
 
 # The columns of the summary (_summary): one row per distinct value of the keys, its events counted.
