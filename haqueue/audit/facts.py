@@ -78,7 +78,7 @@ class Proof:
     def inherited(self) -> DataFrame:
         """(epoch, broker) of the sound messages' dequeues in the window judged that a primary of a later epoch than
         the message's first enqueue did."""
-        broker = F.element_at(F.array(*map(F.lit, self.brokers)), F.col("dequeuer").cast("int") + 1)
+        broker = F.element_at(_names(self.brokers), F.col("dequeuer").cast("int") + 1)
         return (self.sound().filter((F.col("dequeued_judged") == 1) & (F.col("enqueue_epoch") < F.col("dequeue_epoch")))
                 .select(F.col("dequeue_epoch").alias("epoch"), broker.alias("broker")))
 
@@ -105,6 +105,11 @@ def prove(ev: DataFrame, brokers: Sequence[str], largest_cluster: int | None,
                                                 F.count("*").alias("queues"))
                 .filter((F.col("sound") == 0) | (F.col("queues") > 1)).select("uid", "seq").persist())
     return Proof(facts, suspects, brokers, suspects.count() <= BROADCAST_SUSPECTS)
+
+
+def _names(brokers: Sequence[str]) -> Column:
+    """The brokers' names as an array: position i + 1 is broker index i (_coded's `b`)."""
+    return F.array(*map(F.lit, brokers))
 
 
 def _count(condition: Column) -> Column:
@@ -136,7 +141,7 @@ def _coded(messages: DataFrame, brokers: Sequence[str]) -> DataFrame:
     named = reduce(Column.bitwiseOR, (F.when(F.array_contains("backups", name), 1 << i).otherwise(0)
                                         for i, name in enumerate(brokers)), F.lit(0))
     return messages.select("uid", "seq", "queue", "t", "epoch", "run", "enqueued", "judged", kind.alias("kind"),
-                           (F.array_position(F.array(*map(F.lit, brokers)), F.col("broker")) - 1).alias("b"),
+                           (F.array_position(_names(brokers), F.col("broker")) - 1).alias("b"),
                            F.when(event == schema.COMPLETE, named).alias("mask"),
                            F.when(event == schema.COMPLETE, F.size("backups")).alias("named"),
                            (F.col("mode") == schema.LIVE).alias("live"))
