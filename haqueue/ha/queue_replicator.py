@@ -20,7 +20,7 @@ from ..broker.server import Durability
 from . import protocol
 from .adoption import Giver
 from .quarantine import Quarantine
-from .test_hooks import replica_to_drop
+from .test_hooks import catchup_stop, replica_to_drop, stop_process
 from .transaction_replicator import TransactionReplicator
 
 # The link's first credit; the engine then sizes its window to the transfers' bytes (16 MiB of them, at
@@ -70,6 +70,7 @@ class QueueReplicator(LinkHandler):
         self.catchup_last: deque[int] = deque(maxlen=5)
         self.hooks = backup.replication_hooks
         self.drop_at = replica_to_drop(queue.name)  # 0 unless a test planted a loss (test_hooks.py)
+        self.stop_at = catchup_stop(queue.name)  # 0 unless a test holds the catch-up part way (test_hooks.py)
         have = seq_ranges(queue.live_seqs())  # paged ones included, without reading them back
         address = f"{protocol.QUEUE}/{queue.name}"
         self.link: Link = conn.open_link(False, address, address, self, credit=_FIRST_CREDIT, properties={
@@ -93,6 +94,8 @@ class QueueReplicator(LinkHandler):
             if len(self.catchup_first) < 5:
                 self.catchup_first.append(seq)
             self.catchup_last.append(seq)
+            if self.received[kind] == self.stop_at:
+                stop_process()
         elif kind == protocol.DEQUEUE:
             self.apply_dequeues(protocol.decode_ranges(data))
         elif kind == protocol.DIVERGED:

@@ -8,23 +8,42 @@ HAQUEUE_TEST_DROP_REPLICA=QUEUE:N  As a backup, drop the N-th live message recei
 HAQUEUE_TEST_HOLD_CAUGHT_UP=QUEUE  As a primary, never tell a backup it has caught up on QUEUE: backups
                                    that subscribed to it with messages to catch up stay `catchup`.
 HAQUEUE_TEST_REFUSE_QUEUE=QUEUE    As a primary, refuse every backup's replication link for QUEUE.
+HAQUEUE_TEST_STOP_IN_CATCHUP=QUEUE:N  As a backup, stop its own process (SIGSTOP) on receiving the N-th
+                                   catch-up message for QUEUE: its primary, short of credit, holds the
+                                   rest, so a test sees the catch-up part way until it sends SIGCONT.
 """
 from __future__ import annotations
 
 import logging
 import os
+import signal
 
 log = logging.getLogger("haqueue.ha")
 
 DROP_REPLICA = "HAQUEUE_TEST_DROP_REPLICA"
 HOLD_CAUGHT_UP = "HAQUEUE_TEST_HOLD_CAUGHT_UP"
 REFUSE_QUEUE = "HAQUEUE_TEST_REFUSE_QUEUE"
+STOP_IN_CATCHUP = "HAQUEUE_TEST_STOP_IN_CATCHUP"
+
+
+def _numbered(variable: str, queue: str) -> int:
+    """N of a `QUEUE:N` hook naming `queue`; 0: none."""
+    name, _, number = os.environ.get(variable, "").rpartition(":")
+    return int(number) if name == queue and number.isdigit() else 0
 
 
 def replica_to_drop(queue: str) -> int:
     """The number of the live message to drop on `queue`'s replication link; 0: none."""
-    name, _, number = os.environ.get(DROP_REPLICA, "").rpartition(":")
-    return int(number) if name == queue and number.isdigit() else 0
+    return _numbered(DROP_REPLICA, queue)
+
+
+def catchup_stop(queue: str) -> int:
+    """The number of the catch-up message for `queue` on whose receipt this process stops itself; 0: none."""
+    return _numbered(STOP_IN_CATCHUP, queue)
+
+
+def stop_process() -> None:
+    os.kill(os.getpid(), signal.SIGSTOP)
 
 
 def caught_up_held(queue: str) -> bool:
@@ -47,3 +66,6 @@ def warn_if_set() -> None:
     if REFUSE_QUEUE in os.environ:
         log.warning("TEST HOOK %s=%s is set: as primary, this broker refuses that queue's replication links",
                     REFUSE_QUEUE, os.environ[REFUSE_QUEUE])
+    if STOP_IN_CATCHUP in os.environ:
+        log.warning("TEST HOOK %s=%s is set: as backup, this broker stops its own process part way through a "
+                    "catch-up", STOP_IN_CATCHUP, os.environ[STOP_IN_CATCHUP])

@@ -55,22 +55,22 @@ def _watch(c: HaCluster, b, interval: float) -> subprocess.Popen:
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
 
 
-@pytest.mark.slow
 def test_ha_status_watch_shows_catchup_progress(ha_cluster):
     c = ha_cluster()
     c.start(0, 1)
     p = c[0]
     c.promote(p)
     c.wait_ready(c[1])
-    n = 20000  # of 10 KB: a 200 MB catch-up, which a dozen of the watch's 0.05 s polls see part way here
-    for start in range(0, n, 10000):
-        send_all(c.public, "big", [Message(body="x" * 10000, durable=True) for _ in range(start, start + 10000)],
-                 timeout=60)
+    n = 5000
+    send_all(c.public, "big", [Message(body="x" * 1000, durable=True) for _ in range(n)], timeout=60)
+    # b2 stops itself on its 100th catch-up message (test_hooks.py); the primary, short of its credit, holds the rest
+    c[2].env = {"HAQUEUE_TEST_STOP_IN_CATCHUP": "big:100"}
     watch = _watch(c, p, 0.05)
+    progress = []  # b2's catch-up as each line showed it
     try:
         c.start(2)
+        c.stopped.add(c[2].name)
         deadline = time.monotonic() + 60
-        progress = []  # b2's catch-up as each line showed it
         while time.monotonic() < deadline:
             line = watch.stdout.readline()
             assert line, f"ha status --watch ended: {watch.stderr.read()}"
@@ -78,9 +78,13 @@ def test_ha_status_watch_shows_catchup_progress(ha_cluster):
             if b2 is None:
                 continue
             progress.append((b2["state"], b2["catchup"]["done"], b2["catchup"]["total"]))
+            if b2["state"] == "catchup" and 0 < b2["catchup"]["done"] < n and c[2].name in c.stopped:
+                c.sigcont(c[2])  # seen part way: let it finish
             if b2["state"] == "ready":
                 break
     finally:
+        if c[2].name in c.stopped:
+            c.sigcont(c[2])
         watch.terminate()
         watch.wait(10)
     midway = [(done, total) for state, done, total in progress if state == "catchup" and 0 < done < total]
