@@ -180,12 +180,11 @@ def _analyse(ev: DataFrame, bad: DataFrame, bound: timedelta, prove: bool = True
     every = _Kinds.of(ev)
     summary = _summary(ev)  # the counts, runs and sizes the tables need, from one pass over the events
     totals = _totals(summary)
-    runs = spark.createDataFrame(
-        summary.groupby(["broker", "run"], as_index=False).agg(start=("first", "min"), end=("last", "max")),
-        "broker STRING, run BIGINT, start BIGINT, end BIGINT")
-    sizes = spark.createDataFrame(
-        summary[summary["cluster_size"].notna()].groupby(["broker", "run"], as_index=False)["cluster_size"].max(),
-        "broker STRING, run BIGINT, cluster_size BIGINT")
+    runs = _small(spark, summary.groupby(["broker", "run"], as_index=False).agg(start=("first", "min"),
+                                                                             end=("last", "max")),
+                  "broker STRING, run BIGINT, start BIGINT, end BIGINT")
+    sizes = _small(spark, summary[summary["cluster_size"].notna()].groupby(["broker", "run"], as_index=False)
+                   ["cluster_size"].max(), "broker STRING, run BIGINT, cluster_size BIGINT")
     marks = ev.filter(F.col("event") == schema.MARK).select("broker", "time").persist()
     kept = [marks]  # persisted: each is read by several queries
     try:
@@ -225,6 +224,14 @@ def _analyse(ev: DataFrame, bad: DataFrame, bound: timedelta, prove: bool = True
             frame.unpersist()
         if proof is not None:
             proof.unpersist()
+
+
+def _small(spark: SparkSession, table: pd.DataFrame, ddl: str) -> DataFrame:
+    """A small pandas table as a Spark frame. An empty one is made without rows: from a pandas table, PySpark
+    would start Python workers for it (seconds, where Arrow hands over a non-empty one at once)."""
+    if table.empty:
+        return spark.createDataFrame(spark.sparkContext.emptyRDD(), ddl)
+    return spark.createDataFrame(table, ddl)
 
 
 def _measures(judged: _Kinds, proof: facts.Proof | None) -> tuple[DataFrame, DataFrame, DataFrame]:
@@ -454,7 +461,7 @@ def _shard_table(summary: pd.DataFrame, lag: DataFrame, backups: pd.DataFrame) -
     logged = logged[logged["queue"].notna()]
     logged = _event_counts(logged, ["shard"]).merge(
         logged.groupby("shard", as_index=False)["queue"].nunique().rename(columns={"queue": "queues"}), on="shard")
-    owned = lag.sparkSession.createDataFrame(owners, "backup STRING, shard BIGINT")
+    owned = _small(lag.sparkSession, owners, "backup STRING, shard BIGINT")
     lags = lag.join(F.broadcast(owned), "backup").groupBy("shard").agg(*measures.percentiles("lag_us", "lag"))
     served = backups.merge(owners, on="backup").groupby("shard")
     counts = (served[["received", *_COUNT_COLUMNS.values()]].sum()
