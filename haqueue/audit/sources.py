@@ -21,8 +21,8 @@ from haqueue.audit.storage import local_path
 # a few hundred events took 26 s in a fresh JVM with 8 partitions and it, 17.5 s without (issue 27's trims).
 BYTES_PER_PARTITION = 64 << 20
 # The JVMs' garbage collector when this process starts them: the throughput collector, for a batch job. G1's
-# concurrent threads and write barriers took their share of the cores: the 10M-event audit took 0.8 of the time
-# without them on 2 cores (bench/RESULTS.md). A --conf of the same keys replaces it.
+# concurrent threads took about 12 CPU-s of a 10M-event audit on 2 cores; without them (and lag._small's Python
+# workers) it took 0.85-0.89 of the time (bench/RESULTS.md). A --conf of the same keys replaces it.
 JVM_OPTIONS = "-XX:+UseParallelGC"
 
 
@@ -30,7 +30,8 @@ def session(master: str | None = None, conf: Mapping[str, str] | None = None, de
             size: int | None = None) -> SparkSession:
     """A Spark session: `master`, else spark-submit's, else local[*]. `conf` (the command's --conf) wins
     over the defaults here: the driver's memory for an input of `size` (driver_memory) and the JVMs' options
-    (JVM_OPTIONS), on any master; no web UI on a local one. Under spark-submit its JVM is already running: its own --conf settings stand.
+    (JVM_OPTIONS), on any master; no web UI on a local one. Under spark-submit its JVM is already running: its
+    own --conf settings stand.
     Spark logs only fatal errors unless `debug`: a failed job is told in one line (failures.py).
     UsageError if this process runs a session on another master than `master`: Spark would hand that one
     back, and the audit would run there, not where it was asked to; it is the caller's, left running."""

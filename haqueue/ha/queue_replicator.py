@@ -1,9 +1,10 @@
 """QueueReplicator: the backup's end of `$ha.queue/<name>`, mirroring one queue's messages and dequeues.
 
 Live enqueues, one or a batch to a transfer, are appended (the primary's seqs kept) and the
-transfer settled: that settlement is the backup's confirmation. Catch-up messages arrive newest first; they are held aside and merged into the
-queue at their seq positions in one pass when the caught-up marker arrives (or the link goes), so
-a 100k-message catch-up costs one sort of two sorted runs rather than 100k list insertions.
+transfer settled: that settlement is the backup's confirmation. Catch-up messages arrive newest
+first; they are held aside and merged into the queue at their seq positions in one pass when the
+caught-up marker arrives (or the link goes), so a 100k-message catch-up costs one sort of two
+sorted runs rather than 100k list insertions.
 """
 from __future__ import annotations
 
