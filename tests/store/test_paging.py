@@ -152,3 +152,20 @@ def test_browsers_and_selector_consumers_reach_paged_messages(broker_factory):
         assert c.queue_depth("paged") == n
     # the selector consumer's two went back with its connection, to their place
     assert [m.body["i"] for m in receive(b.address, "paged", n, timeout=30)] == list(range(n))
+
+
+def test_consumers_holding_a_thousand_unsettled_still_get_the_paged_messages(broker_factory):
+    """Messages a consumer holds unsettled stay in memory but are not available to anyone: a paging queue
+    reads the paged ones back for the credit left, however many are held. A consumer granting 1500 gets
+    1500, and another's drain gets the next ones, not an empty answer while thousands are on the queue."""
+    n = 4000
+    b = broker_factory(store={"page_above": 300_000, "segment_bytes": 1024 * 1024})
+    send_all(b.address, "paged", [Message(body={"i": i, "pad": BODY}, durable=True) for i in range(n)], timeout=60)
+    with Client(b) as c:
+        wait_for(lambda: c.mgmt("READ", "store").body["paged_messages"] > n // 2, 10, message="paging")
+        holder = c.receiver("paged")
+        held = holder.receive_n(1500, timeout=30, settle=None)
+        assert [r.body["i"] for r in held] == list(range(1500))
+        other = c.receiver("paged")
+        assert [r.body["i"] for r in other.drain(10, timeout=30)] == list(range(1500, 1510))
+        assert c.queue_depth("paged") == n
