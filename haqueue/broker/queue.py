@@ -16,7 +16,7 @@ import bisect
 import heapq
 import logging
 import time
-from typing import Any, Callable, Final, Iterable, Protocol
+from typing import Any, Callable, Collection, Final, Iterable, Protocol
 
 from .completion import Completion
 from .flow import BLOCK, LOW_WATER, Blocker, MemoryAlarm, ceiling
@@ -235,6 +235,8 @@ class Queue:
         self.temporary = False  # made for one link (dynamic or an exchange subscription); goes with it
         self.pager: Pager | None = None  # set by a store for a durable queue
         self.redelivery_hook: RedeliveryHook | None = None  # set by a plug-in (messaging/poison.py)
+        # told when a message's delivery-count was raised (HA's subscriptions: the backups raise theirs)
+        self.recount_watchers: list[Callable[[Queue, Entry], None]] = []
         self.annotated_hook: AnnotatedHook | None = None  # set by a plug-in (messaging/scheduled.py)
         self.arranger: Arranger | None = None  # set by a plug-in (messaging/: priority, groups, last value)
         self.deferred = 0  # entries held back until a time (scheduled delivery)
@@ -452,12 +454,17 @@ class Queue:
                 _push_returned(consumer.returned, entry, push)
 
     def _raise_delivery_count(self, entry: Entry) -> None:
-        data = with_delivery_count(entry.data, delivery_count(entry.data) + 1)
+        self._set_delivery_count(entry, delivery_count(entry.data) + 1)
+
+    def _set_delivery_count(self, entry: Entry, count: int) -> None:
+        data = with_delivery_count(entry.data, count)
         self._grow(len(data) - len(entry.data))  # a delivery-count may add a header
         entry.data = data
         if entry.durable:
             for journal in self.journals:
                 journal.redelivered(self, entry)
+        for watcher in self.recount_watchers:
+            watcher(self, entry)
 
     # -- dispatch --------------------------------------------------------------------------
     def _next_available(self, now: float) -> Entry | None:
@@ -850,18 +857,27 @@ class Queue:
         return gone
 
     def redeliver(self, seqs: set[int]) -> None:
-        """Raise the delivery-count of these messages (held by a consumer elsewhere: a replica promoted).
-        Those paged are read back first, up to the newest of them: the count is in a message's bytes."""
+        """Raise the delivery-count of these messages (held by a consumer elsewhere: a replica promoted)."""
+        for entry in self._live(seqs):
+            self._raise_delivery_count(entry)
+
+    def count_deliveries(self, counts: dict[int, int]) -> None:
+        """Raise these messages' delivery-counts to these (a replica: what failed deliveries on its primary
+        raised them to); a count no higher than the message's is left."""
+        for entry in self._live(counts):
+            if counts[entry.seq] > delivery_count(entry.data):
+                self._set_delivery_count(entry, counts[entry.seq])
+
+    def _live(self, seqs: Collection[int]) -> list[Entry]:
+        """The live entries of these seqs. Those paged are read back first, up to the newest of them: the count
+        is in a message's bytes."""
         pager = self.pager
         if seqs and pager is not None and pager.count:
             newest = max(seqs)
             paged = sum(1 for seq in pager.paged_seqs() if seq <= newest)
             if paged:
                 self._depage(paged)
-        for seq in seqs:
-            entry = self.find(seq)
-            if entry is not None:
-                self._raise_delivery_count(entry)
+        return [entry for seq in seqs if (entry := self.find(seq)) is not None]
 
     def merge(self, entries: list[Entry]) -> None:
         """Put entries made elsewhere (a replica's catch-up) at their seq positions, in one pass.

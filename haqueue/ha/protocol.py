@@ -42,6 +42,7 @@ DEQUEUE: Final = b"D"  # body: seq ranges dequeued on the primary
 DIVERGED: Final = b"V"  # body: seq ranges the backup holds that the primary never had: it adopts them or keeps them aside
 ADOPTED: Final = b"O"  # on `$ha.adopt`: one such message, tagged with its old seq; settled once the primary's copy is safe
 ACQUIRE: Final = b"A"  # body: seq ranges delivered to a consumer and not yet settled there
+REDELIVERED: Final = b"R"  # body: (seq, delivery-count) pairs packed as ranges: failed deliveries raised them to it
 CAUGHT_UP: Final = b"M"  # the backup now has everything; settling it tells the primary
 
 _TAG: Final = struct.Struct(">cQQ")  # kind, seq, primary enqueue time (microseconds since the epoch)

@@ -104,6 +104,10 @@ class QueueReplicator(LinkHandler):
         elif kind == protocol.ACQUIRE:
             for first, last in protocol.decode_ranges(data):
                 self.acquired.update(range(first, last + 1))
+        elif kind == protocol.REDELIVERED:  # each a failed delivery: that acquisition is over
+            counts = dict(protocol.decode_ranges(data))
+            self.queue.count_deliveries(counts)
+            self.acquired.difference_update(counts)
         elif kind == protocol.CAUGHT_UP:
             self.merge()
             self.caught_up = True

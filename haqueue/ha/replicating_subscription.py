@@ -22,6 +22,7 @@ from collections import deque
 from typing import Any, Callable, Final, Protocol
 
 from ..broker.completion import Completion
+from ..broker.message import delivery_count
 from ..broker.proton_adapter import ACCEPTED, Link, LinkHandler
 from ..broker.queue import DEQUEUED, Entry, Queue, seq_ranges
 from . import protocol
@@ -127,6 +128,7 @@ class ReplicatingSubscription(LinkHandler):
         self.pending: list[Entry] = []  # live enqueues not sent yet: at the end of the pass, or on credit
         self.dequeued_seqs: list[int] = []
         self.acquired_seqs: list[int] = []
+        self.recounts: dict[int, int] = {}  # seq -> the delivery-count a failed delivery raised it to
         self.held: dict[int, Completion] = {}  # seq -> the publisher's completion this backup holds
         self.deliveries: dict[int, list[int]] = {}  # unconfirmed live transfer -> the seqs it carries
         self.unconfirmed = 0  # messages in them
@@ -161,6 +163,8 @@ class ReplicatingSubscription(LinkHandler):
         if backup.holds:  # and under `all`, holds too
             queue.guards.append(self)
         queue.observers.append(self)
+        self._recount_watcher = self.recounted
+        queue.recount_watchers.append(self._recount_watcher)
         self.backup.schedule(self)
 
     def _diverged(self, never_here: list[tuple[int, int]], consumed: list[tuple[int, int]]) -> None:
@@ -208,6 +212,18 @@ class ReplicatingSubscription(LinkHandler):
         self.acquired_seqs.append(entry.seq)
         self._events_due()
 
+    def recounted(self, queue: Queue, entry: Entry) -> None:
+        """A failed delivery raised the message's delivery-count: the backup raises its copy's (a poison message's
+        limit, x-max-deliveries, counts the deliveries before a failover too)."""
+        if entry.local:
+            return
+        # The backup forgets the acquisition this ends (queue_replicator): sent before the acquisitions, the count
+        # must not take one made since, nor leave one not sent yet.
+        if entry.seq in self.acquired_seqs:
+            self.acquired_seqs.remove(entry.seq)
+        self.recounts[entry.seq] = delivery_count(entry.data)
+        self._events_due()
+
     def dequeued(self, queue: Queue, entry: Entry) -> None:
         if entry.local:  # the backup's work stays in proportion to what it holds
             return
@@ -241,7 +257,7 @@ class ReplicatingSubscription(LinkHandler):
 
     def _events_timeout(self) -> None:
         self._events_timer = False
-        if (self.dequeued_seqs or self.acquired_seqs) and not self.closed:
+        if (self.dequeued_seqs or self.acquired_seqs or self.recounts) and not self.closed:
             self.backup.schedule(self)
 
     # -- sending -------------------------------------------------------------------------------
@@ -317,6 +333,15 @@ class ReplicatingSubscription(LinkHandler):
         if pending and credit:
             credit -= self._send_live(credit)
         limit = pending[0].seq if pending else None  # events only for messages the backup has been sent
+        recounts = self.recounts
+        if recounts and credit:
+            counted = sorted((seq, count) for seq, count in recounts.items() if limit is None or seq < limit)
+            if counted:
+                link.send(protocol.encode_ranges(counted), settled=True,
+                          tag=protocol.message_tag(protocol.REDELIVERED, 0, 0))
+                credit -= 1
+                for seq, _ in counted:
+                    del recounts[seq]
         # acquisitions first: a message acquired and dequeued since the last dispatch must reach the backup
         # acquired, then dequeued, or its seq would stay in the backup's acquired set for good
         for kind, seqs in ((protocol.ACQUIRE, self.acquired_seqs), (protocol.DEQUEUE, self.dequeued_seqs)):
@@ -398,6 +423,8 @@ class ReplicatingSubscription(LinkHandler):
             queue.guards.remove(self)
         if self in queue.observers:
             queue.observers.remove(self)
+        if self._recount_watcher in queue.recount_watchers:
+            queue.recount_watchers.remove(self._recount_watcher)
         held, self.held = self.held, {}
         for completion in held.values():
             completion.release()

@@ -52,6 +52,35 @@ def test_a_poison_message_is_dead_lettered_on_every_broker_and_the_limit_holds_a
     assert c.queues(new)["work"]["depth"] == 0
 
 
+def _delivery_count(c: HaCluster, b: Any, queue: str) -> int:
+    """The delivery-count of the first message `b` holds on `queue`, -1 if it holds none."""
+    peeked = c.request(b, "PEEK", "queue", queue, {"count": 1})
+    if not peeked:
+        return -1
+    message = Message()
+    message.decode(peeked[0]["message"])
+    return message.delivery_count
+
+
+def test_failed_deliveries_reach_the_backups_and_count_toward_the_limit_after_failover(ha_cluster):
+    c: HaCluster = ha_cluster()
+    p = c.start_cluster()
+    c.request(p, "CREATE", "queue", "work", body={"x-max-deliveries": 3, "dead_letter_address": "dlq"})
+    send_all(c.public, "work", [Message(id="poison", body="poison", durable=True)])
+    assert fail_delivery(c.public, "work", 2) == ["poison", "poison"]
+    for b in c.brokers[1:]:  # each backup's copy counts the two failed deliveries
+        wait_for(lambda: _delivery_count(c, b, "work") == 2, 10, message=f"{b.name}'s copy counting 2")
+    c.kill(p)
+    new = c.best_backup(exclude=[p])
+    c.promote(new)
+    assert _delivery_count(c, new, "work") == 2  # not held at the failover: nothing added
+    # the third failed delivery, the first on the new primary, reaches the limit
+    assert fail_delivery(c.public, "work", 1) == ["poison"]
+    [dead] = receive(c.public, "dlq", 1)
+    assert dead.id == "poison" and dead.annotations["x-opt-dead-letter-reason"] == \
+        "delivery-count 3 reached x-max-deliveries 3"
+
+
 class GroupedLoad(Load):
     """The failover load with each message in one of three groups and of one of ten priorities."""
 
