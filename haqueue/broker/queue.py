@@ -225,9 +225,6 @@ class Queue:
         self._scattered = False
         self._budget = 0  # what selector scans may still look at this pass (SCAN_BUDGET)
         self._rotation = 0
-        # Consumers had credit the messages in memory could not meet, and more is paged: the next dispatch reads
-        # it back even if enough are in memory (_short_in_memory), for those may all be held by consumers.
-        self._wanting = False
         self.observers: list[QueueObserver] = []
         self.guards: list[Guard] = []
         self.journals: list[Journal] = []  # a store's, for the durable messages
@@ -516,9 +513,8 @@ class Queue:
         pager = self.pager
         # stalled: nothing came back, the oldest paged one is not on disk yet (the store dispatches again once it is)
         stalled = False
-        if pager is not None and (self._wanting or self._short_in_memory(pager)):
-            self._wanting = False
-            stalled = pager.count > 0 and not self._depage(DEPAGE_BATCH, pager.budget)
+        if pager is not None and self._short_in_memory(pager):
+            stalled = not self._depage(DEPAGE_BATCH, pager.budget)
         now = time.monotonic() if self.expiring else 0.0
         consumers = self.consumers
         self._budget = SCAN_BUDGET
@@ -549,10 +545,10 @@ class Queue:
                     exhausted = False
                 self._rotation = i
             if exhausted and pager is not None and pager.count:
-                # credit is left and more is paged: the next pass reads it back (above); stalled, the store
-                # dispatches again once the oldest paged one is on disk. A drain waits for either.
-                if not stalled:
-                    self._wanting = True
+                # credit is left and more is paged: read the next ones back now, even with enough in memory
+                # (_short_in_memory) when consumers hold them all, for the next pass to hand out. None came back
+                # (stalled): the store dispatches again once the oldest paged one is on disk. A drain waits.
+                if not stalled and self._depage(DEPAGE_BATCH, pager.budget):
                     self._schedule(self)
             elif exhausted:  # nothing left to send: answer any drain request
                 for consumer in consumers:
