@@ -405,6 +405,22 @@ def long_run() -> EventLog:
     return log
 
 
+def test_progress_counts_the_jobs_that_ended_between_two_looks(spark):
+    """Jobs far shorter than the progress's period, all between two looks: the look at the end still
+    counts them, done, numbered from this audit's first job."""
+    from haqueue.audit.progress import Progress
+
+    out = io.StringIO()
+    spark.range(10).count()  # an earlier job, not this audit's
+    before = set(spark.sparkContext.statusTracker().getJobIdsForGroup())
+    with Progress(spark.sparkContext, "a range", out):
+        spark.range(1000).repartition(3).count()
+    jobs = len(set(spark.sparkContext.statusTracker().getJobIdsForGroup()) - before)
+    lines = out.getvalue().splitlines()
+    assert lines[0] == "haqueue audit: reading a range"
+    assert re.fullmatch(rf"haqueue audit: Spark job {jobs}: (\d+)/\1 tasks", lines[-1]), lines
+
+
 def spark_submit(args: list[str], python: str, master: str = "local[2]", conf: list[str] = []) -> subprocess.CompletedProcess:
     """The spark-submit form of `haqueue audit lag ARGS` (submit.py), on `master` with spark-submit's options
     `conf`, the driver's Python `python` (PYSPARK_DRIVER_PYTHON and PYSPARK_PYTHON, as design/audit-events.md says)."""
