@@ -106,18 +106,22 @@ def analyse(spark: SparkSession, directory: str, since: int | None = None, until
 
 def analyse_input(found: EventInput, since: int | None, until: int | None, ledgers: Sequence[str],
                   bound: timedelta, prove: bool = True) -> Audit:
-    """The audit of the lines read_events found: read once, kept in memory grouped by message (_by_message)."""
+    """The audit of the lines read_events found. Each query reads the files it needs, the columns it needs:
+    Parquet files cheaply, so they are read as often as queries need them; JSON lines, parsed once, are kept
+    in memory (or on local disk) while the audit runs."""
     spark = found.lines.sparkSession
-    # Every large frame below is partitioned by message (uid, seq): a join on more keys (a message on one backup
-    # process) may use that partitioning instead of shuffling both sides again.
-    spark.conf.set("spark.sql.requireAllClusterKeysForCoPartition", "false")
-    # Uncompressed: building the cache cost half as much CPU (strings' dictionaries are worked out per batch and
-    # rarely pay: the events' ids are unique), and the cache was only 20 % larger (bench/RESULTS.md).
+    # Uncompressed: building a cache costs half as much CPU (strings' dictionaries are worked out per batch and
+    # rarely pay: the events' ids are unique), and it is only about 20 % larger (bench/RESULTS.md).
     spark.conf.set("spark.sql.inMemoryColumnarStorage.compressed", "false")
-    lines = _by_message(found.lines).persist(StorageLevel.MEMORY_AND_DISK)
+    lines = found.lines.persist(StorageLevel.MEMORY_AND_DISK) if found.json_files else found.lines
     try:
-        events = measures.timed(usable(lines)).withColumn("judged", _window(F.col("t"), since, until))
-        audit = _analyse(events, unusable(lines), bound, prove)
+        judged = _window(F.col("t"), since, until)
+        counted = _summary(lines.withColumn("judged", judged))
+        # Input without a bad line (the summary counts them) is read without checking each line again.
+        checked = bool(counted["problem"].notna().any())
+        events = measures.timed(usable(lines) if checked else lines.select(*schema.FIELDS)).withColumn("judged",
+                                                                                                      judged)
+        audit = _analyse(events, counted, unusable(lines) if checked else None, bound, prove)
         if ledgers:
             entries, bad_entries = read_ledgers(spark, [uri(path) for path in ledgers])
             audit.ledgers, audit.ledger_problems = _ledger_tables(events, entries)
@@ -126,14 +130,6 @@ def analyse_input(found: EventInput, since: int | None, until: int | None, ledge
         return audit
     finally:
         lines.unpersist()
-
-
-def _by_message(lines: DataFrame) -> DataFrame:
-    """The lines hashed by message (uid, seq) into the shuffle's partitions: most of the audit joins or groups a
-    message's events, and such joins and aggregates of frames made from these lines need no shuffle of their own
-    (a message's events are in one partition). In each, sorted by kind of event: the cache keeps the range of
-    each column per batch of rows, so a query of one kind of event skips the batches of the others."""
-    return lines.repartition("uid", "seq").sortWithinPartitions("event", "role")
 
 
 def _window(t: Column, since: int | None, until: int | None) -> Column:
@@ -173,12 +169,15 @@ class _Kinds:
                                                                                                      "backup"))
 
 
-def _analyse(ev: DataFrame, bad: DataFrame, bound: timedelta, prove: bool = True) -> Audit:
-    """The audit of the events `ev`; prove: judge per message only the suspects (facts.py), else every message
-    (the same answers, slower: what tests compare the suspects' answers with)."""
+def _analyse(ev: DataFrame, counted: pd.DataFrame, bad: DataFrame | None, bound: timedelta,
+             prove: bool = True) -> Audit:
+    """The audit of the events `ev`, whose lines `counted` sums up (_summary), and of the lines that are not
+    events, `bad` (None: there are none); prove: judge per message only the suspects (facts.py), else every message (the same answers,
+    slower: what tests compare the suspects' answers with)."""
     spark = ev.sparkSession
     every = _Kinds.of(ev)
-    summary = _summary(ev)  # the counts, runs and sizes the tables need, from one pass over the events
+    # The counts, runs and sizes of the events, typed as their columns are (a bad line's nulls made some floats).
+    summary = counted[counted["problem"].isna()].drop(columns="problem").astype(_EVENT_TYPES)
     totals = _totals(summary)
     runs = _small(spark, summary.groupby(["broker", "run"], as_index=False).agg(start=("first", "min"),
                                                                              end=("last", "max")),
@@ -198,8 +197,6 @@ def _analyse(ev: DataFrame, bad: DataFrame, bound: timedelta, prove: bool = True
             kept.append(suspect_events)
             judged = _Kinds.of(suspect_events)
         lag, completions, inherited = _measures(judged, proof)
-        lag = lag.persist()
-        kept.append(lag)
         problems = (_problems(judged, every.replicas, runs, marks, bound, kept)
                     .unionByName(_as_problem(_unattested(judged.primary_side, judged.replicas), UNATTESTED, "t",
                                              epoch="epoch"))
@@ -211,13 +208,14 @@ def _analyse(ev: DataFrame, bad: DataFrame, bound: timedelta, prove: bool = True
         detail = (problems.orderBy("problem", "queue", "seq", "backup").limit(DETAIL_LIMIT)
                   .select("problem", "queue", "seq", "message_id", "backup", F.timestamp_micros("t").alias("time"))
                   .toPandas())
-        backups = _backup_table(summary, lag, _pivot(counts, ["queue", "backup"], _COUNT_COLUMNS))
-        bad_input = _bad_table(bad)
+        lags, timeline = _lag_tables(lag, totals)
+        backups = _backup_table(summary, lags, _pivot(counts, ["queue", "backup"], _COUNT_COLUMNS))
+        bad_input = _bad_table(bad) if bad is not None else _NO_BAD_LINES.copy()
         totals["bad_lines"] = int(bad_input["lines"].sum())
         queues = _queue_table(summary, completions, backups, _pivot(counts, ["queue"], _QUEUE_COUNT_COLUMNS))
         unattested = counts[counts["problem"] == UNATTESTED].groupby("epoch", as_index=False)["n"].sum()
         epochs = _epochs(summary, inherited, unattested.astype("int64").rename(columns={"n": "unattested"}))
-        return Audit(totals=totals, queues=queues, backups=backups, epochs=epochs, timeline=_timeline(lag, totals),
+        return Audit(totals=totals, queues=queues, backups=backups, epochs=epochs, timeline=timeline,
                      problems=detail, bad_input=bad_input, shards=_shard_table(summary, lag, backups))
     finally:
         for frame in kept:
@@ -254,14 +252,16 @@ def _measures(judged: _Kinds, proof: facts.Proof | None) -> tuple[DataFrame, Dat
 
 # The columns of the summary (_summary): one row per distinct value of the keys, its events counted.
 _SUMMARY_KEYS = ["broker", "run", "role", "epoch", "shard", "queue", "event", "mode", "judged"]
+_EVENT_TYPES = {"run": "int64", "epoch": "int64", "judged": "bool", "first": "int64", "last": "int64"}
 
 
-def _summary(ev: DataFrame) -> pd.DataFrame:
+def _summary(lines: DataFrame) -> pd.DataFrame:
     """How many events of each broker process, role, epoch, shard, queue, kind and mode, in the window judged or
     not, with their first and last times and (marks) the cluster's size: what the totals, the per-queue,
-    per-epoch and per-shard counts and each process's span are added up from, in pandas. One aggregation of
-    the events: its rows are the brokers' processes times their queues, a few thousand."""
-    summary = ev.groupBy(*_SUMMARY_KEYS).agg(F.count("*").alias("events"), F.min("t").alias("first"),
+    per-epoch and per-shard counts and each process's span are added up from, in pandas; and how many lines of
+    each `problem` (read_events) there are, the events' problem null. One aggregation of the lines: its rows
+    are the brokers' processes times their queues, a few thousand."""
+    summary = lines.groupBy(*_SUMMARY_KEYS, "problem").agg(F.count("*").alias("events"), F.min("t").alias("first"),
                                              F.max("t").alias("last"), F.max("cluster_size").alias("cluster_size"))
     return summary.toPandas()
 
@@ -276,6 +276,11 @@ def _event_counts(summary: pd.DataFrame, by: list[str]) -> pd.DataFrame:
 
 def _judged_primary_side(summary: pd.DataFrame) -> pd.DataFrame:
     return summary[(summary["role"] != schema.BACKUP) & summary["judged"]]
+
+
+# The bad input table (_bad_table) of input without a bad line.
+_NO_BAD_LINES = pd.DataFrame({"file": pd.Series(dtype=object), "problem": pd.Series(dtype=object),
+                              "lines": pd.Series(dtype="int64"), "example": pd.Series(dtype=object)})
 
 
 def _bad_table(bad: DataFrame) -> pd.DataFrame:
@@ -411,14 +416,14 @@ def _duplicates(replicas: DataFrame) -> DataFrame:
             .filter((F.col("copies") > 1) & (F.col("judged") == 1)))
 
 
-def _backup_table(summary: pd.DataFrame, lag: DataFrame, counts: pd.DataFrame) -> pd.DataFrame:
+def _backup_table(summary: pd.DataFrame, lags: pd.DataFrame, counts: pd.DataFrame) -> pd.DataFrame:
+    """lags: the lag's percentiles per queue and backup (_lag_tables)."""
     received = summary[(summary["event"] == schema.REPLICATE) & summary["judged"]]
     result = received.assign(live=received["events"].where(received["mode"] == schema.LIVE, 0),
                              catchup=received["events"].where(received["mode"] == schema.CATCHUP, 0))
     result = (result.rename(columns={"broker": "backup", "events": "received"})
               .groupby(["queue", "backup"], as_index=False)[["received", "live", "catchup"]].sum())
-    stats = lag.groupBy("queue", "backup").agg(*measures.percentiles("lag_us", "lag")).toPandas()
-    result = result.merge(stats, on=["queue", "backup"], how="left")
+    result = result.merge(lags, on=["queue", "backup"], how="left")
     result = result.merge(counts, left_on=["queue", "backup"], right_index=True, how="outer")
     numbers = ["received", "live", "catchup", *_COUNT_COLUMNS.values()]
     result[numbers] = result[numbers].fillna(0).astype("int64")
@@ -561,21 +566,23 @@ def _held_at_end(ev: DataFrame) -> DataFrame:
             .select("queue", F.col("message_id").alias("id")).distinct())
 
 
-def _timeline(lag: DataFrame, totals: dict[str, Any]) -> pd.DataFrame:
-    """Lag per backup over time, in buckets sized to the span of the events (totals["bucket_ms"])."""
+def _lag_tables(lag: DataFrame, totals: dict[str, Any]) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """The lag's percentiles per queue and backup, and per backup over time in buckets sized to the span of the
+    events (totals["bucket_ms"]: the timeline): one pass over the lags, with a grouping set each."""
     span_us = (totals["last"] - totals["first"]) // pd.Timedelta(microseconds=1) if totals["events"] else 0
     bucket_us = next((b for b in _BUCKETS_US if span_us / b <= TIMELINE_POINTS), _BUCKETS_US[-1])
     totals["bucket_ms"] = bucket_us / 1000
-    approx = F.percentile_approx("lag_us", [0.5, 0.99], 10_000)
-    return (lag.filter(F.col("lag_us").isNotNull())
-            .withColumn("bucket", (F.col("t") / bucket_us).cast("long") * bucket_us)
-            .groupBy("backup", "bucket").agg(F.count("*").alias("messages"),
-                                             F.round(approx[0] / 1000.0, 3).alias("lag_p50_ms"),
-                                             F.round(approx[1] / 1000.0, 3).alias("lag_p99_ms"),
-                                             F.round(F.max("lag_us") / 1000.0, 3).alias("lag_max_ms"))
-            .select("backup", F.timestamp_micros("bucket").alias("time"), "messages", "lag_p50_ms", "lag_p99_ms",
-                    "lag_max_ms")
-            .orderBy("backup", "time").toPandas())
+    bucket = F.timestamp_micros((F.col("t") / bucket_us).cast("long") * bucket_us)
+    stats: pd.DataFrame = (lag.filter(F.col("lag_us").isNotNull()).withColumn("time", bucket)
+                           .groupingSets([["queue", "backup"], ["backup", "time"]], "queue", "backup", "time")
+                           .agg(F.grouping_id().alias("set"), F.count("*").alias("messages"),
+                                *measures.percentiles("lag_us", "lag"))
+                           .toPandas())
+    by_queue = stats["set"] == 1  # time not grouped: (queue, backup)
+    lags = stats.loc[by_queue, ["queue", "backup", "lag_p50_ms", "lag_p95_ms", "lag_p99_ms", "lag_max_ms"]]
+    timeline = stats.loc[~by_queue, ["backup", "time", "messages", "lag_p50_ms", "lag_p99_ms", "lag_max_ms"]]
+    # A few hundred rows a backup: sorted here, not by Spark.
+    return lags.reset_index(drop=True), timeline.sort_values(["backup", "time"], ignore_index=True)
 
 
 def _totals(summary: pd.DataFrame) -> dict[str, Any]:

@@ -76,10 +76,11 @@ def tune_for(spark: SparkSession, size: int, given: Collection[str] = ()) -> Non
         spark.conf.set("spark.sql.adaptive.enabled", "false")
 
 
-# The driver's memory (driver_memory): what it needs beside the audit's cache (the files' listing, the result
-# tables it collects, the queries' own work), and heap per byte of input for the cache. The cache (lag._by_message,
-# uncompressed) took 55 bytes an event of bench/audit_scale.py's set: 0.31 byte per byte of JSON lines, 0.57 per
-# byte of Parquet as weighed (PARQUET_WEIGHT); Spark keeps cached blocks in at most 60 % of the heap.
+# The driver's memory (driver_memory): what it needs beside the audit's caches (the files' listing, the result
+# tables it collects, the queries' own work), and heap per byte of input for the caches. A cache of every line
+# (uncompressed) took 55 bytes an event of bench/audit_scale.py's set: 0.31 byte per byte of JSON lines, 0.57 per
+# byte of Parquet as weighed (PARQUET_WEIGHT). The audit keeps JSON lines so (lag.analyse_input), and the facts of
+# every message (facts.prove), less; Spark keeps cached blocks in at most 60 % of the heap.
 # At most half the machine's memory: the rest is the OS's page cache and the spill's.
 DRIVER_BASE = 2 << 30
 CACHE_PER_BYTE = 1.0
@@ -88,7 +89,7 @@ UNKNOWN_SIZE_MEMORY = "4g"  # an input listed only by Spark (hdfs://...) or none
 
 def driver_memory(master: str, size: int | None) -> str:
     """spark.driver.memory for an input of `size` bytes of JSON lines (EventInput.size): on a local master the
-    driver is the executor too and holds the audit's cache of every line (what does not fit is spilled to
+    driver is the executor too and holds the audit's caches (what does not fit is spilled to
     disk, and read back slower); on a cluster the executors hold it, and the driver DRIVER_BASE."""
     if size is None:
         return UNKNOWN_SIZE_MEMORY
@@ -133,6 +134,7 @@ class EventInput:
     files: int
     bytes: int  # on disk
     size: int  # in bytes of JSON lines (a Parquet byte counts PARQUET_WEIGHT): what tune_for sizes the shuffles from
+    json_files: int  # of `files`, those read as JSON lines: each query that reads them parses them again
 
 
 def read_events(spark: SparkSession, directory: str) -> EventInput:
@@ -156,7 +158,7 @@ def read_events(spark: SparkSession, directory: str) -> EventInput:
     parquet_bytes = _size(parquet) if parquet_files else 0
     lines = frames[0] if len(frames) == 1 else frames[0].unionByName(frames[1])
     return EventInput(lines, len(json_files) + len(parquet_files), size + parquet_bytes,
-                      _weighed(size, parquet_bytes))
+                      _weighed(size, parquet_bytes), len(json_files))
 
 
 def _weighed(json_bytes: int, parquet_bytes: int) -> int:
