@@ -45,7 +45,7 @@ class Proof:
     suspects among them, and what the audit's figures take from the sound ones: what lag.py would get from joining
     their events, read off their facts instead. Both frames are persisted: `unpersist` when done."""
 
-    facts: DataFrame
+    facts: DataFrame  # what Proof's figures are read from (_MEASURED), and `sound`
     suspects: DataFrame  # (uid, seq)
     brokers: Sequence[str]
     few: bool  # at most BROADCAST_SUSPECTS suspects
@@ -104,7 +104,8 @@ def prove(ev: DataFrame, brokers: Sequence[str], largest_cluster: int | None,
     measures.absent_copies'."""
     messages = ev.filter(F.col("uid").isNotNull() & F.col("seq").isNotNull())
     facts = (_coded(messages, brokers).groupBy("uid", "seq", "queue").agg(*_facts(brokers))
-             .withColumn("sound", F.coalesce(_sound(len(brokers), largest_cluster, bound), F.lit(False)))
+             .select(*_MEASURED, *_measured_copies(len(brokers)),
+                     F.coalesce(_sound(len(brokers), largest_cluster, bound), F.lit(False)).alias("sound"))
              .persist())
     # A message whose events name two queues (a log that contradicts itself) is a suspect as a whole.
     suspects = (facts.groupBy("uid", "seq").agg(F.min(F.col("sound").cast("int")).alias("sound"),
@@ -114,6 +115,16 @@ def prove(ev: DataFrame, brokers: Sequence[str], largest_cluster: int | None,
     if len(named) <= NAMED_SUSPECTS:
         return Proof(facts, suspects, brokers, True, sorted({row.seq for row in named}))
     return Proof(facts, suspects, brokers, suspects.count() <= BROADCAST_SUSPECTS, None)
+
+
+# The facts kept once `sound` is worked out: what Proof reads off a sound message (its lags, its confirmation's
+# latency, a dequeue by a later epoch's primary); the rest would only make the persisted facts wider.
+_MEASURED = ["uid", "seq", "queue", "enqueue_t", "enqueue_epoch", "confirmed_t", "confirmed_judged", "dequeued_judged",
+             "dequeue_epoch", "dequeuer"]
+
+
+def _measured_copies(brokers: int) -> list[str]:
+    return [f"{name}_{i}" for i in range(brokers) for name in ("copy_t", "live", "carried")]
 
 
 def _names(brokers: Sequence[str]) -> Column:
