@@ -172,8 +172,8 @@ class _Kinds:
 def _analyse(ev: DataFrame, counted: pd.DataFrame, bad: DataFrame | None, bound: timedelta,
              prove: bool = True) -> Audit:
     """The audit of the events `ev`, whose lines `counted` sums up (_summary), and of the lines that are not
-    events, `bad` (None: there are none); prove: judge per message only the suspects (facts.py), else every message (the same answers,
-    slower: what tests compare the suspects' answers with)."""
+    events, `bad` (None: there are none); prove: judge per message only the suspects (facts.py), else every
+    message (the same answers, slower: what tests compare the suspects' answers with)."""
     spark = ev.sparkSession
     every = _Kinds.of(ev)
     # The counts, runs and sizes of the events, typed as their columns are (a bad line's nulls made some floats).
@@ -252,6 +252,7 @@ def _measures(judged: _Kinds, proof: facts.Proof | None) -> tuple[DataFrame, Dat
 
 # The columns of the summary (_summary): one row per distinct value of the keys, its events counted.
 _SUMMARY_KEYS = ["broker", "run", "role", "epoch", "shard", "queue", "event", "mode", "judged"]
+# The types of the summary's columns that an event always has, and a bad line may lack (its nulls make them floats).
 _EVENT_TYPES = {"run": "int64", "epoch": "int64", "judged": "bool", "first": "int64", "last": "int64"}
 
 
@@ -261,8 +262,9 @@ def _summary(lines: DataFrame) -> pd.DataFrame:
     per-epoch and per-shard counts and each process's span are added up from, in pandas; and how many lines of
     each `problem` (read_events) there are, the events' problem null. One aggregation of the lines: its rows
     are the brokers' processes times their queues, a few thousand."""
-    summary = lines.groupBy(*_SUMMARY_KEYS, "problem").agg(F.count("*").alias("events"), F.min("t").alias("first"),
-                                             F.max("t").alias("last"), F.max("cluster_size").alias("cluster_size"))
+    summary = lines.groupBy(*_SUMMARY_KEYS, "problem").agg(
+        F.count("*").alias("events"), F.min("t").alias("first"), F.max("t").alias("last"),
+        F.max("cluster_size").alias("cluster_size"))
     return summary.toPandas()
 
 

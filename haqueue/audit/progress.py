@@ -26,7 +26,8 @@ class Progress:
         self.done = threading.Event()
         self.thread = threading.Thread(target=self._report, name="audit-progress", daemon=True)
         self.terminal = out.isatty()
-        self.ended: set[int] = set()  # this audit's jobs, counted in a look when they had ended
+        self.ended: set[int] = set()  # jobs counted in a look when they had ended, and the context's earlier ones
+        self.before = 0  # how many of `ended` are earlier ones
         self.last = ""
 
     def __enter__(self) -> Progress:
