@@ -197,6 +197,9 @@ def _analyse(ev: DataFrame, counted: pd.DataFrame, bad: DataFrame | None, bound:
             kept.append(suspect_events)
             judged = _Kinds.of(suspect_events)
         lag, completions, inherited = _measures(judged, proof)
+        if summary["shard"].notna().any():  # read twice: by _lag_tables and by _shard_table
+            lag = lag.persist()
+            kept.append(lag)
         problems = (_problems(judged, every.replicas, runs, marks, bound, kept)
                     .unionByName(_as_problem(_unattested(judged.primary_side, judged.replicas), UNATTESTED, "t",
                                              epoch="epoch"))

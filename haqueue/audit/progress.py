@@ -57,13 +57,14 @@ class Progress:
             info = self.tracker.getJobInfo(job)
             if info is None:
                 continue
-            if info.status == "RUNNING":
+            live = info.status == "RUNNING"
+            if live:
                 running += 1
             else:
                 self.ended.add(job)
             for stage in (self.tracker.getStageInfo(s) for s in info.stageIds):
                 # An ended job's stage that ran no task was skipped (its shuffle output was already there).
-                if stage is not None and (info.status == "RUNNING" or stage.numCompletedTasks):
+                if stage is not None and (live or stage.numCompletedTasks):
                     total += stage.numTasks
                     finished += stage.numCompletedTasks
         line = f"Spark job {len(self.ended) - self.before + running}: {finished:,}/{total:,} tasks"
