@@ -15,6 +15,7 @@ The command (session, paths, outputs, exit code) is lag_command.py's.
 """
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any, Sequence
@@ -200,26 +201,38 @@ def _analyse(ev: DataFrame, counted: pd.DataFrame, bad: DataFrame | None, bound:
         if summary["shard"].notna().any():  # read twice: by _lag_tables and by _shard_table
             lag = lag.persist()
             kept.append(lag)
-        problems = (_problems(judged, every.replicas, runs, marks, bound, kept)
-                    .unionByName(_as_problem(_unattested(judged.primary_side, judged.replicas), UNATTESTED, "t",
-                                             epoch="epoch"))
-                    .unionByName(_as_problem(_at_risk(judged.completes, judged.replicas, sizes), AT_RISK, "t"))
-                    .unionByName(_aside(judged.aside, judged.completes))).persist()
-        kept.append(problems)
-        counts: pd.DataFrame = (problems.groupBy("queue", "backup", "problem", "epoch")
-                                .agg(F.sum("weight").alias("n")).toPandas())
-        detail = (problems.orderBy("problem", "queue", "seq", "backup").limit(DETAIL_LIMIT)
-                  .select("problem", "queue", "seq", "message_id", "backup", F.timestamp_micros("t").alias("time"))
-                  .toPandas())
-        lags, timeline = _lag_tables(lag, totals)
+        bucket_us = _bucket(totals)
+        # The result tables' queries, side by side: one's planning on the driver and its stages of a few tasks
+        # leave cores idle that another's tasks take (bench/RESULTS.md). The problems, the most of both, are
+        # planned and run in this thread meanwhile.
+        with ThreadPoolExecutor(max_workers=4, thread_name_prefix="audit-query") as pool:
+            lag_stats = pool.submit(_lag_stats, lag, bucket_us)
+            latency = pool.submit(_latency, completions)
+            inherited_counts = pool.submit(_inherited_counts, inherited)
+            bad_input = pool.submit(_bad_table, bad) if bad is not None else None
+            shard_lags = pool.submit(_shard_lags, summary, lag)
+            problems = (_problems(judged, every.replicas, runs, marks, bound, kept)
+                        .unionByName(_as_problem(_unattested(judged.primary_side, judged.replicas), UNATTESTED,
+                                                 "t", epoch="epoch"))
+                        .unionByName(_as_problem(_at_risk(judged.completes, judged.replicas, sizes), AT_RISK, "t"))
+                        .unionByName(_aside(judged.aside, judged.completes))).persist()
+            kept.append(problems)
+            counts: pd.DataFrame = (problems.groupBy("queue", "backup", "problem", "epoch")
+                                    .agg(F.sum("weight").alias("n")).toPandas())
+            detail = (problems.orderBy("problem", "queue", "seq", "backup").limit(DETAIL_LIMIT)
+                      .select("problem", "queue", "seq", "message_id", "backup",
+                              F.timestamp_micros("t").alias("time"))
+                      .toPandas())
+            lags, timeline = _lag_tables(lag_stats.result())
+            latencies, inherited_found = latency.result(), inherited_counts.result()
+            bad_table = bad_input.result() if bad_input is not None else _NO_BAD_LINES.copy()
         backups = _backup_table(summary, lags, _pivot(counts, ["queue", "backup"], _COUNT_COLUMNS))
-        bad_input = _bad_table(bad) if bad is not None else _NO_BAD_LINES.copy()
-        totals["bad_lines"] = int(bad_input["lines"].sum())
-        queues = _queue_table(summary, completions, backups, _pivot(counts, ["queue"], _QUEUE_COUNT_COLUMNS))
+        totals["bad_lines"] = int(bad_table["lines"].sum())
+        queues = _queue_table(summary, latencies, backups, _pivot(counts, ["queue"], _QUEUE_COUNT_COLUMNS))
         unattested = counts[counts["problem"] == UNATTESTED].groupby("epoch", as_index=False)["n"].sum()
-        epochs = _epochs(summary, inherited, unattested.astype("int64").rename(columns={"n": "unattested"}))
+        epochs = _epochs(summary, inherited_found, unattested.astype("int64").rename(columns={"n": "unattested"}))
         return Audit(totals=totals, queues=queues, backups=backups, epochs=epochs, timeline=timeline,
-                     problems=detail, bad_input=bad_input, shards=_shard_table(summary, lag, backups))
+                     problems=detail, bad_input=bad_table, shards=_shard_table(summary, shard_lags.result(), backups))
     finally:
         for frame in kept:
             frame.unpersist()
@@ -437,13 +450,18 @@ def _backup_table(summary: pd.DataFrame, lags: pd.DataFrame, counts: pd.DataFram
     return result[columns].sort_values(["queue", "backup"], ignore_index=True)
 
 
-def _queue_table(summary: pd.DataFrame, completions: DataFrame, backups: pd.DataFrame,
+def _latency(completions: DataFrame) -> pd.DataFrame:
+    """The percentiles per queue of the confirmations' times from their message's first enqueue (completions:
+    _measures')."""
+    return completions.groupBy("queue").agg(*measures.percentiles("completion_us", "completion")).toPandas()
+
+
+def _queue_table(summary: pd.DataFrame, latency: pd.DataFrame, backups: pd.DataFrame,
                  queue_counts: pd.DataFrame) -> pd.DataFrame:
-    """completions: (queue, completion_us) of each judged confirmation, from its message's first enqueue."""
+    """latency: the percentiles per queue of the judged confirmations' times from their message's first enqueue."""
     logged = _judged_primary_side(summary)
     counts = _event_counts(logged[logged["queue"].notna()], ["queue"])
-    latency = completions.groupBy("queue").agg(*measures.percentiles("completion_us", "completion"))
-    result = counts.merge(latency.toPandas(), on="queue", how="left")
+    result = counts.merge(latency, on="queue", how="left")
     sums = backups.groupby("queue")[list(_COUNT_COLUMNS.values())].sum()
     result = result.merge(sums, left_on="queue", right_index=True, how="outer")
     result = result.merge(queue_counts, left_on="queue", right_index=True, how="outer")
@@ -458,44 +476,64 @@ SHARD_COLUMNS: list[str] = ["shard", "queues", "enqueued", "completed", "dequeue
                             "lag_p50_ms", "lag_p95_ms", "lag_p99_ms", "lag_max_ms", *_COUNT_COLUMNS.values()]
 
 
-def _shard_table(summary: pd.DataFrame, lag: DataFrame, backups: pd.DataFrame) -> pd.DataFrame:
-    """Per shard of a sharded cluster (design/sharding.md): what its primaries logged, its backups' lag, and
-    the backups table's counts added up. A backup process serves one shard, which its lines name; a queue's
-    copies in other shards (step 4's forwarding queues) count where they are. Empty without shards."""
-    sharded = summary[summary["shard"].notna()].astype({"shard": "int64"})
-    if sharded.empty:
+def _shard_table(summary: pd.DataFrame, lags: pd.DataFrame | None, backups: pd.DataFrame) -> pd.DataFrame:
+    """Per shard of a sharded cluster (design/sharding.md): what its primaries logged, its backups' lag (lags:
+    _shard_lags'), and the backups table's counts added up. Empty without shards."""
+    sharded = _sharded(summary)
+    if lags is None:
         return pd.DataFrame(columns=SHARD_COLUMNS).astype({column: "int64" for column in SHARD_COLUMNS}).astype(
             {column: "float64" for column in SHARD_COLUMNS if column.startswith("lag_")})
-    owners = sharded[["broker", "shard"]].drop_duplicates().rename(columns={"broker": "backup"})
     logged = _judged_primary_side(sharded)
     logged = logged[logged["queue"].notna()]
     logged = _event_counts(logged, ["shard"]).merge(
         logged.groupby("shard", as_index=False)["queue"].nunique().rename(columns={"queue": "queues"}), on="shard")
-    owned = _small(lag.sparkSession, owners, "backup STRING, shard BIGINT")
-    lags = lag.join(F.broadcast(owned), "backup").groupBy("shard").agg(*measures.percentiles("lag_us", "lag"))
-    served = backups.merge(owners, on="backup").groupby("shard")
+    served = backups.merge(_owners(sharded), on="backup").groupby("shard")
     counts = (served[["received", *_COUNT_COLUMNS.values()]].sum()
               .join(served["backup"].nunique().rename("backups")).reset_index())
-    result = logged.merge(lags.toPandas(), on="shard", how="outer").merge(counts, on="shard", how="outer")
+    result = logged.merge(lags, on="shard", how="outer").merge(counts, on="shard", how="outer")
     numbers = ["queues", "enqueued", "completed", "dequeued", "backups", "received", *_COUNT_COLUMNS.values()]
     result = result.reindex(columns=SHARD_COLUMNS)
     result[["shard", *numbers]] = result[["shard", *numbers]].fillna(0).astype("int64")
     return result.sort_values("shard", ignore_index=True)
 
 
-def _epochs(summary: pd.DataFrame, inherited: DataFrame, unattested: pd.DataFrame) -> pd.DataFrame:
+def _shard_lags(summary: pd.DataFrame, lag: DataFrame) -> pd.DataFrame | None:
+    """The lag's percentiles per shard, of the copies its backups received; None without shards."""
+    sharded = _sharded(summary)
+    if sharded.empty:
+        return None
+    owned = _small(lag.sparkSession, _owners(sharded), "backup STRING, shard BIGINT")
+    return lag.join(F.broadcast(owned), "backup").groupBy("shard").agg(*measures.percentiles("lag_us", "lag")).toPandas()
+
+
+def _sharded(summary: pd.DataFrame) -> pd.DataFrame:
+    return summary[summary["shard"].notna()].astype({"shard": "int64"})
+
+
+def _owners(sharded: pd.DataFrame) -> pd.DataFrame:
+    """(backup, shard): a backup process serves one shard, which its lines name; a queue's copies in other shards
+    (step 4's forwarding queues) count where they are."""
+    return sharded[["broker", "shard"]].drop_duplicates().rename(columns={"broker": "backup"})
+
+
+def _inherited_counts(inherited: DataFrame) -> pd.DataFrame:
+    """(epoch, broker, inherited_dequeued) of the dequeues of messages first enqueued in an earlier epoch
+    (inherited: _measures')."""
+    return inherited.groupBy("epoch", "broker").agg(F.count("*").alias("inherited_dequeued")).toPandas()
+
+
+def _epochs(summary: pd.DataFrame, inherited: pd.DataFrame, unattested: pd.DataFrame) -> pd.DataFrame:
     """Each epoch's primary, how many messages it took over from earlier epochs and consumed, and how
     many its backups hold that its log does not record (an epoch whose primary left no event at all
-    shows with no primary). inherited: (epoch, broker) of each judged dequeue of a message first enqueued
-    in an earlier epoch."""
+    shows with no primary). inherited: (epoch, broker, inherited_dequeued): how many judged dequeues each
+    primary did of messages first enqueued in an earlier epoch."""
     logged = _judged_primary_side(summary)
     spans = logged.groupby(["epoch", "broker"], as_index=False).agg(first_event=("first", "min"),
                                                                      last_event=("last", "max"))
     table = spans.merge(_event_counts(logged, ["epoch", "broker"]), on=["epoch", "broker"])
     for column in ("first_event", "last_event"):
         table[column] = pd.to_datetime(table[column], unit="us")
-    counted = inherited.groupBy("epoch", "broker").agg(F.count("*").alias("inherited_dequeued")).toPandas()
-    result = (table.merge(counted, on=["epoch", "broker"], how="left").fillna({"inherited_dequeued": 0})
+    result = (table.merge(inherited, on=["epoch", "broker"], how="left").fillna({"inherited_dequeued": 0})
               .rename(columns={"broker": "primary"}))
     result = result.merge(unattested, on="epoch", how="outer")
     numbers = ["enqueued", "completed", "dequeued", "inherited_dequeued", "unattested"]
@@ -571,18 +609,26 @@ def _held_at_end(ev: DataFrame) -> DataFrame:
             .select("queue", F.col("message_id").alias("id")).distinct())
 
 
-def _lag_tables(lag: DataFrame, totals: dict[str, Any]) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """The lag's percentiles per queue and backup, and per backup over time in buckets sized to the span of the
-    events (totals["bucket_ms"]: the timeline): one pass over the lags, with a grouping set each."""
+def _bucket(totals: dict[str, Any]) -> int:
+    """The timeline's bucket (µs), sized to the span of the events: also totals["bucket_ms"]."""
     span_us = (totals["last"] - totals["first"]) // pd.Timedelta(microseconds=1) if totals["events"] else 0
     bucket_us = next((b for b in _BUCKETS_US if span_us / b <= TIMELINE_POINTS), _BUCKETS_US[-1])
     totals["bucket_ms"] = bucket_us / 1000
+    return bucket_us
+
+
+def _lag_stats(lag: DataFrame, bucket_us: int) -> pd.DataFrame:
+    """The lag's percentiles per queue and backup, and per backup and time bucket: one pass over the lags, with a
+    grouping set each (_lag_tables parts them)."""
     bucket = F.timestamp_micros((F.col("t") / bucket_us).cast("long") * bucket_us)
-    stats: pd.DataFrame = (lag.filter(F.col("lag_us").isNotNull()).withColumn("time", bucket)
-                           .groupingSets([["queue", "backup"], ["backup", "time"]], "queue", "backup", "time")
-                           .agg(F.grouping_id().alias("set"), F.count("*").alias("messages"),
-                                *measures.percentiles("lag_us", "lag"))
-                           .toPandas())
+    return (lag.filter(F.col("lag_us").isNotNull()).withColumn("time", bucket)
+            .groupingSets([["queue", "backup"], ["backup", "time"]], "queue", "backup", "time")
+            .agg(F.grouping_id().alias("set"), F.count("*").alias("messages"), *measures.percentiles("lag_us", "lag"))
+            .toPandas())
+
+
+def _lag_tables(stats: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """The lag's percentiles per queue and backup, and per backup over time (the timeline), of _lag_stats."""
     by_queue = stats["set"] == 1  # time not grouped: (queue, backup)
     lags = stats.loc[by_queue, ["queue", "backup", "lag_p50_ms", "lag_p95_ms", "lag_p99_ms", "lag_max_ms"]]
     timeline = stats.loc[~by_queue, ["backup", "time", "messages", "lag_p50_ms", "lag_p99_ms", "lag_max_ms"]]
