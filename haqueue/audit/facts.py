@@ -103,7 +103,11 @@ def prove(ev: DataFrame, brokers: Sequence[str], largest_cluster: int | None,
     largest_cluster: the largest cluster size any broker's marks give (None: no marks give one); bound: as
     measures.absent_copies'."""
     messages = ev.filter(F.col("uid").isNotNull() & F.col("seq").isNotNull())
-    facts = (_coded(messages, brokers).groupBy("uid", "seq", "queue").agg(*_facts(brokers))
+    # Shuffled as events, then aggregated once: a message's events are in different brokers' files, so an
+    # aggregation before the shuffle would combine few of them, and shuffle rows of every fact instead (the facts
+    # took 0.75-0.95 of the time so, bench/RESULTS.md).
+    facts = (_coded(messages, brokers).repartition("uid", "seq").groupBy("uid", "seq", "queue")
+             .agg(*_facts(brokers))
              .select(*_MEASURED, *_measured_copies(len(brokers)),
                      F.coalesce(_sound(len(brokers), largest_cluster, bound), F.lit(False)).alias("sound"))
              .persist())

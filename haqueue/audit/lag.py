@@ -503,7 +503,8 @@ def _shard_lags(summary: pd.DataFrame, lag: DataFrame) -> pd.DataFrame | None:
     if sharded.empty:
         return None
     owned = _small(lag.sparkSession, _owners(sharded), "backup STRING, shard BIGINT")
-    return lag.join(F.broadcast(owned), "backup").groupBy("shard").agg(*measures.percentiles("lag_us", "lag")).toPandas()
+    return (lag.join(F.broadcast(owned), "backup").groupBy("shard").agg(*measures.percentiles("lag_us", "lag"))
+            .toPandas())
 
 
 def _sharded(summary: pd.DataFrame) -> pd.DataFrame:
