@@ -188,35 +188,39 @@ def _analyse(ev: DataFrame, counted: pd.DataFrame, bad: DataFrame | None, bound:
     marks = ev.filter(F.col("event") == schema.MARK).select("broker", "time").persist()
     kept = [marks]  # persisted: each is read by several queries
     try:
-        # The messages judged by the checks: the suspects, else every one.
-        judged, proof = every, None
-        brokers = sorted(summary["broker"].unique())
-        if prove and len(brokers) <= facts.MAX_BROKERS:
-            largest = summary["cluster_size"].max()
-            proof = facts.prove(ev, brokers, None if pd.isna(largest) else int(largest), bound)
-            suspect_events = proof.events(ev).persist()
-            kept.append(suspect_events)
-            judged = _Kinds.of(suspect_events)
-        lag, completions, inherited = _measures(judged, proof)
-        if summary["shard"].notna().any():  # read twice: by _lag_tables and by _shard_table
-            lag = lag.persist()
-            kept.append(lag)
-        bucket_us = _bucket(totals)
-        # The result tables' queries, side by side: one's planning on the driver and its stages of a few tasks
-        # leave cores idle that another's tasks take (bench/RESULTS.md). The problems, the most of both, are
-        # planned and run in this thread meanwhile.
+        # Queries run side by side where one does not need another's answer: one's planning on the driver and its
+        # stages of a few tasks leave cores idle that another's tasks take (bench/RESULTS.md).
         with ThreadPoolExecutor(max_workers=4, thread_name_prefix="audit-query") as pool:
-            lag_stats = pool.submit(_lag_stats, lag, bucket_us)
+            # Copies out of order, judged over every copy (an order across messages), beside the facts.
+            order = _as_problem(_order_violations(every.replicas), OUT_OF_ORDER, "t").persist()
+            kept.append(order)
+            ordered = pool.submit(order.count)
+            # The messages judged by the checks: the suspects, else every one.
+            judged, proof = every, None
+            brokers = sorted(summary["broker"].unique())
+            if prove and len(brokers) <= facts.MAX_BROKERS:
+                largest = summary["cluster_size"].max()
+                proof = facts.prove(ev, brokers, None if pd.isna(largest) else int(largest), bound)
+                suspect_events = proof.events(ev).persist()
+                kept.append(suspect_events)
+                judged = _Kinds.of(suspect_events)
+            lag, completions, inherited = _measures(judged, proof)
+            if summary["shard"].notna().any():  # read twice: by _lag_tables and by _shard_table
+                lag = lag.persist()
+                kept.append(lag)
+            lag_stats = pool.submit(_lag_stats, lag, _bucket(totals))
             latency = pool.submit(_latency, completions)
             inherited_counts = pool.submit(_inherited_counts, inherited)
             bad_input = pool.submit(_bad_table, bad) if bad is not None else None
             shard_lags = pool.submit(_shard_lags, summary, lag)
-            problems = (_problems(judged, every.replicas, runs, marks, bound, kept)
+            # The problems, the largest of these queries, are planned and run in this thread meanwhile.
+            problems = (_problems(judged, order, runs, marks, bound, kept)
                         .unionByName(_as_problem(_unattested(judged.primary_side, judged.replicas), UNATTESTED,
                                                  "t", epoch="epoch"))
                         .unionByName(_as_problem(_at_risk(judged.completes, judged.replicas, sizes), AT_RISK, "t"))
                         .unionByName(_aside(judged.aside, judged.completes))).persist()
             kept.append(problems)
+            ordered.result()  # kept: the problems read them
             counts: pd.DataFrame = (problems.groupBy("queue", "backup", "problem", "epoch")
                                     .agg(F.sum("weight").alias("n")).toPandas())
             detail = (problems.orderBy("problem", "queue", "seq", "backup").limit(DETAIL_LIMIT)
@@ -319,17 +323,17 @@ _COUNT_COLUMNS = {MISSING: "missing", UNVERIFIED: "unverified", DUPLICATE: "dupl
 _QUEUE_COUNT_COLUMNS = {UNATTESTED: "unattested", AT_RISK: "at_risk", DIVERGED: "diverged", KEPT_ASIDE: "kept_aside"}
 
 
-def _problems(judged: _Kinds, replicas: DataFrame, runs: DataFrame, marks: DataFrame, bound: timedelta,
+def _problems(judged: _Kinds, order: DataFrame, runs: DataFrame, marks: DataFrame, bound: timedelta,
               kept: list[DataFrame]) -> DataFrame:
-    """The problems found per backup: of the messages in `judged`, and out of order among all `replicas`; the
-    frames it persists go to `kept`."""
+    """The problems found per backup: of the messages in `judged`, and `order`'s (the copies out of order, as
+    problems); the frames it persists go to `kept`."""
     absent = measures.absent_copies(judged.completes.filter(F.col("judged")), judged.replicas, judged.dequeues,
                                     bound).persist()
     kept.append(absent)  # judged twice: missing and unverified
     frames = [_as_problem(measures.missing(absent, marks, bound), MISSING, "t"),
               _as_problem(measures.unverified(absent, marks, bound), UNVERIFIED, "t"),
               _as_problem(_duplicates(judged.replicas), DUPLICATE, "t", F.col("copies") - 1),
-              _as_problem(_order_violations(replicas), OUT_OF_ORDER, "t"),
+              order,
               _as_problem(_unmirrored(judged.dequeues, judged.replicas, judged.mirrored, runs), NOT_MIRRORED,
                           "t_deq")]
     union = frames[0]
