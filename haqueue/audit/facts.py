@@ -104,8 +104,8 @@ def prove(ev: DataFrame, brokers: Sequence[str], largest_cluster: int | None,
     measures.absent_copies'."""
     messages = ev.filter(F.col("uid").isNotNull() & F.col("seq").isNotNull())
     # Shuffled as events, then aggregated once: a message's events are in different brokers' files, so an
-    # aggregation before the shuffle would combine few of them, and shuffle rows of every fact instead (the facts
-    # took 0.75-0.95 of the time so, bench/RESULTS.md).
+    # aggregation before the shuffle would combine few of them, and shuffle a row of every fact instead (this takes
+    # 0.78-0.90 of its time in a warm JVM, bench/RESULTS.md).
     facts = (_coded(messages, brokers).repartition("uid", "seq").groupBy("uid", "seq", "queue")
              .agg(*_facts(brokers))
              .select(*_MEASURED, *_measured_copies(len(brokers)),
