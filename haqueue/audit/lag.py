@@ -205,7 +205,7 @@ def _analyse(ev: DataFrame, counted: pd.DataFrame, bad: DataFrame | None, bound:
                 kept.append(suspect_events)
                 judged = _Kinds.of(suspect_events)
             lag, completions, inherited = _measures(judged, proof)
-            if summary["shard"].notna().any():  # read twice: by _lag_tables and by _shard_table
+            if not _sharded(summary).empty:  # read twice: by _lag_stats and by _shard_lags
                 lag = lag.persist()
                 kept.append(lag)
             lag_stats = pool.submit(_lag_stats, lag, _bucket(totals))
