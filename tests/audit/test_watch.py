@@ -119,7 +119,14 @@ def test_a_planted_loss_is_named_within_two_windows(ha_cluster, watch_process, t
     events = tmp_path / "events"
     c: HaCluster = ha_cluster(extra={"audit": {"dir": str(events)}})
     c[2].env = {"HAQUEUE_TEST_DROP_REPLICA": f"{QUEUE}:{DROPPED}"}
-    c.start_cluster()
+    primary = c.start_cluster()
+    # Both queues exist, and both backups follow them, before a message is sent: a backup that took up
+    # a new queue after its messages were confirmed holds them as catch-up copies, which have no lag,
+    # and its window never comes (CI, 2 busy cores: b2 took up "warmup" after its 100 messages).
+    for queue in ("warmup", QUEUE):
+        c.request(primary, "CREATE", "queue", queue)
+    for backup in (c[1], c[2]):
+        c.wait_ready(backup, queues=["warmup", QUEUE])
     # The warm-up is on disk before the watch starts, so its first micro-batch holds every broker's
     # warm-up events and none can be late. Sent while the watch started (CI, 2 busy cores), a backup's
     # lines could reach the stream after the other brokers' marks had moved the watermark past them:
