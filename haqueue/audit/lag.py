@@ -33,6 +33,7 @@ from haqueue.audit.storage import uri
 # A primary's dequeue counts as not mirrored on a backup only if that backup kept logging at least
 # this long afterwards (µs): otherwise its log may just have ended first (crash, or still running).
 MIRROR_GRACE_US = 1_000_000
+PROBLEMS_POOL = "audit-problems"  # the scheduler pool the problems' jobs run in
 DETAIL_LIMIT = 100_000  # rows of the problems table (each missing, duplicate... message)
 TIMELINE_POINTS = 300  # about this many time buckets per backup in the lag chart
 # Bucket widths to choose from (µs): the smallest that keeps the chart near TIMELINE_POINTS.
@@ -186,22 +187,20 @@ def _analyse(ev: DataFrame, counted: pd.DataFrame, bad: DataFrame | None, bound:
     sizes = _small(spark, summary[summary["cluster_size"].notna()].groupby(["broker", "run"], as_index=False)
                    ["cluster_size"].max(), "broker STRING, run BIGINT, cluster_size BIGINT")
     marks = ev.filter(F.col("event") == schema.MARK).select("broker", "time").persist()
-    kept = [marks]  # persisted: each is read by several queries
+    kept = [marks]  # persisted or checkpointed (_checkpoint): each is read by several queries
     try:
         # Queries run side by side where one does not need another's answer: one's planning on the driver and its
         # stages of a few tasks leave cores idle that another's tasks take (bench/RESULTS.md).
         with ThreadPoolExecutor(max_workers=4, thread_name_prefix="audit-query") as pool:
             # Copies out of order, judged over every copy (an order across messages), beside the facts.
-            order = _as_problem(_order_violations(every.replicas), OUT_OF_ORDER, "t").persist()
-            kept.append(order)
-            ordered = pool.submit(order.count)
+            ordered = pool.submit(_checkpoint, _as_problem(_order_violations(every.replicas), OUT_OF_ORDER, "t"))
             # The messages judged by the checks: the suspects, else every one.
             judged, proof = every, None
             brokers = sorted(summary["broker"].unique())
             if prove and len(brokers) <= facts.MAX_BROKERS:
                 largest = summary["cluster_size"].max()
                 proof = facts.prove(ev, brokers, None if pd.isna(largest) else int(largest), bound)
-                suspect_events = proof.events(ev).persist()
+                suspect_events = _checkpoint(proof.events(ev))
                 kept.append(suspect_events)
                 judged = _Kinds.of(suspect_events)
             lag, completions, inherited = _measures(judged, proof)
@@ -213,20 +212,27 @@ def _analyse(ev: DataFrame, counted: pd.DataFrame, bad: DataFrame | None, bound:
             inherited_counts = pool.submit(_inherited_counts, inherited)
             bad_input = pool.submit(_bad_table, bad) if bad is not None else None
             shard_lags = pool.submit(_shard_lags, summary, lag)
-            # The problems, the largest of these queries, are planned and run in this thread meanwhile.
-            problems = (_problems(judged, order, runs, marks, bound, kept)
-                        .unionByName(_as_problem(_unattested(judged.primary_side, judged.replicas), UNATTESTED,
-                                                 "t", epoch="epoch"))
-                        .unionByName(_as_problem(_at_risk(judged.completes, judged.replicas, sizes), AT_RISK, "t"))
-                        .unionByName(_aside(judged.aside, judged.completes))).persist()
-            kept.append(problems)
-            ordered.result()  # kept: the problems read them
-            counts: pd.DataFrame = (problems.groupBy("queue", "backup", "problem", "epoch")
-                                    .agg(F.sum("weight").alias("n")).toPandas())
-            detail = (problems.orderBy("problem", "queue", "seq", "backup").limit(DETAIL_LIMIT)
-                      .select("problem", "queue", "seq", "message_id", "backup",
-                              F.timestamp_micros("t").alias("time"))
-                      .toPandas())
+            # The problems, the largest of these queries, are planned and run in this thread meanwhile, their chain
+            # of small jobs in a scheduler pool of their own (sources.SCHEDULER_MODE).
+            order = ordered.result()
+            kept.append(order)
+            context = spark.sparkContext
+            context.setLocalProperty("spark.scheduler.pool", PROBLEMS_POOL)
+            try:
+                problems = (_problems(judged, order, runs, marks, bound, kept)
+                            .unionByName(_as_problem(_unattested(judged.primary_side, judged.replicas), UNATTESTED,
+                                                     "t", epoch="epoch"))
+                            .unionByName(_as_problem(_at_risk(judged.completes, judged.replicas, sizes), AT_RISK, "t"))
+                            .unionByName(_aside(judged.aside, judged.completes))).persist()
+                kept.append(problems)
+                counts: pd.DataFrame = (problems.groupBy("queue", "backup", "problem", "epoch")
+                                        .agg(F.sum("weight").alias("n")).toPandas())
+                detail = (problems.orderBy("problem", "queue", "seq", "backup").limit(DETAIL_LIMIT)
+                          .select("problem", "queue", "seq", "message_id", "backup",
+                                  F.timestamp_micros("t").alias("time"))
+                          .toPandas())
+            finally:
+                context.setLocalProperty("spark.scheduler.pool", None)  # type: ignore[arg-type]  # None unsets it
             lags, timeline = _lag_tables(lag_stats.result())
             latencies, inherited_found = latency.result(), inherited_counts.result()
             bad_table = bad_input.result() if bad_input is not None else _NO_BAD_LINES.copy()
@@ -239,9 +245,25 @@ def _analyse(ev: DataFrame, counted: pd.DataFrame, bad: DataFrame | None, bound:
                      problems=detail, bad_input=bad_table, shards=_shard_table(summary, shard_lags.result(), backups))
     finally:
         for frame in kept:
-            frame.unpersist()
+            _release(frame)
         if proof is not None:
             proof.unpersist()
+
+
+def _checkpoint(frame: DataFrame) -> DataFrame:
+    """`frame` computed now and kept (serialized, spilling to disk) as a frame of its own, without its lineage: the
+    queries built on it are planned without the events' reading and checks and the facts under it, which took the
+    problems most of their planning (bench/RESULTS.md). _release frees it."""
+    return frame.localCheckpoint(eager=True, storageLevel=StorageLevel.MEMORY_AND_DISK)
+
+
+def _release(frame: DataFrame) -> None:
+    """Frees what a persisted or _checkpoint'ed frame keeps (unpersist leaves a checkpoint's blocks to the JVM's
+    garbage collector)."""
+    frame.unpersist()
+    plan = frame._jdf.queryExecution().analyzed()
+    if plan.getClass().getSimpleName() == "LogicalRDD":
+        plan.rdd().unpersist(False)
 
 
 def _small(spark: SparkSession, table: pd.DataFrame, ddl: str) -> DataFrame:

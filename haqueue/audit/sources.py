@@ -24,14 +24,18 @@ BYTES_PER_PARTITION = 64 << 20
 # concurrent threads took about 12 CPU-s of a 10M-event audit on 2 cores; without them (and lag._small's Python
 # workers) it took 0.85-0.89 of the time (bench/RESULTS.md). A --conf of the same keys replaces it.
 JVM_OPTIONS = "-XX:+UseParallelGC"
+# Jobs share the cores between pools, not in the order they came (FIFO): an audit runs queries side by side, and
+# lag.py puts the problems' chain of small jobs in a pool of its own, not queued behind the lag's large tasks
+# (bench/RESULTS.md). A --conf of the key replaces it.
+SCHEDULER_MODE = "FAIR"
 
 
 def session(master: str | None = None, conf: Mapping[str, str] | None = None, debug: bool = False,
             size: int | None = None) -> SparkSession:
     """A Spark session: `master`, else spark-submit's, else local[*]. `conf` (the command's --conf) wins
-    over the defaults here: the driver's memory for an input of `size` (driver_memory) and the JVMs' options
-    (JVM_OPTIONS), on any master; no web UI on a local one. Under spark-submit its JVM is already running: its
-    own --conf settings stand.
+    over the defaults here: the driver's memory for an input of `size` (driver_memory), the JVMs' options
+    (JVM_OPTIONS) and the scheduler's mode (SCHEDULER_MODE), on any master; no web UI on a local one. Under
+    spark-submit its JVM is already running: its own --conf settings stand.
     Spark logs only fatal errors unless `debug`: a failed job is told in one line (failures.py).
     UsageError if this process runs a session on another master than `master`: Spark would hand that one
     back, and the audit would run there, not where it was asked to; it is the caller's, left running."""
@@ -45,7 +49,8 @@ def session(master: str | None = None, conf: Mapping[str, str] | None = None, de
     if not submitted:
         master = master or "local[*]"
         defaults = {"spark.driver.memory": driver_memory(master, size), "spark.ui.showConsoleProgress": "false",
-                    "spark.driver.extraJavaOptions": JVM_OPTIONS, "spark.executor.extraJavaOptions": JVM_OPTIONS}
+                    "spark.driver.extraJavaOptions": JVM_OPTIONS, "spark.executor.extraJavaOptions": JVM_OPTIONS,
+                    "spark.scheduler.mode": SCHEDULER_MODE}
     if master is not None and master.startswith("local"):
         defaults["spark.ui.enabled"] = "false"
     builder = SparkSession.builder.appName("haqueue-audit").config("spark.sql.session.timeZone", "UTC")

@@ -195,14 +195,16 @@ def test_the_drivers_memory_is_sized_from_the_input_listed_as_the_audit_reads_it
     assert sources.driver_memory("spark://h:7077", 1 << 20) == sources.driver_memory("spark://h:7077", 1 << 40)
 
 
-def test_the_audit_asks_for_the_throughput_collector(spark):
+def test_the_audit_asks_for_the_throughput_collector_and_fair_scheduling(spark):
     """The session this process starts asks for JVM_OPTIONS for the driver and the executors (bench/RESULTS.md:
-    G1's threads took their share of 2 cores). Here PYSPARK_SUBMIT_ARGS (tests/conftest.py) picks the JVM's own."""
+    G1's threads took their share of 2 cores), and for pools sharing the cores (the problems' pool, lag.py). Here
+    PYSPARK_SUBMIT_ARGS (tests/conftest.py) picks the JVM's own."""
     from haqueue.audit import sources
 
     conf = spark.sparkContext.getConf()
     for key in ("spark.driver.extraJavaOptions", "spark.executor.extraJavaOptions"):
         assert sources.JVM_OPTIONS in conf.get(key), (key, conf.get(key))
+    assert conf.get("spark.scheduler.mode") == sources.SCHEDULER_MODE == "FAIR"
 
 
 def test_a_backup_whose_log_ends_first_is_unverified_not_missing(spark, tmp_path):
