@@ -34,6 +34,7 @@ from haqueue.audit.storage import uri
 # this long afterwards (µs): otherwise its log may just have ended first (crash, or still running).
 MIRROR_GRACE_US = 1_000_000
 PROBLEMS_POOL = "audit-problems"  # the scheduler pool the problems' jobs run in
+_POOL = "spark.scheduler.pool"  # the local property that names a thread's pool
 DETAIL_LIMIT = 100_000  # rows of the problems table (each missing, duplicate... message)
 TIMELINE_POINTS = 300  # about this many time buckets per backup in the lag chart
 # Bucket widths to choose from (µs): the smallest that keeps the chart near TIMELINE_POINTS.
@@ -217,7 +218,8 @@ def _analyse(ev: DataFrame, counted: pd.DataFrame, bad: DataFrame | None, bound:
             order = ordered.result()
             kept.append(order)
             context = spark.sparkContext
-            context.setLocalProperty("spark.scheduler.pool", PROBLEMS_POOL)
+            caller_pool = context.getLocalProperty(_POOL)
+            context.setLocalProperty(_POOL, PROBLEMS_POOL)
             try:
                 problems = (_problems(judged, order, runs, marks, bound, kept)
                             .unionByName(_as_problem(_unattested(judged.primary_side, judged.replicas), UNATTESTED,
@@ -232,7 +234,7 @@ def _analyse(ev: DataFrame, counted: pd.DataFrame, bad: DataFrame | None, bound:
                                   F.timestamp_micros("t").alias("time"))
                           .toPandas())
             finally:
-                context.setLocalProperty("spark.scheduler.pool", None)  # type: ignore[arg-type]  # None unsets it
+                context.setLocalProperty(_POOL, caller_pool)  # type: ignore[arg-type]  # None unsets it
             lags, timeline = _lag_tables(lag_stats.result())
             latencies, inherited_found = latency.result(), inherited_counts.result()
             bad_table = bad_input.result() if bad_input is not None else _NO_BAD_LINES.copy()
