@@ -15,7 +15,9 @@ The command (session, paths, outputs, exit code) is lag_command.py's.
 """
 from __future__ import annotations
 
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any, Sequence
@@ -34,7 +36,6 @@ from haqueue.audit.storage import uri
 # this long afterwards (µs): otherwise its log may just have ended first (crash, or still running).
 MIRROR_GRACE_US = 1_000_000
 PROBLEMS_POOL = "audit-problems"  # the scheduler pool the problems' jobs run in
-_POOL = "spark.scheduler.pool"  # the local property that names a thread's pool
 DETAIL_LIMIT = 100_000  # rows of the problems table (each missing, duplicate... message)
 TIMELINE_POINTS = 300  # about this many time buckets per backup in the lag chart
 # Bucket widths to choose from (µs): the smallest that keeps the chart near TIMELINE_POINTS.
@@ -217,10 +218,7 @@ def _analyse(ev: DataFrame, counted: pd.DataFrame, bad: DataFrame | None, bound:
             # of small jobs in a scheduler pool of their own (sources.SCHEDULER_MODE).
             order = ordered.result()
             kept.append(order)
-            context = spark.sparkContext
-            caller_pool = context.getLocalProperty(_POOL)
-            context.setLocalProperty(_POOL, PROBLEMS_POOL)
-            try:
+            with _scheduler_pool(spark, PROBLEMS_POOL):
                 problems = (_problems(judged, order, runs, marks, bound, kept)
                             .unionByName(_as_problem(_unattested(judged.primary_side, judged.replicas), UNATTESTED,
                                                      "t", epoch="epoch"))
@@ -233,8 +231,6 @@ def _analyse(ev: DataFrame, counted: pd.DataFrame, bad: DataFrame | None, bound:
                           .select("problem", "queue", "seq", "message_id", "backup",
                                   F.timestamp_micros("t").alias("time"))
                           .toPandas())
-            finally:
-                context.setLocalProperty(_POOL, caller_pool)  # type: ignore[arg-type]  # None unsets it
             lags, timeline = _lag_tables(lag_stats.result())
             latencies, inherited_found = latency.result(), inherited_counts.result()
             bad_table = bad_input.result() if bad_input is not None else _NO_BAD_LINES.copy()
@@ -250,6 +246,18 @@ def _analyse(ev: DataFrame, counted: pd.DataFrame, bad: DataFrame | None, bound:
             _release(frame)
         if proof is not None:
             proof.unpersist()
+
+
+@contextmanager
+def _scheduler_pool(spark: SparkSession, pool: str) -> Iterator[None]:
+    """The jobs this thread starts meanwhile run in the scheduler pool `pool`; then in the caller's again."""
+    context, key = spark.sparkContext, "spark.scheduler.pool"
+    caller = context.getLocalProperty(key)
+    context.setLocalProperty(key, pool)
+    try:
+        yield
+    finally:
+        context.setLocalProperty(key, caller)  # type: ignore[arg-type]  # None unsets it
 
 
 def _checkpoint(frame: DataFrame) -> DataFrame:

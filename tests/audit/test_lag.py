@@ -225,6 +225,25 @@ def test_a_backup_whose_log_ends_first_is_unverified_not_missing(spark, tmp_path
     assert rows(audit.backups, ["backup", "received", "missing", "unverified"]) == [("b1", 1, 0, 1)]
 
 
+def test_an_audit_leaves_the_callers_scheduler_pool_as_it_was(spark, tmp_path):
+    """The problems' jobs run in a pool of their own (lag.PROBLEMS_POOL); a notebook's own pool for its thread is
+    its again once the audit is done."""
+    from haqueue.audit import lag
+
+    log = EventLog()
+    log.mark("b0", 1, T0, schema.PRIMARY, 1)
+    log.mark("b1", 2, T0, schema.BACKUP, 1)
+    log.message("b0", 1, schema.ENQUEUE, T0 + 1000, schema.PRIMARY, 1, 1)
+    log.message("b1", 2, schema.REPLICATE, T0 + 1100, schema.BACKUP, 1, 1, mode=schema.LIVE, enqueued=T0 + 1000)
+    context = spark.sparkContext
+    context.setLocalProperty("spark.scheduler.pool", "notebook")
+    try:
+        lag.analyse(spark, str(log.write(tmp_path / "events")))
+        assert context.getLocalProperty("spark.scheduler.pool") == "notebook"
+    finally:
+        context.setLocalProperty("spark.scheduler.pool", None)  # type: ignore[arg-type]
+
+
 def test_command_line_writes_tables_chart_summary_and_fails_on_loss(scenario_dir, tmp_path):
     out = tmp_path / "out"
     since = datetime.fromtimestamp(T0 / 1e6, tz=timezone.utc).strftime("%Y-%m-%dT%H:%M:%S")
