@@ -394,10 +394,11 @@ def _aside(aside: DataFrame, completes: DataFrame) -> DataFrame:
 
 
 def _pivot(counts: pd.DataFrame, index: list[str], columns: dict[str, str]) -> pd.DataFrame:
-    """The counts (index..., problem, n) of the problems in `columns`, a column each under its name there."""
+    """The counts (index..., problem, n) of the problems in `columns`: the index's columns, then a column for each
+    problem under its name there."""
     chosen = counts[counts["problem"].isin(list(columns))]
     return (chosen.pivot_table(index=index, columns="problem", values="n", aggfunc="sum")
-            .rename(columns=columns).reindex(columns=list(columns.values())))
+            .rename(columns=columns).reindex(columns=list(columns.values())).reset_index())
 
 
 def _at_risk(completes: DataFrame, replicas: DataFrame, sizes: DataFrame) -> DataFrame:
@@ -478,7 +479,7 @@ def _backup_table(summary: pd.DataFrame, lags: pd.DataFrame, counts: pd.DataFram
     result = (result.rename(columns={"broker": "backup", "events": "received"})
               .groupby(["queue", "backup"], as_index=False)[["received", "live", "catchup"]].sum())
     result = result.merge(lags, on=["queue", "backup"], how="left")
-    result = result.merge(counts, left_on=["queue", "backup"], right_index=True, how="outer")
+    result = result.merge(counts, on=["queue", "backup"], how="outer")
     numbers = ["received", "live", "catchup", *_COUNT_COLUMNS.values()]
     result[numbers] = result[numbers].fillna(0).astype("int64")
     columns = ["queue", "backup", "received", "live", "catchup", "lag_p50_ms", "lag_p95_ms", "lag_p99_ms",
@@ -498,9 +499,8 @@ def _queue_table(summary: pd.DataFrame, latency: pd.DataFrame, backups: pd.DataF
     logged = _judged_primary_side(summary)
     counts = _event_counts(logged[logged["queue"].notna()], ["queue"])
     result = counts.merge(latency, on="queue", how="left")
-    sums = backups.groupby("queue")[list(_COUNT_COLUMNS.values())].sum()
-    result = result.merge(sums, left_on="queue", right_index=True, how="outer")
-    result = result.merge(queue_counts, left_on="queue", right_index=True, how="outer")
+    sums = backups.groupby("queue", as_index=False)[list(_COUNT_COLUMNS.values())].sum()
+    result = result.merge(sums, on="queue", how="outer").merge(queue_counts, on="queue", how="outer")
     result["backups"] = result["queue"].map(backups.groupby("queue")["backup"].nunique())
     numbers = ["enqueued", "completed", "dequeued", "backups", *_COUNT_COLUMNS.values(), *_QUEUE_COUNT_COLUMNS.values()]
     result[numbers] = result[numbers].fillna(0).astype("int64")

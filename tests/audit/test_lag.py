@@ -259,6 +259,34 @@ def test_command_line_writes_tables_chart_summary_and_fails_on_loss(scenario_dir
     assert (out / "lag.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_a_standalone_brokers_run_audits_clean(broker_factory, tmp_path):
+    """A broker without HA: no backup receives a copy, so the per-backup table is empty, and the audit still
+    counts the queue's messages and passes."""
+    from proton import Message
+    from proton.utils import BlockingConnection
+
+    events, out = tmp_path / "events", tmp_path / "out"
+    b = broker_factory(name="solo", audit={"dir": str(events)})
+    conn = BlockingConnection(b.url(), sasl_enabled=False, timeout=10)
+    try:
+        sender = conn.create_sender("orders")
+        for i in range(3):
+            sender.send(Message(id=f"order-{i}", body=i))
+        receiver = conn.create_receiver("orders", credit=2)
+        for _ in range(2):
+            receiver.receive(timeout=10)
+            receiver.accept()
+    finally:
+        conn.close()
+    b.stop()
+    result = run_audit_command(["audit", "lag", "--events", str(events), "--out", str(out), "--master", "local[2]",
+                                "--fail-on-loss"])
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert pd.read_csv(out / "backups.csv").empty
+    assert rows(pd.read_csv(out / "queues.csv"), ["queue", "enqueued", "completed", "dequeued", "backups", "missing"]
+                ) == [("orders", 3, 3, 2, 0, 0)]
+
+
 def test_confirmations_at_risk_and_messages_kept_aside_are_named_and_fail_the_audit(tmp_path):
     """Issue 27's partition under the opt-out: b0 confirmed seq 4 and 5 alone (at risk), then kept them
     aside at its rejoin (diverged, not a mirrored dequeue); --fail-on-loss exits 1 on them, nothing missing.
