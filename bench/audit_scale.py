@@ -13,7 +13,8 @@ b1 takes over (epoch 2) and b0 returns as a backup. Each message is enqueued, co
 on its primary and replicated and dequeued on both backups: 7 events. Planted: 3 confirmed
 messages b2 never received, 2 that b1 received twice.
 
-    .venv/bin/python bench/audit_scale.py [--events 10000000] [--rounds 3] [--workers] [--dir DIR] [--no-record]
+    .venv/bin/python bench/audit_scale.py [--events 10000000] [--rounds 3] [--workers [--only-workers]] [--warm]
+        [--dir DIR] [--no-record]
     .venv/bin/python bench/audit_scale.py --run DIR [--master URL] [--profile]   # one audit; --profile: each
         Spark action's wall time, jobs, tasks and task CPU, from Spark's event log
 """
@@ -124,9 +125,11 @@ def generate(directory: Path, events: int) -> int:
 
 # ---- one audit, in a process of its own ---------------------------------------------------------
 
-def audit_once(events: str, master: str | None, profile: bool, extra: dict[str, str] | None = None) -> dict:
+def audit_once(events: str, master: str | None, profile: bool, extra: dict[str, str] | None = None,
+               warm: bool = False) -> dict:
     """Audit `events` on `master` (None: local[*]) with the session settings `extra`; its times, task CPU
-    (Spark's event log) and the check."""
+    (Spark's event log) and the check. warm: then audit them again in the same session (`warm_s`): the JVMs'
+    compilers have done their work, the executors are up; the figures are the first audit's."""
     from haqueue.audit import lag, report, sources
     from haqueue.audit.storage import Storage
 
@@ -143,6 +146,11 @@ def audit_once(events: str, master: str | None, profile: bool, extra: dict[str, 
         Storage(spark).write(str(scratch / "out"), report.outputs(audit))
         audit_s = time.monotonic() - started
         busy_cores = (machine_busy_ticks() - busy) / CLK_TCK / audit_s
+        warm_s = None
+        if warm:
+            started = time.monotonic()
+            Storage(spark).write(str(scratch / "warm"), report.outputs(lag.analyse(spark, events)))
+            warm_s = time.monotonic() - started
         spark.stop()
         actions = spark_actions(scratch / "log")
         b = audit.backups.groupby("backup").sum(numeric_only=True)
@@ -155,7 +163,7 @@ def audit_once(events: str, master: str | None, profile: bool, extra: dict[str, 
                 print(f"{a['wall_s']:7.1f} s  {a['jobs']:3d} jobs {a['tasks']:5d} tasks  task CPU {a['cpu_s']:6.1f} s  "
                       f"GC {a['gc_s']:5.1f} s  {a['what']}")
         return {"events": audit.totals["events"], "summary": report.summary(audit), "session_s": session_s,
-                "audit_s": audit_s,
+                "audit_s": audit_s, "warm_s": warm_s,
                 "task_cpu_s": sum(a["cpu_s"] for a in actions), "gc_s": sum(a["gc_s"] for a in actions), "actions": len(actions),
                 "jobs": sum(a["jobs"] for a in actions), "busy_cores": busy_cores, "ok": ok}
     finally:
@@ -244,10 +252,12 @@ class Standalone:
 
 # ---- the rounds ----------------------------------------------------------------------------------
 
-def run_setup(events: Path, master: str | None) -> dict:
-    """One audit in a process of its own: what audit_once returned, or {"error": ...}."""
+def run_setup(events: Path, master: str | None, warm: bool = False) -> dict:
+    """One audit in a process of its own (warm: and then another, audit_once): what audit_once returned, or
+    {"error": ...}."""
     load = float(loadavg().split()[0])  # the machine's 1-minute load average as the audit starts
-    command = [sys.executable, __file__, "--run", str(events)] + (["--master", master] if master else [])
+    command = ([sys.executable, __file__, "--run", str(events)] + (["--master", master] if master else [])
+               + (["--warm"] if warm else []))
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(BENCH.parent), os.environ.get("PYTHONPATH")]))}
     done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=3600)
     for line in reversed(done.stdout.splitlines()):
@@ -293,6 +303,7 @@ def med_range(values: list[float], digits: int = 1) -> str:
 
 def section(command: str, setups: dict[str, str], runs: dict[str, list[dict]], facts: dict) -> str:
     """The RESULTS.md section of a run."""
+    warm = any(r.get("warm_s") for rs in runs.values() for r in rs)
     date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     lines = [f"## Audit: JSON lines vs Parquet, local vs standalone workers (bench/audit_scale.py), {date}", "",
              "```", command, "```", "",
@@ -304,26 +315,31 @@ def section(command: str, setups: dict[str, str], runs: dict[str, list[dict]], f
              "order rotated each round; audit s = reading, every table, the chart and the summary (the session's "
              "start apart); task CPU = Spark's executor CPU time over every task (its event log); busy = cores the "
              "whole machine used during the audit (the audit's own and everyone else's); load at start = the "
-             "machine's 1-minute load average as each audit started (other work on the machine included).", "",
+             "machine's 1-minute load average as each audit started (other work on the machine included)."
+             + (" Warm s: a second audit of the same files in the same process, once the JVMs' compilers have "
+                "done their work and the executors are up." if warm else ""), "",
              "| set-up | master | audit s | events/s | task CPU s | busy cores | load at start | session s | "
-             "Spark actions / jobs | planted answers | summary as the JSON lines' |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
-    reference = next((r["summary"] for r in runs["jsonl"] if "error" not in r), None)
+             "Spark actions / jobs | planted answers | summary as the JSON lines' |" + (" warm s |" if warm else ""),
+             "|---|---|---|---|---|---|---|---|---|---|---|" + ("---|" if warm else "")]
+    reference = next((r["summary"] for r in runs.get("jsonl", []) if "error" not in r), None)
     for name, master in setups.items():
         ok = [r for r in runs[name] if "error" not in r]
-        same = f"{sum(r['summary'] == reference for r in ok)} of {len(ok)}"
+        same = f"{sum(r['summary'] == reference for r in ok)} of {len(ok)}" if reference else "—"
         figures = [med_range([r["audit_s"] for r in ok]), med_range([r["events"] / r["audit_s"] for r in ok], 0),
                    med_range([r["task_cpu_s"] for r in ok]), med_range([r["busy_cores"] for r in ok], 2),
                    med_range([r["load"] for r in runs[name]]), med_range([r["session_s"] for r in ok]), f"{ok[0]['actions']} / {ok[0]['jobs']}" if ok else "—"]
         answers = f"{sum(r['ok'] for r in ok)} of {len(runs[name])} found" + "".join(
             f"; {r['error']}" for r in runs[name] if "error" in r)
-        lines.append(f"| {name} | {master} | " + " | ".join(figures) + f" | {answers} | {same} |")
+        lines.append(f"| {name} | {master} | " + " | ".join(figures) + f" | {answers} | {same} |"
+                     + (f" {med_range([r['warm_s'] for r in ok])} |" if warm else ""))
     lines += ["", "Ratios of audit s, round by round (median, min–max, each round's):", "",
               "| ratio | median (min–max) | per round |", "|---|---|---|"]
     for slow, fast in facts["pairs"]:
         pairs = [(a, b) for a, b in zip(runs[slow], runs[fast]) if "error" not in a and "error" not in b]
-        ratios = [a["audit_s"] / b["audit_s"] for a, b in pairs]
-        lines.append(f"| {slow} / {fast} | {med_range(ratios, 2)} | " + " ".join(f"{x:.2f}" for x in ratios) + " |")
+        for what, key in (("", "audit_s"), (", warm", "warm_s")) if warm else (("", "audit_s"),):
+            ratios = [a[key] / b[key] for a, b in pairs]
+            lines.append(f"| {slow} / {fast}{what} | {med_range(ratios, 2)} | " + " ".join(f"{x:.2f}" for x in ratios)
+                         + " |")
     return "\n".join(lines) + "\n"
 
 
@@ -339,6 +355,10 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--workers", action="store_true",
                     help="also audit the Parquet files on a standalone master with 1, then 2 one-core workers")
+    ap.add_argument("--only-workers", action="store_true", help="with --workers: the standalone set-ups alone")
+    ap.add_argument("--warm", action="store_true",
+                    help="each audit followed by a second in the same process (warm s): with --workers, whether the "
+                         "work scales onto a second worker once the JVMs have warmed up")
     ap.add_argument("--dir", help="where the events go (default: a temporary directory); kept if given, and a set "
                                   "made there before for the same --events is used again")
     ap.add_argument("--no-record", action="store_true", help="do not append to bench/RESULTS.md")
@@ -348,9 +368,11 @@ def main() -> int:
     ap.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE",
                     help="with --run: a Spark setting (as `haqueue audit lag --conf`)")
     args = ap.parse_args()
+    if args.only_workers and not args.workers:
+        ap.error("--only-workers needs --workers")
     if args.run:
         print("RESULT " + json.dumps(audit_once(args.run, args.master, args.profile,
-                                                        dict(c.split("=", 1) for c in args.conf))), flush=True)
+                                                dict(c.split("=", 1) for c in args.conf), args.warm)), flush=True)
         return 0
     base = Path(args.dir) if args.dir else Path(tempfile.mkdtemp(prefix="haqueue-audit-scale-"))
     events_dir, parquet_dir = base / "events", base / "parquet"
@@ -360,7 +382,8 @@ def main() -> int:
         messages, json_bytes, convert_s, parquet_bytes = made_set(base, args.events)
         print(f"{messages:,} messages in {json_bytes / 1e9:.2f} GB of JSON lines, {parquet_bytes / 1e6:.0f} MB of "
               f"Parquet (converted in {convert_s:.0f} s)", flush=True)
-        setups = {"jsonl": (events_dir, None), "parquet": (parquet_dir, None)}
+        setups: dict[str, tuple[Path, str | None]] = ({} if args.only_workers else {"jsonl": (events_dir, None),
+                                                                                   "parquet": (parquet_dir, None)})
         if args.workers:
             for workers in (1, 2):
                 clusters.append(Standalone(workers, base / f"standalone{workers}"))
@@ -369,14 +392,15 @@ def main() -> int:
         runs: dict[str, list[dict]] = {name: [] for name in names}
         for round_ in range(args.rounds):
             for name in names[round_ % len(names):] + names[:round_ % len(names)]:
-                result = run_setup(*setups[name])
+                result = run_setup(*setups[name], args.warm)
                 runs[name].append(result)
                 print(f"round {round_ + 1} {name} (load {result['load']:.1f}): " + (result.get("error") or
                       f"{result['audit_s']:.1f} s, {result['events'] / result['audit_s']:,.0f} events/s, task CPU "
                       f"{result['task_cpu_s']:.0f} s, busy {result['busy_cores']:.2f} cores, answers "
-                      f"{'found' if result['ok'] else 'WRONG'}"), flush=True)
+                      f"{'found' if result['ok'] else 'WRONG'}" + (f", warm {result['warm_s']:.1f} s" if result.get(
+                          "warm_s") else "")), flush=True)
         events = next((r["events"] for rs in runs.values() for r in rs if "error" not in r), 0)
-        pairs = [("jsonl", "parquet")] + ([(names[2], names[3])] if args.workers else [])
+        pairs = ([] if args.only_workers else [("jsonl", "parquet")]) + ([(names[-2], names[-1])] if args.workers else [])
         text = section(" ".join(["bench/audit_scale.py", *sys.argv[1:]]), {n: m or "local[*]" for n, (_, m) in
                                                                            setups.items()}, runs,
                        {"events": events, "messages": messages, "json_bytes": json_bytes, "parquet_bytes": parquet_bytes,
