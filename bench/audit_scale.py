@@ -32,6 +32,7 @@ import sys
 import tempfile
 import time
 import urllib.request
+from typing import BinaryIO
 from pathlib import Path
 
 BENCH = Path(__file__).resolve().parent
@@ -54,7 +55,8 @@ class Files:
 
     def __init__(self, directory: Path, broker: str, run: int) -> None:
         self.directory, self.broker, self.run = directory, broker, run
-        self.part, self.size, self.n, self.file = 0, PART_BYTES, 0, None
+        self.part, self.size, self.n = 0, 0, 0
+        self.file: BinaryIO | None = None
         self.buffer: list[str] = []
 
     def line(self, t: int, event: str, role: str, epoch: int, rest: str) -> None:
@@ -67,18 +69,20 @@ class Files:
     def flush(self) -> None:
         data = "".join(self.buffer).encode()
         self.buffer.clear()
-        if self.size >= PART_BYTES:
-            if self.file is not None:
-                self.file.close()
+        file = self.file
+        if file is None or self.size >= PART_BYTES:
+            if file is not None:
+                file.close()
             self.part += 1
-            self.file = open(self.directory / f"{self.broker}-r{self.run}-{self.part:06d}.jsonl", "wb")
+            file = self.file = open(self.directory / f"{self.broker}-r{self.run}-{self.part:06d}.jsonl", "wb")
             self.size = 0
-        self.file.write(data)
+        file.write(data)
         self.size += len(data)
 
     def close(self) -> None:
         self.flush()
-        self.file.close()
+        if self.file is not None:
+            self.file.close()
 
 
 def generate(directory: Path, events: int) -> int:
