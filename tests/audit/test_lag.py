@@ -263,21 +263,13 @@ def test_a_standalone_brokers_run_audits_clean(broker_factory, tmp_path):
     """A broker without HA: no backup receives a copy, so the per-backup table is empty, and the audit still
     counts the queue's messages and passes."""
     from proton import Message
-    from proton.utils import BlockingConnection
+
+    from ha_harness import receive, send_all
 
     events, out = tmp_path / "events", tmp_path / "out"
     b = broker_factory(name="solo", audit={"dir": str(events)})
-    conn = BlockingConnection(b.url(), sasl_enabled=False, timeout=10)
-    try:
-        sender = conn.create_sender("orders")
-        for i in range(3):
-            sender.send(Message(id=f"order-{i}", body=i))
-        receiver = conn.create_receiver("orders", credit=2)
-        for _ in range(2):
-            receiver.receive(timeout=10)
-            receiver.accept()
-    finally:
-        conn.close()
+    send_all(b.addresses[0], "orders", [Message(id=f"order-{i}", body=i) for i in range(3)])
+    receive(b.addresses[0], "orders", 2)
     b.stop()
     result = run_audit_command(["audit", "lag", "--events", str(events), "--out", str(out), "--master", "local[2]",
                                 "--fail-on-loss"])
