@@ -32,13 +32,14 @@ import sys
 import tempfile
 import time
 import urllib.request
-from typing import BinaryIO
+from typing import BinaryIO, Sequence
 from pathlib import Path
 
 BENCH = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH.parent))
 sys.path.insert(0, str(BENCH))
 
+from cpu_cap import CpuCap  # noqa: E402
 from run import CLK_TCK, free_port, loadavg, machine_busy_ticks  # noqa: E402  bench/run.py, stdlib only
 
 RESULTS = BENCH / "RESULTS.md"
@@ -206,9 +207,11 @@ def spark_actions(log: Path) -> list[dict]:
 
 class Standalone:
     """A Spark standalone master and `workers` one-core workers, started from the pyspark package's own
-    spark-class on loopback ports chosen free, their logs and work directories under `directory`."""
+    spark-class on loopback ports chosen free, their logs and work directories under `directory`. cpu: each
+    worker and the executor it starts get this share of one core between them (cpu_cap.py), standing for a
+    worker machine of its own; None: uncapped."""
 
-    def __init__(self, workers: int, directory: Path) -> None:
+    def __init__(self, workers: int, directory: Path, cpu: float | None = None) -> None:
         import pyspark
 
         home = Path(pyspark.__file__).parent
@@ -216,13 +219,15 @@ class Standalone:
         env = {**os.environ, "SPARK_HOME": str(home), "SPARK_LOG_DIR": str(directory)}
         self.port, self.ui = free_port(), free_port()
         self.url = f"spark://127.0.0.1:{self.port}"
+        self.caps = [CpuCap(f"haqueue-bench-{os.getpid()}-{workers}-{i}", cpu) for i in range(workers)] if cpu else []
         self.processes = [self._start(home, env, directory / "master.log", "org.apache.spark.deploy.master.Master",
                                       "--host", "127.0.0.1", "--port", str(self.port), "--webui-port", str(self.ui))]
         for i in range(workers):
             self.processes.append(self._start(
                 home, env, directory / f"worker{i}.log", "org.apache.spark.deploy.worker.Worker", "--host",
                 "127.0.0.1", "--port", str(free_port()), "--webui-port", str(free_port()), "--cores", "1",
-                "--memory", "3g", "--work-dir", str(directory / f"work{i}"), self.url))
+                "--memory", "3g", "--work-dir", str(directory / f"work{i}"), self.url,
+                prefix=self.caps[i].prefix() if self.caps else []))
         deadline = time.monotonic() + 120
         while self._alive_workers() < workers:
             if time.monotonic() > deadline or any(p.poll() is not None for p in self.processes):
@@ -231,9 +236,9 @@ class Standalone:
             time.sleep(0.5)
 
     @staticmethod
-    def _start(home: Path, env: dict, log: Path, *args: str) -> subprocess.Popen:
+    def _start(home: Path, env: dict, log: Path, *args: str, prefix: Sequence[str] = ()) -> subprocess.Popen:
         with open(log, "wb") as out:
-            return subprocess.Popen([str(home / "bin" / "spark-class"), *args], env=env, stdout=out,
+            return subprocess.Popen([*prefix, str(home / "bin" / "spark-class"), *args], env=env, stdout=out,
                                     stderr=subprocess.STDOUT)
 
     def _alive_workers(self) -> int:
@@ -252,6 +257,8 @@ class Standalone:
             except subprocess.TimeoutExpired:
                 process.kill()
                 process.wait()
+        for cap in self.caps:
+            cap.remove()
 
 
 # ---- the rounds ----------------------------------------------------------------------------------
@@ -360,6 +367,9 @@ def main() -> int:
     ap.add_argument("--workers", action="store_true",
                     help="also audit the Parquet files on a standalone master with 1, then 2 one-core workers")
     ap.add_argument("--only-workers", action="store_true", help="with --workers: the standalone set-ups alone")
+    ap.add_argument("--worker-cpu", type=float, metavar="CORES",
+                    help="with --workers: each worker and its executor capped to this share of one core (root, a "
+                         "cgroup each), standing for worker machines that do not share their cores with the driver")
     ap.add_argument("--warm", action="store_true",
                     help="each audit followed by a second in the same process (warm s): with --workers, whether the "
                          "work scales onto a second worker once the JVMs have warmed up")
@@ -372,8 +382,8 @@ def main() -> int:
     ap.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE",
                     help="with --run: a Spark setting (as `haqueue audit lag --conf`)")
     args = ap.parse_args()
-    if args.only_workers and not args.workers:
-        ap.error("--only-workers needs --workers")
+    if (args.only_workers or args.worker_cpu) and not args.workers:
+        ap.error("--only-workers and --worker-cpu need --workers")
     if args.run:
         print("RESULT " + json.dumps(audit_once(args.run, args.master, args.profile,
                                                 dict(c.split("=", 1) for c in args.conf), args.warm)), flush=True)
@@ -389,9 +399,11 @@ def main() -> int:
         setups: dict[str, tuple[Path, str | None]] = ({} if args.only_workers else {"jsonl": (events_dir, None),
                                                                                    "parquet": (parquet_dir, None)})
         if args.workers:
+            capped = f" of {args.worker_cpu:g} core" if args.worker_cpu else ""
             for workers in (1, 2):
-                clusters.append(Standalone(workers, base / f"standalone{workers}"))
-                setups[f"parquet, {workers} worker{'s' if workers > 1 else ''}"] = (parquet_dir, clusters[-1].url)
+                clusters.append(Standalone(workers, base / f"standalone{workers}", args.worker_cpu))
+                setups[f"parquet, {workers} worker{'s' if workers > 1 else ''}{capped}"] = (parquet_dir,
+                                                                                          clusters[-1].url)
         names = list(setups)
         runs: dict[str, list[dict]] = {name: [] for name in names}
         for round_ in range(args.rounds):
