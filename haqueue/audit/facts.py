@@ -115,10 +115,15 @@ def prove(ev: DataFrame, brokers: Sequence[str], largest_cluster: int | None,
     suspects = (facts.groupBy("uid", "seq").agg(F.min(F.col("sound").cast("int")).alias("sound"),
                                                 F.count("*").alias("queues"))
                 .filter((F.col("sound") == 0) | (F.col("queues") > 1)).select("uid", "seq").persist())
-    named = suspects.limit(NAMED_SUSPECTS + 1).collect()
-    if len(named) <= NAMED_SUSPECTS:
-        return Proof(facts, suspects, brokers, True, sorted({row.seq for row in named}))
-    return Proof(facts, suspects, brokers, suspects.count() <= BROADCAST_SUSPECTS, None)
+    try:
+        named = suspects.limit(NAMED_SUSPECTS + 1).collect()
+        if len(named) <= NAMED_SUSPECTS:
+            return Proof(facts, suspects, brokers, True, sorted({row.seq for row in named}))
+        return Proof(facts, suspects, brokers, suspects.count() <= BROADCAST_SUSPECTS, None)
+    except BaseException:  # no Proof for the caller to unpersist
+        facts.unpersist()
+        suspects.unpersist()
+        raise
 
 
 # The facts kept once `sound` is worked out: what Proof reads off a sound message (its lags, its confirmation's

@@ -195,15 +195,14 @@ def _analyse(ev: DataFrame, counted: pd.DataFrame, bad: DataFrame | None, bound:
         # stages of a few tasks leave cores idle that another's tasks take (bench/RESULTS.md).
         with ThreadPoolExecutor(max_workers=4, thread_name_prefix="audit-query") as pool:
             # Copies out of order, judged over every copy (an order across messages), beside the facts.
-            ordered = pool.submit(_checkpoint, _as_problem(_order_violations(every.replicas), OUT_OF_ORDER, "t"))
+            ordered = pool.submit(_checkpoint, _as_problem(_order_violations(every.replicas), OUT_OF_ORDER, "t"), kept)
             # The messages judged by the checks: the suspects, else every one.
             judged, proof = every, None
             brokers = sorted(summary["broker"].unique())
             if prove and len(brokers) <= facts.MAX_BROKERS:
                 largest = summary["cluster_size"].max()
                 proof = facts.prove(ev, brokers, None if pd.isna(largest) else int(largest), bound)
-                suspect_events = _checkpoint(proof.events(ev))
-                kept.append(suspect_events)
+                suspect_events = _checkpoint(proof.events(ev), kept)
                 judged = _Kinds.of(suspect_events)
             lag, completions, inherited = _measures(judged, proof)
             if not _sharded(summary).empty:  # read twice: by _lag_stats and by _shard_lags
@@ -217,7 +216,6 @@ def _analyse(ev: DataFrame, counted: pd.DataFrame, bad: DataFrame | None, bound:
             # The problems, the largest of these queries, are planned and run in this thread meanwhile, their chain
             # of small jobs in a scheduler pool of their own (sources.SCHEDULER_MODE).
             order = ordered.result()
-            kept.append(order)
             with _scheduler_pool(spark, PROBLEMS_POOL):
                 problems = (_problems(judged, order, runs, marks, bound, kept)
                             .unionByName(_as_problem(_unattested(judged.primary_side, judged.replicas), UNATTESTED,
@@ -260,11 +258,14 @@ def _scheduler_pool(spark: SparkSession, pool: str) -> Iterator[None]:
         context.setLocalProperty(key, caller)  # type: ignore[arg-type]  # None unsets it
 
 
-def _checkpoint(frame: DataFrame) -> DataFrame:
+def _checkpoint(frame: DataFrame, kept: list[DataFrame]) -> DataFrame:
     """`frame` computed now and kept (serialized, spilling to disk) as a frame of its own, without its lineage: the
     queries built on it are planned without the events' reading and checks and the facts under it, which took the
-    problems most of their planning (bench/RESULTS.md). _release frees it."""
-    return frame.localCheckpoint(eager=True, storageLevel=StorageLevel.MEMORY_AND_DISK)
+    problems most of their planning (bench/RESULTS.md). Added to `kept` as soon as it is made, from whichever
+    thread, so that the audit frees it (_release) even if another query fails before this one's answer is read."""
+    checkpoint = frame.localCheckpoint(eager=True, storageLevel=StorageLevel.MEMORY_AND_DISK)
+    kept.append(checkpoint)
+    return checkpoint
 
 
 def _release(frame: DataFrame) -> None:

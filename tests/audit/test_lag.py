@@ -244,6 +244,35 @@ def test_an_audit_leaves_the_callers_scheduler_pool_as_it_was(spark, tmp_path):
         context.setLocalProperty("spark.scheduler.pool", None)  # type: ignore[arg-type]
 
 
+@pytest.mark.filterwarnings("ignore:toPandas attempted Arrow optimization")  # PySpark's, on the failure
+@pytest.mark.parametrize("broken", ["facts._sound", "lag._measures", "lag._order_violations"])
+def test_a_query_that_fails_fails_the_audit_and_leaves_nothing_kept(spark, scenario_dir, monkeypatch, broken):
+    """A failed Spark job fails the audit with its own reason, whether in the facts (persisted as they are made),
+    in the audit's thread (the measures, while the copies out of order are checked beside it) or beside it (the
+    copies out of order); and what the audit persisted or checkpointed so far is freed, as after an audit that
+    ends well: a notebook's session goes on."""
+    from pyspark.sql import functions as F
+
+    from haqueue.audit import facts, failures, lag
+
+    module, name = broken.split(".")
+    fails = F.raise_error(F.lit(f"{name} broke")).isNull()  # in the tasks of the query it is part of
+    replacement = {"_sound": lambda *args: fails,
+                   "_measures": lambda judged, proof: judged.enqueues.filter(fails).collect(),
+                   "_order_violations": lambda replicas: replicas.filter(fails)}[name]
+
+    def kept() -> tuple[set[int], bool]:
+        return (set(spark.sparkContext._jsc.getPersistentRDDs().keySet()),
+                bool(spark._jsparkSession.sharedState().cacheManager().isEmpty()))
+
+    before = kept()
+    monkeypatch.setattr({"facts": facts, "lag": lag}[module], name, replacement)
+    with pytest.raises(Exception) as failure:
+        lag.analyse(spark, str(scenario_dir))
+    assert failures.reason(failure.value).startswith(f"the Spark job failed: [USER_RAISED_EXCEPTION] {name} broke")
+    assert kept() == before
+
+
 def test_command_line_writes_tables_chart_summary_and_fails_on_loss(scenario_dir, tmp_path):
     out = tmp_path / "out"
     since = datetime.fromtimestamp(T0 / 1e6, tz=timezone.utc).strftime("%Y-%m-%dT%H:%M:%S")
