@@ -167,7 +167,8 @@ def audit_once(events: str, master: str | None, profile: bool, extra: dict[str, 
                       f"GC {a['gc_s']:5.1f} s  {a['what']}")
         return {"events": audit.totals["events"], "summary": report.summary(audit), "session_s": session_s,
                 "audit_s": audit_s, "warm_s": warm_s,
-                "task_cpu_s": sum(a["cpu_s"] for a in actions), "gc_s": sum(a["gc_s"] for a in actions), "actions": len(actions),
+                "task_cpu_s": sum(a["cpu_s"] for a in actions), "gc_s": sum(a["gc_s"] for a in actions),
+                "actions": len(actions),
                 "jobs": sum(a["jobs"] for a in actions), "busy_cores": busy_cores, "ok": ok}
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
@@ -280,7 +281,8 @@ def run_setup(events: Path, master: str | None, warm: bool = False) -> dict:
     for line in reversed(done.stdout.splitlines()):
         if line.startswith("RESULT "):
             return {**json.loads(line[len("RESULT "):]), "load": load}
-    return {"load": load, "error": f"exit {done.returncode}: {done.stderr.strip().splitlines()[-1:] or done.stdout[-500:]}"}
+    last = done.stderr.strip().splitlines()[-1:] or done.stdout[-500:]
+    return {"load": load, "error": f"exit {done.returncode}: {last}"}
 
 
 def convert(source: Path, target: Path) -> tuple[float, int]:
@@ -324,7 +326,8 @@ def section(command: str, setups: dict[str, str], runs: dict[str, list[dict]], f
     date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     lines = [f"## Audit: JSON lines vs Parquet, local vs standalone workers (bench/audit_scale.py), {date}", "",
              "```", command, "```", "",
-             f"{facts['events']:,} events ({facts['messages']:,} messages), JSON lines {facts['json_bytes'] / 1e9:.2f} GB, "
+             f"{facts['events']:,} events ({facts['messages']:,} messages), "
+             f"JSON lines {facts['json_bytes'] / 1e9:.2f} GB, "
              f"converted to Parquet ({facts['parquet_bytes'] / 1e6:.0f} MB) by `columnar.convert` in "
              f"{facts['convert_s']:.0f} s, one process ({facts['events'] / facts['convert_s']:,.0f} lines/s). "
              f"Machine: {os.cpu_count()} cores, Python {platform.python_version()}; load average at the start "
@@ -344,7 +347,8 @@ def section(command: str, setups: dict[str, str], runs: dict[str, list[dict]], f
         same = f"{sum(r['summary'] == reference for r in ok)} of {len(ok)}" if reference else "—"
         figures = [med_range([r["audit_s"] for r in ok]), med_range([r["events"] / r["audit_s"] for r in ok], 0),
                    med_range([r["task_cpu_s"] for r in ok]), med_range([r["busy_cores"] for r in ok], 2),
-                   med_range([r["load"] for r in runs[name]]), med_range([r["session_s"] for r in ok]), f"{ok[0]['actions']} / {ok[0]['jobs']}" if ok else "—"]
+                   med_range([r["load"] for r in runs[name]]), med_range([r["session_s"] for r in ok]),
+                   f"{ok[0]['actions']} / {ok[0]['jobs']}" if ok else "—"]
         answers = f"{sum(r['ok'] for r in ok)} of {len(runs[name])} found" + "".join(
             f"; {r['error']}" for r in runs[name] if "error" in r)
         lines.append(f"| {name} | {master} | " + " | ".join(figures) + f" | {answers} | {same} |"
@@ -422,10 +426,12 @@ def main() -> int:
                       f"{'found' if result['ok'] else 'WRONG'}" + (f", warm {result['warm_s']:.1f} s" if result.get(
                           "warm_s") else "")), flush=True)
         events = next((r["events"] for rs in runs.values() for r in rs if "error" not in r), 0)
-        pairs = ([] if args.only_workers else [("jsonl", "parquet")]) + ([(names[-2], names[-1])] if args.workers else [])
+        pairs = (([] if args.only_workers else [("jsonl", "parquet")])
+                 + ([(names[-2], names[-1])] if args.workers else []))
         text = section(" ".join(["bench/audit_scale.py", *sys.argv[1:]]), {n: m or "local[*]" for n, (_, m) in
                                                                            setups.items()}, runs,
-                       {"events": events, "messages": messages, "json_bytes": json_bytes, "parquet_bytes": parquet_bytes,
+                       {"events": events, "messages": messages, "json_bytes": json_bytes,
+                        "parquet_bytes": parquet_bytes,
                         "convert_s": convert_s, "load": load, "pairs": pairs})
         print(text)
         if not args.no_record:

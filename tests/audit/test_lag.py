@@ -13,6 +13,7 @@ import shlex
 import shutil
 import subprocess
 import sys
+from collections.abc import Sequence
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -491,9 +492,11 @@ def test_progress_counts_the_jobs_that_ended_between_two_looks(spark):
     assert re.fullmatch(rf"haqueue audit: Spark job {jobs}: (\d+)/\1 tasks", lines[-1]), lines
 
 
-def spark_submit(args: list[str], python: str, master: str = "local[2]", conf: list[str] = []) -> subprocess.CompletedProcess:
+def spark_submit(args: list[str], python: str, master: str = "local[2]",
+                 conf: Sequence[str] = ()) -> subprocess.CompletedProcess:
     """The spark-submit form of `haqueue audit lag ARGS` (submit.py), on `master` with spark-submit's options
-    `conf`, the driver's Python `python` (PYSPARK_DRIVER_PYTHON and PYSPARK_PYTHON, as design/audit-events.md says)."""
+    `conf`, the driver's Python `python` (PYSPARK_DRIVER_PYTHON and PYSPARK_PYTHON, as design/audit-events.md
+    says)."""
     import pyspark
 
     from haqueue.audit import submit
