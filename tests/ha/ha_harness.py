@@ -112,6 +112,11 @@ class HaCluster:
         os.kill(b.pid, signal.SIGSTOP)
         self.stopped.add(b.name)
 
+    @staticmethod
+    def halted(b: BrokerProcess) -> bool:
+        """Whether b's process is stopped by a signal now: by sigstop, or by its own (test_hooks.py)."""
+        return Path(f"/proc/{b.pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "T"
+
     def sigcont(self, b: BrokerProcess) -> None:
         os.kill(b.pid, signal.SIGCONT)
         self.stopped.discard(b.name)

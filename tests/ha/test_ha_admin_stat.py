@@ -78,8 +78,9 @@ def test_ha_status_watch_shows_catchup_progress(ha_cluster):
             if b2 is None:
                 continue
             progress.append((b2["state"], b2["catchup"]["done"], b2["catchup"]["total"]))
-            if b2["state"] == "catchup" and 0 < b2["catchup"]["done"] < n and c[2].name in c.stopped:
-                c.sigcont(c[2])  # seen part way: let it finish
+            if (b2["state"] == "catchup" and 0 < b2["catchup"]["done"] < n and c[2].name in c.stopped
+                    and c.halted(c[2])):
+                c.sigcont(c[2])  # seen part way, and stopped (not before: it would stop after this): let it finish
             if b2["state"] == "ready":
                 break
     finally:
