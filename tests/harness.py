@@ -103,6 +103,11 @@ def peak_rss(pid: int) -> int:
     return _status_bytes(pid, "VmHWM")
 
 
+def process_state(pid: int) -> str:
+    """A process's state letter from /proc (R running, S sleeping, T stopped by a signal, Z zombie...)."""
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]  # after its name, which may hold ")"
+
+
 def _status_bytes(pid: int, field: str) -> int:
     with open(f"/proc/{pid}/status") as f:
         for line in f:

@@ -37,7 +37,7 @@ from proton.utils import BlockingConnection
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from harness import (POLL_INTERVAL, BrokerProcess, can_connect, free_port, run_haqueue,  # noqa: E402
+from harness import (POLL_INTERVAL, BrokerProcess, can_connect, free_port, process_state, run_haqueue,  # noqa: E402
                      split_address, unexpected_exits, wait_for)
 
 from haqueue.admin import ADMIN_TOOL, AdminClient, AdminError  # noqa: E402
@@ -115,7 +115,7 @@ class HaCluster:
     @staticmethod
     def halted(b: BrokerProcess) -> bool:
         """Whether b's process is stopped by a signal now: by sigstop, or by its own (test_hooks.py)."""
-        return Path(f"/proc/{b.pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "T"
+        return process_state(b.pid) == "T"
 
     def sigcont(self, b: BrokerProcess) -> None:
         os.kill(b.pid, signal.SIGCONT)

@@ -16,7 +16,7 @@ import yaml
 
 from ha_harness import (HA_USER, AdminClient, AdminError, Load, can_connect, free_port, receive, send_all,
                         split_address, wait_for)
-from harness import REPO_ROOT
+from harness import REPO_ROOT, process_state
 from haqueue.config import TlsConfig
 from tls_certs import CertificateAuthority
 
@@ -68,7 +68,7 @@ def _alive(pid: int) -> bool:
         return False
     # a zombie child of a dead supervisor is not alive
     try:
-        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
+        return process_state(pid) != "Z"
     except OSError:
         return False
 
