@@ -32,15 +32,15 @@ import sys
 import tempfile
 import time
 import urllib.request
-from typing import Any, BinaryIO, Sequence
 from pathlib import Path
+from typing import Any, BinaryIO, Sequence
 
 BENCH = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH.parent))
 sys.path.insert(0, str(BENCH))
 
 from cpu_cap import CpuCap  # noqa: E402
-from run import CLK_TCK, free_port, loadavg, machine_busy_ticks  # noqa: E402  bench/run.py, stdlib only
+from run import CLK_TCK, free_port, loadavg, machine_busy_ticks, rotated  # noqa: E402  bench/run.py, stdlib only
 
 RESULTS = BENCH / "RESULTS.md"
 T0 = 1_800_000_000_000_000
@@ -314,6 +314,13 @@ def made_set(base: Path, events: int) -> tuple[int, int, float, int]:
     return messages, json_bytes, convert_s, parquet_bytes
 
 
+def answers(results: list[dict]) -> str:
+    """The planted answers cell of a set-up's runs: how many found them, and each run's error."""
+    ok = [r for r in results if "error" not in r]
+    return f"{sum(r['ok'] for r in ok)} of {len(results)} found" + "".join(
+        f"; {r['error']}" for r in results if "error" in r)
+
+
 def med_range(values: list[float], digits: int = 1) -> str:
     if not values:
         return "—"
@@ -349,9 +356,7 @@ def section(command: str, setups: dict[str, str], runs: dict[str, list[dict]], f
                    med_range([r["task_cpu_s"] for r in ok]), med_range([r["busy_cores"] for r in ok], 2),
                    med_range([r["load"] for r in runs[name]]), med_range([r["session_s"] for r in ok]),
                    f"{ok[0]['actions']} / {ok[0]['jobs']}" if ok else "—"]
-        answers = f"{sum(r['ok'] for r in ok)} of {len(runs[name])} found" + "".join(
-            f"; {r['error']}" for r in runs[name] if "error" in r)
-        lines.append(f"| {name} | {master} | " + " | ".join(figures) + f" | {answers} | {same} |"
+        lines.append(f"| {name} | {master} | " + " | ".join(figures) + f" | {answers(runs[name])} | {same} |"
                      + (f" {med_range([r['warm_s'] for r in ok])} |" if warm else ""))
     lines += ["", "Ratios of audit s, round by round (median, min–max, each round's):", "",
               "| ratio | median (min–max) | per round |", "|---|---|---|"]
@@ -417,7 +422,7 @@ def main() -> int:
         names = list(setups)
         runs: dict[str, list[dict]] = {name: [] for name in names}
         for round_ in range(args.rounds):
-            for name in names[round_ % len(names):] + names[:round_ % len(names)]:
+            for name in rotated(names, round_):
                 result = run_setup(*setups[name], args.warm)
                 runs[name].append(result)
                 print(f"round {round_ + 1} {name} (load {result['load']:.1f}): " + (result.get("error") or

@@ -22,7 +22,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from audit_scale import append, made_set, med_range, run_setup
+from audit_scale import answers, append, made_set, med_range, run_setup
+from run import rotated
 
 
 def fit(points: list[tuple[int, float]]) -> tuple[float, float]:
@@ -44,12 +45,10 @@ def section(command: str, sizes: list[int], runs: dict[int, list[dict]], fits: l
              "| events | audit s | events/s | task CPU s | busy cores | planted answers |", "|---|---|---|---|---|---|"]
     for size in sizes:
         ok = [r for r in runs[size] if "error" not in r]
-        answers = f"{sum(r['ok'] for r in ok)} of {len(runs[size])} found" + "".join(
-            f"; {r['error']}" for r in runs[size] if "error" in r)
         lines.append(f"| {size:,} | {med_range([r['audit_s'] for r in ok])} | "
                      f"{med_range([r['events'] / r['audit_s'] for r in ok], 0)} | "
                      f"{med_range([r['task_cpu_s'] for r in ok])} | {med_range([r['busy_cores'] for r in ok], 2)} | "
-                     f"{answers} |")
+                     f"{answers(runs[size])} |")
     lines += ["", "| per round | fixed s | events/s beyond it |", "|---|---|---|"]
     lines += [f"| {i} | {fixed:.1f} | {rate:,.0f} |" for i, (fixed, rate) in enumerate(fits, start=1)]
     if fits:
@@ -72,7 +71,7 @@ def main() -> int:
         for size in sizes:
             made_set(base / str(size), size)
         for round_ in range(args.rounds):
-            for size in sizes[round_ % len(sizes):] + sizes[:round_ % len(sizes)]:
+            for size in rotated(sizes, round_):
                 result = run_setup(base / str(size) / "parquet", None)
                 runs[size].append(result)
                 print(f"round {round_ + 1} {size:,} events (load {result['load']:.1f}): " + (result.get("error") or (

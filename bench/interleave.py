@@ -273,7 +273,7 @@ def interleave(brokers: dict[str, R.Broker], args) -> dict[str, list[dict]]:
     specs = list(brokers)
     results: dict[str, list[dict]] = {s: [] for s in specs}
     for i in range(args.rounds):
-        order = specs[i % len(specs):] + specs[:i % len(specs)]
+        order = R.rotated(specs, i)
         log(f"round {i + 1}/{args.rounds}: {', '.join(order)} (load average {R.loadavg()})")
         for spec in order:
             results[spec].append(turn(brokers[spec], args) if brokers[spec].alive()

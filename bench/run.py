@@ -109,6 +109,12 @@ def machine_busy_ticks() -> int:
     return user + nice + system + irq + softirq + steal
 
 
+def rotated(items: list, round_: int) -> list:
+    """`items` in the order of round `round_` of an interleaved run: each round starts one further along, so that
+    no set-up always runs first or last while the machine's speed drifts."""
+    return items[round_ % len(items):] + items[:round_ % len(items)]
+
+
 def loadavg() -> str:
     return " ".join(Path("/proc/loadavg").read_text().split()[:3])
 

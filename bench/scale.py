@@ -375,7 +375,7 @@ def rounds(specs: list[str], args: argparse.Namespace) -> dict[str, dict[str, di
     """results[kind][n][spec]: one turn per round."""
     results: dict[str, dict[str, dict[str, list[dict]]]] = {}
     for i in range(args.rounds):
-        order = specs[i % len(specs):] + specs[:i % len(specs)]
+        order = R.rotated(specs, i)
         for kind in ("queues", "connections"):
             for n in getattr(args, kind):
                 log(f"round {i + 1}/{args.rounds}, {n} {kind}: {', '.join(order)} (load average {R.loadavg()})")
