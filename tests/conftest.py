@@ -41,7 +41,7 @@ LOG_TAIL_LINES = 150
 # (a cold analysis of the failover scenario: 34 -> 17 CPU s, the session's start 9.5 -> 4.9); C2 and the
 # parallel collector only repay on long jobs.
 SPARK_JVM_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
-CLUSTER_SUITES = ("audit", "console", "ha", "nemesis", "pacemaker", "shard", "zookeeper")
+CLUSTER_SUITES = ("audit", "console", "ha", "nemesis", "pacemaker", "shard", "upgrade", "zookeeper")
 ONE_WORKER = ("audit", "nemesis", "pacemaker", "zookeeper")
 
 

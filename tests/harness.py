@@ -283,7 +283,8 @@ class BrokerProcess:
         self._close_log()
         self.exit_expected = False
         self._log_file = open(self.log_path, "ab")
-        self._log_file.write(f"---- start #{self.starts + 1}: {' '.join(self.command())}\n".encode())
+        path = f" (PYTHONPATH {self.env['PYTHONPATH']})" if self.env and "PYTHONPATH" in self.env else ""
+        self._log_file.write(f"---- start #{self.starts + 1}: {' '.join(self.command())}{path}\n".encode())
         self._log_file.flush()
         self.proc = subprocess.Popen(self.command(), cwd=self.directory, env=env,
                                      stdin=subprocess.DEVNULL, stdout=self._log_file,

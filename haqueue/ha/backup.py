@@ -18,7 +18,7 @@ from ..broker.queue import Queue
 from ..broker.registry import Registry
 from ..broker.server import Broker, Durability
 from ..config import HaConfig, ListenerConfig, parse_address
-from . import protocol
+from . import protocol, versions
 from .quarantine import Quarantine
 from .queue_replicator import QueueReplicator
 from .transaction_replicator import TransactionReplicator
@@ -42,9 +42,14 @@ class BackupHost(Protocol):
     client_tls: ssl.SSLContext | None  # for its connections to its peers (ha.tls)
     epoch: EpochStore
     replication_hooks: list[Callable[[Queue, bytes, int, int, bytes], None]]
+    build: versions.Build  # this broker's, announced to its peers
+    protocol_refusals: dict[str, str]
 
     def hold_epoch(self, epoch: int) -> None:
         """This broker follows the primary of `epoch` (persisted)."""
+
+    def protocol_refused(self, peer: str, reason: str) -> None:
+        """A peer with which this broker shares no replication protocol (logged when it is news)."""
 
 
 class Backup:
@@ -54,6 +59,8 @@ class Backup:
         self.conn: Connection | None = None
         self.primary: str | None = None
         self.primary_client: tuple[str, int] | None = None  # where the primary followed serves clients, if it said
+        self.peer_build: versions.Build | None = None  # what the peer of the current connection announced
+        self.protocol = 0  # the replication protocol spoken with that peer
         self.members: dict[str, str] = {}
         self.replicators: dict[str, QueueReplicator] = {}
         self.refused: dict[str, str] = {}  # queue -> why the primary refused its link, until it replicates
@@ -112,6 +119,7 @@ class Backup:
         config = self.ha.config
         conn = self.conn = self.ha.broker.engine.connect(host, port, self, config.username, config.password,
                                                          idle_timeout=HEARTBEAT, tls=self.ha.client_tls)
+        conn.set_properties(versions.announcement(self.ha.build))
         self._opened = False
         # A hung peer accepts TCP connections (the kernel does) but never answers: give up on it.
         self.ha.broker.engine.call_later(HEARTBEAT, lambda: self._open_timeout(conn))
@@ -134,6 +142,15 @@ class Backup:
             self.peers_with_history.add(conn.peer)
         self.peer_freshness[conn.peer] = tuple(props.get(protocol.FRESHNESS) or (epoch,))
         self.peer_states[conn.peer] = str(props.get(protocol.STATE) or JOINING)
+        peer = self.peer_build = versions.announced(props, conn.peer)
+        agreed = versions.agreed(self.ha.build, peer)
+        if agreed is None:  # never followed half-way: no link to a peer this broker may misread
+            reason = versions.mismatch(self.ha.build, peer, str(props.get(protocol.ROLE) or "peer"))
+            self.ha.protocol_refused(peer.name, reason)
+            self._give_up_on(reason)
+            return
+        self.ha.protocol_refusals.pop(peer.name, None)
+        self.protocol = agreed
         self.wiring = WiringReplicator(self)
         self.wiring.link = conn.open_link(False, protocol.WIRING, protocol.WIRING, self.wiring, credit=1000,
                                           properties=self.link_properties())
@@ -144,6 +161,8 @@ class Backup:
         if self.primary is not None:
             log.warning("lost primary %s: %s", self.primary, reason)
         self.conn = None
+        self.peer_build = None
+        self.protocol = 0
         self.primary = None
         self.primary_client = None
         self.wiring = None
@@ -293,6 +312,8 @@ class Backup:
         behind = [r for r in replicators if not r.caught_up]
         shown = (behind + [r for r in replicators if r.caught_up])[:STATUS_QUEUES]
         return {"primary": self.primary, "members": self.members, "applied": self.applied,
+                "primary_build": self.peer_build.describe() if self.primary and self.peer_build else None,
+                "protocol": self.protocol if self.primary else None,
                 "replicating": {"queues": len(self.replicators), "caught_up": len(self.replicators) - len(behind),
                                 "refused": len(self.refused)},
                 "queues": {r.queue.name: r.status() for r in shown},

@@ -22,7 +22,7 @@ from ..broker.queue import Queue
 from ..broker.server import Broker
 from ..broker.tls import client_context, server_context
 from ..config import AllowConfig, HaConfig, ListenerConfig
-from . import protocol, test_hooks
+from . import protocol, test_hooks, versions
 from .backup import Backup
 from .policy import Policy
 from .primary import Primary
@@ -42,6 +42,9 @@ class HaBroker:
         self.config = config
         self.policy = Policy(config.replicate)
         self.epoch = EpochStore(broker.config.data_dir)
+        self.build = versions.own(broker.name, frozenset())
+        # Peers refused for a replication protocol this broker does not share (name -> why), until they share one.
+        self.protocol_refusals: dict[str, str] = {}
         self.config_address = next((l for l in broker.config.listen if (l.host, l.port) in config.brokers), None)
         self.primary: Primary | None = None
         # Called on a backup with (queue, kind, seq, primary enqueue time in µs, message bytes) for each
@@ -105,7 +108,10 @@ class HaBroker:
             conn.set_properties({protocol.EPOCH: self.epoch.epoch, protocol.HAD_PRIMARY: self.epoch.had_primary,
                                  protocol.ROLE: self.role, protocol.STATE: self.state,
                                  protocol.FRESHNESS: list(self.freshness()),
-                                 protocol.CLIENT_ADDRESS: self._client_address()})
+                                 protocol.CLIENT_ADDRESS: self._client_address(),
+                                 **versions.announcement(self.build)})
+            if not conn.remote_properties.get(ADMIN_TOOL):  # a broker, which may follow this one
+                self._check_protocol(versions.announced(conn.remote_properties, conn.remote_container))
             return
         if self.primary is None:
             if self._admin_tool(conn):
@@ -116,6 +122,21 @@ class HaBroker:
             if listener is not None and (listener.host, listener.port) in self.client_listeners:
                 return
             raise self._refusal(conn)
+
+    def _check_protocol(self, peer: versions.Build) -> None:
+        """Refuse a peer broker with which this one shares no replication protocol, naming the one to upgrade."""
+        if versions.agreed(self.build, peer) is not None:
+            self.protocol_refusals.pop(peer.name, None)
+            return
+        reason = versions.mismatch(peer, self.build, self.role)
+        self.protocol_refused(peer.name, reason)
+        raise BrokerError(NOT_ALLOWED, reason)
+
+    def protocol_refused(self, peer: str, reason: str) -> None:
+        """A peer refused, or refusing this broker, for want of a shared protocol: logged when it is news."""
+        if self.protocol_refusals.get(peer) != reason:
+            log.error("%s", reason)
+        self.protocol_refusals[peer] = reason
 
     def _refusal(self, conn: Connection) -> BrokerError:
         """How a client on this backup is sent away: with the client address of the primary it follows in the
@@ -296,6 +317,7 @@ class HaBroker:
     # -- status ---------------------------------------------------------------------------------
     def _broker_status(self, status: dict[str, Any]) -> None:
         status["role"], status["state"] = self.role, self.state
+        status["protocols"] = [self.build.oldest, self.build.newest]
 
     def status(self) -> dict[str, Any]:
         status: dict[str, Any] = {"name": self.broker.name, "role": self.role, "state": self.state,
@@ -304,7 +326,8 @@ class HaBroker:
                                   "brokers": [f"{h}:{p}" for h, p in self.config.brokers],
                                   "public": f"{self.config.public[0]}:{self.config.public[1]}"
                                   if self.config.public else None,
-                                  "diverged": self.backup.quarantine.status()}
+                                  "diverged": self.backup.quarantine.status(), **self.build.describe(),
+                                  "protocol_refusals": dict(self.protocol_refusals)}
         if self.primary is not None:
             status.update(self.primary.status())
         else:

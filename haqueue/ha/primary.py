@@ -18,7 +18,7 @@ from ..broker.proton_adapter import Link, LinkHandler
 from ..broker.queue import Queue
 from ..broker.server import Broker
 from ..config import HaConfig
-from . import protocol
+from . import protocol, versions
 from .adoption import Adoptions, Taker
 from .policy import Policy
 from .queue_guard import QueueGuard
@@ -37,6 +37,7 @@ class PrimaryHost(Protocol):
     config: HaConfig
     policy: Policy
     epoch: EpochStore
+    build: versions.Build  # this broker's
 
     def fence(self, reason: str, at_once: bool = False) -> None:
         """A newer primary exists: stop serving and start again as a backup."""
@@ -115,6 +116,8 @@ class RemoteBackup:
         self.pending: dict[str, QueueGuard] = {}
         self.report: dict[str, Any] = {}  # what it last said it holds in memory and on disk ($ha.report)
         self.reported = 0.0  # when (monotonic)
+        self.build: versions.Build | None = None  # what it announced at open
+        self.protocol = 0  # the replication protocol spoken with it
 
     @property
     def lag(self) -> int:
@@ -429,6 +432,8 @@ class Primary:
                 raise BrokerError(NOT_FOUND, f"backup {name} must attach {protocol.WIRING} first")
             backup = RemoteBackup(self, name)
             backup.connection = link.conn
+            backup.build = versions.announced(link.conn.remote_properties, name)
+            backup.protocol = versions.agreed(self.ha.build, backup.build) or 0  # admission refused it if none
             self.backups[name] = backup
             log.info("backup %s connected from %s", name, link.conn.peer)
         return backup
@@ -483,7 +488,8 @@ class Primary:
         now = time.monotonic()
         status: dict[str, Any] = {
             "sync": self.ha.config.sync,
-            "backups": [{"name": b.name, "state": b.state, "lag": b.lag, "lag_seconds": round(b.lag_seconds(now), 3),
+            "backups": [{"name": b.name, "state": b.state,
+                         "release": b.build.release if b.build else None, "protocol": b.protocol, "lag": b.lag, "lag_seconds": round(b.lag_seconds(now), 3),
                          "catchup": b.catchup_progress(), "unconfirmed": b.unconfirmed,
                          "timeout_drops": b.counters.timeout_drops,
                          "confirms_from": "disk" if from_disk(self.ha.config.sync) else "memory",

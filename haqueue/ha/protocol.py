@@ -19,6 +19,17 @@ ADOPT: Final = "$ha.adopt"  # a backup gives its primary the messages it holds t
 REPORT_INTERVAL: Final = 1.0  # seconds between a backup's reports
 EPOCH_SEQ_SHIFT: Final = 40  # each epoch numbers queue messages from epoch << 40: no two primaries share a seq
 
+# The replication protocol (design/upgrades.md): a broker speaks every protocol from OLDEST_PROTOCOL to PROTOCOL,
+# and two peers use the newest both speak. Release 0.1.0 spoke protocol 1 and announced nothing: a peer whose
+# open carries no PROTOCOLS speaks 1 alone.
+PROTOCOL: Final = 2
+OLDEST_PROTOCOL: Final = 1
+# Connection properties each end of a peer connection sends in its open frame (protocol 2 on).
+PROTOCOLS: Final = "x-ha-protocols"  # [oldest, newest] it speaks
+FEATURES: Final = "x-ha-features"  # the feature flags its build supports
+RELEASE: Final = "x-ha-release"  # its release version, for messages and status
+NAME: Final = "x-ha-name"  # its broker name
+
 # Link properties a backup sends when it attaches.
 BROKER: Final = "x-ha-broker"  # the backup's name
 EPOCH: Final = "x-ha-epoch"  # the highest epoch the backup has seen

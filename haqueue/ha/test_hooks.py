@@ -11,6 +11,9 @@ HAQUEUE_TEST_REFUSE_QUEUE=QUEUE    As a primary, refuse every backup's replicati
 HAQUEUE_TEST_STOP_IN_CATCHUP=QUEUE:N  As a backup, stop its own process (SIGSTOP) on receiving the N-th
                                    catch-up message for QUEUE: its primary, short of credit, holds the
                                    rest, so a test sees the catch-up part way until it sends SIGCONT.
+HAQUEUE_TEST_PROTOCOLS=OLDEST-NEWEST  Announce these replication protocols to peers, as a build of another
+                                   release would (design/upgrades.md): the tests of a peer refused for a
+                                   protocol it does not share.
 """
 from __future__ import annotations
 
@@ -24,6 +27,7 @@ DROP_REPLICA = "HAQUEUE_TEST_DROP_REPLICA"
 HOLD_CAUGHT_UP = "HAQUEUE_TEST_HOLD_CAUGHT_UP"
 REFUSE_QUEUE = "HAQUEUE_TEST_REFUSE_QUEUE"
 STOP_IN_CATCHUP = "HAQUEUE_TEST_STOP_IN_CATCHUP"
+PROTOCOLS = "HAQUEUE_TEST_PROTOCOLS"
 
 
 def _numbered(variable: str, queue: str) -> int:
@@ -56,6 +60,12 @@ def link_refused(queue: str) -> bool:
     return os.environ.get(REFUSE_QUEUE) == queue
 
 
+def announced_protocols() -> tuple[int, int] | None:
+    """The (oldest, newest) replication protocols to announce instead of this build's; None: this build's."""
+    oldest, _, newest = os.environ.get(PROTOCOLS, "").partition("-")
+    return (int(oldest), int(newest)) if oldest.isdigit() and newest.isdigit() else None
+
+
 def warn_if_set() -> None:
     if DROP_REPLICA in os.environ:
         log.warning("TEST HOOK %s=%s is set: this backup will drop a replicated message", DROP_REPLICA,
@@ -69,3 +79,6 @@ def warn_if_set() -> None:
     if STOP_IN_CATCHUP in os.environ:
         log.warning("TEST HOOK %s=%s is set: as backup, this broker stops its own process part way through a "
                     "catch-up", STOP_IN_CATCHUP, os.environ[STOP_IN_CATCHUP])
+    if PROTOCOLS in os.environ:
+        log.warning("TEST HOOK %s=%s is set: this broker announces replication protocols it does not speak",
+                    PROTOCOLS, os.environ[PROTOCOLS])

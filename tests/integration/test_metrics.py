@@ -5,6 +5,8 @@ from __future__ import annotations
 import pytest
 from proton import Message
 
+import haqueue
+
 from clients import Client
 from harness import BrokerProcess, free_port, run_haqueue, wait_for
 from metrics_scrape import get, scrape, value
@@ -66,7 +68,7 @@ def test_broker_role_state_and_blocked_publishers(broker_factory):
     assert value(samples, "haqueue_role", role="standalone") == 1
     assert value(samples, "haqueue_role", role="primary") == 0
     assert value(samples, "haqueue_state", state="active") == 1
-    assert value(samples, "haqueue_broker_info", broker=broker.name, version="0.1.0") == 1
+    assert value(samples, "haqueue_broker_info", broker=broker.name, version=haqueue.__version__) == 1
     assert value(samples, "haqueue_queue_max_depth", queue="small") == 5
     assert value(samples, "haqueue_publishers_blocked") == 0
     assert value(samples, "haqueue_journal_fsync_seconds_count") >= 0
@@ -105,7 +107,7 @@ def test_metrics_from_the_command_line_and_only_at_its_path(tmp_path):
     b = BrokerProcess(tmp_path / "cli", name="cli", extra_args=["--metrics", metrics])  # with --config: in its place
     b.start()
     try:
-        assert value(scrape(metrics), "haqueue_broker_info", broker="cli", version="0.1.0") == 1
+        assert value(scrape(metrics), "haqueue_broker_info", broker="cli", version=haqueue.__version__) == 1
         status, body = get(metrics, "/")
         assert status == 404 and "/metrics" in body
     finally:

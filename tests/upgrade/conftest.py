@@ -1,0 +1,25 @@
+"""Fixtures for the upgrade tests: the previous release, built once from git history (tests/releases.py), and
+clusters whose brokers each run this build or that release (design/upgrades.md)."""
+from __future__ import annotations
+
+import pytest
+
+from ha_harness import HaCluster, cluster_factory
+from harness import BrokerProcess
+from releases import PREVIOUS, Release
+
+
+@pytest.fixture(scope="session")
+def previous() -> Release:
+    PREVIOUS.build()
+    return PREVIOUS
+
+
+@pytest.fixture
+def ha_cluster(tmp_path):
+    yield from cluster_factory(HaCluster, tmp_path)
+
+
+def run(b: BrokerProcess, release: Release | None) -> None:
+    """From its next start, `b` runs `release` (None: this build), on the same config and data directory."""
+    b.env = release.env() if release is not None else None
