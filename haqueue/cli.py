@@ -387,7 +387,12 @@ def main(argv: list[str] | None = None) -> int:
         args = build_parser().parse_args(argv)
     except SystemExit as e:  # argparse exits on usage errors (2) and --help (0); return the code instead
         return e.code if isinstance(e.code, int) else EXIT_OK
-    return args.func(args)
+    from haqueue.formats import EXIT_NEWER_FORMAT, NewerFormat
+    try:
+        return args.func(args)
+    except NewerFormat as e:  # a file of a newer release, left as it was (a broker's start, or a command reading it)
+        _error(str(e))
+        return EXIT_NEWER_FORMAT
 
 
 
@@ -420,7 +425,8 @@ def _ha_ping(client: AdminClient, args: argparse.Namespace) -> None:
 
 
 def _add_admin_cluster(actions: Subparsers) -> None:
-    p = actions.add_parser("cluster", help="a sharded cluster (design/sharding.md)")
+    p = actions.add_parser("cluster", help="the cluster: a sharded one's status (design/sharding.md), feature flags "
+                                           "and upgrade checks (design/upgrades.md)")
     sub = p.add_subparsers(dest="cluster_command", metavar="COMMAND", required=True)
     status = _add_action(sub, "status", _cluster_status,
                          "asked of any process of a sharded cluster: per shard its primary, preferred primary, "
@@ -428,6 +434,31 @@ def _add_admin_cluster(actions: Subparsers) -> None:
                          "every process's ha status at its peer address)")
     status.add_argument("--format", choices=("json", "table"), default="json",
                         help="one JSON object (default), or tables for people")
+    features = _add_action(sub, "features", _features,
+                           "asked of the primary: the cluster's feature flags, each enabled or not and which members "
+                           "support it, as JSON (design/upgrades.md)")
+    enable = _add_action(features.add_subparsers(dest="features_command", metavar="COMMAND"), "enable",
+                         _features_enable, "turn a feature on for the whole cluster; refused unless every member "
+                                           "follows the primary and supports it; there is no way back")
+    enable.add_argument("feature")
+    _add_action(sub, "upgrade-check", _upgrade_check,
+                "asked of the primary: whether the cluster can take the next step of a rolling upgrade (every "
+                "member here and ready, no peer refused for its protocol), as JSON; exit 1 if not")
+
+
+def _features(client: AdminClient, args: argparse.Namespace) -> None:
+    _print_json(_call(client, "READ", "features"))
+
+
+def _features_enable(client: AdminClient, args: argparse.Namespace) -> None:
+    _print_json(_call(client, "ENABLE", "features", args.feature))
+
+
+def _upgrade_check(client: AdminClient, args: argparse.Namespace) -> None:
+    check = _call(client, "READ", "upgrade-check")
+    _print_json(check)
+    if not check["ok"]:
+        raise Refused(409, f"not yet: {'; '.join(check['blockers'])}")
 
 
 def _cluster_status(client: AdminClient, args: argparse.Namespace) -> None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import ssl
-from typing import Any, Callable, ContextManager, Protocol
+from typing import Any, Callable, ContextManager, Iterable, Protocol
 
 from ..broker.connection import Connection
 from ..broker.proton_adapter import LinkHandler
@@ -19,6 +19,7 @@ from ..broker.registry import Registry
 from ..broker.server import Broker, Durability
 from ..config import HaConfig, ListenerConfig, parse_address
 from . import protocol, versions
+from .features import FeatureFlags
 from .quarantine import Quarantine
 from .queue_replicator import QueueReplicator
 from .transaction_replicator import TransactionReplicator
@@ -44,6 +45,7 @@ class BackupHost(Protocol):
     replication_hooks: list[Callable[[Queue, bytes, int, int, bytes], None]]
     build: versions.Build  # this broker's, announced to its peers
     protocol_refusals: dict[str, str]
+    features: FeatureFlags  # the cluster's, as this broker last knew
 
     def hold_epoch(self, epoch: int) -> None:
         """This broker follows the primary of `epoch` (persisted)."""
@@ -143,14 +145,13 @@ class Backup:
         self.peer_freshness[conn.peer] = tuple(props.get(protocol.FRESHNESS) or (epoch,))
         self.peer_states[conn.peer] = str(props.get(protocol.STATE) or JOINING)
         peer = self.peer_build = versions.announced(props, conn.peer)
-        agreed = versions.agreed(self.ha.build, peer)
-        if agreed is None:  # never followed half-way: no link to a peer this broker may misread
-            reason = versions.mismatch(self.ha.build, peer, str(props.get(protocol.ROLE) or "peer"))
+        reason = versions.refusal(self.ha.build, peer, self.ha.features.enabled, str(props.get(protocol.ROLE) or "peer"))
+        if reason is not None:  # never followed half-way: no link to a peer this broker may misread
             self.ha.protocol_refused(peer.name, reason)
             self._give_up_on(reason)
             return
         self.ha.protocol_refusals.pop(peer.name, None)
-        self.protocol = agreed
+        self.protocol = versions.agreed(self.ha.build, peer) or 0
         self.wiring = WiringReplicator(self)
         self.wiring.link = conn.open_link(False, protocol.WIRING, protocol.WIRING, self.wiring, credit=1000,
                                           properties=self.link_properties())
@@ -182,6 +183,9 @@ class Backup:
         log.debug("%s: %s", self.conn.peer if self.conn else "?", reason)
         if self.conn is not None:
             self.conn.close()
+
+    def cluster_features(self, enabled: Iterable[str]) -> None:
+        self.ha.features.set(enabled)
 
     def wiring_detached(self, error: str | None) -> None:
         self._give_up_on(error or "wiring link closed")

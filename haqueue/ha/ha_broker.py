@@ -24,9 +24,11 @@ from ..broker.tls import client_context, server_context
 from ..config import AllowConfig, HaConfig, ListenerConfig
 from . import protocol, test_hooks, versions
 from .backup import Backup
+from .features import SUPPORTED, FeatureFlags
 from .policy import Policy
 from .primary import Primary
 from .promotion import PromotionRequests
+from .upgrades import Upgrades
 from .role import ACTIVE, BACKUP, JOINING, PRIMARY, READY, RECOVERING, RESTARTED_ENV, WAS_PRIMARY, EpochStore
 
 log = logging.getLogger("haqueue.ha")
@@ -42,7 +44,8 @@ class HaBroker:
         self.config = config
         self.policy = Policy(config.replicate)
         self.epoch = EpochStore(broker.config.data_dir)
-        self.build = versions.own(broker.name, frozenset())
+        self.features = FeatureFlags(broker.config.data_dir)
+        self.build = versions.own(broker.name, frozenset(SUPPORTED))
         # Peers refused for a replication protocol this broker does not share (name -> why), until they share one.
         self.protocol_refusals: dict[str, str] = {}
         self.config_address = next((l for l in broker.config.listen if (l.host, l.port) in config.brokers), None)
@@ -84,6 +87,7 @@ class HaBroker:
         broker.status_hooks.append(self._broker_status)
         broker.management.register("ha", "READ", lambda name, body: (200, self.status()))
         self.backup = Backup(self)
+        Upgrades(self)
         if config.coordinator == "external":
             PromotionRequests(self)  # else the coordinator answers them (coord/zookeeper.py)
         test_hooks.warn_if_set()
@@ -124,11 +128,12 @@ class HaBroker:
             raise self._refusal(conn)
 
     def _check_protocol(self, peer: versions.Build) -> None:
-        """Refuse a peer broker with which this one shares no replication protocol, naming the one to upgrade."""
-        if versions.agreed(self.build, peer) is not None:
+        """Refuse a peer broker with which this one shares no replication protocol, or that lacks a feature
+        enabled in the cluster, naming the one to upgrade."""
+        reason = versions.refusal(peer, self.build, self.features.enabled, self.role)
+        if reason is None:
             self.protocol_refusals.pop(peer.name, None)
             return
-        reason = versions.mismatch(peer, self.build, self.role)
         self.protocol_refused(peer.name, reason)
         raise BrokerError(NOT_ALLOWED, reason)
 
@@ -203,6 +208,8 @@ class HaBroker:
                                                f"or use --force")
         expected = {name for name, state in self.backup.members.items()
                     if state == READY and name != self.broker.name}
+        if not self.epoch.had_primary and not self.features.known:
+            self.features.set(SUPPORTED)  # a brand-new cluster starts with every feature this build has
         self.backup.stop()
         # Above every epoch seen, ours or a peer's, so no two primaries ever share one.
         self.hold_epoch(max(self.epoch.epoch, self.backup.max_peer_epoch) + 1 if epoch is None else epoch)

@@ -20,6 +20,7 @@ from ..broker.server import Broker
 from ..config import HaConfig
 from . import protocol, versions
 from .adoption import Adoptions, Taker
+from .features import FeatureFlags
 from .policy import Policy
 from .queue_guard import QueueGuard
 from .quorum import Quorums, confirmations_needed, from_disk, is_quorum
@@ -38,6 +39,7 @@ class PrimaryHost(Protocol):
     policy: Policy
     epoch: EpochStore
     build: versions.Build  # this broker's
+    features: FeatureFlags
 
     def fence(self, reason: str, at_once: bool = False) -> None:
         """A newer primary exists: stop serving and start again as a backup."""
@@ -66,6 +68,8 @@ class WiringSubscription(LinkHandler):
         self.link = link
         for part in backup.primary.snapshot():
             self.send(part)
+        if backup.protocol >= protocol.FLAGS_PROTOCOL:  # one of protocol 1 knows no feature flags
+            self.send(backup.primary.features_event())
 
     def send(self, event: dict[str, Any]) -> None:
         if not self.link.closed:
@@ -284,6 +288,14 @@ class Primary:
             room -= size
         head["parts"] = len(parts)
         return parts
+
+    def features_event(self) -> dict[str, Any]:
+        return {"event": "features", "enabled": sorted(self.ha.features.enabled)}
+
+    def features_changed(self) -> None:
+        for backup in list(self.backups.values()):
+            if backup.wiring is not None and backup.protocol >= protocol.FLAGS_PROTOCOL:
+                backup.wiring.send(self.features_event())
 
     def _broadcast(self, event: dict[str, Any]) -> None:
         for backup in list(self.backups.values()):

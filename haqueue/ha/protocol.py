@@ -24,6 +24,7 @@ EPOCH_SEQ_SHIFT: Final = 40  # each epoch numbers queue messages from epoch << 4
 # open carries no PROTOCOLS speaks 1 alone.
 PROTOCOL: Final = 2
 OLDEST_PROTOCOL: Final = 1
+FLAGS_PROTOCOL: Final = 2  # the first to carry the cluster's feature flags (a `features` event on the wiring link)
 # Connection properties each end of a peer connection sends in its open frame (protocol 2 on).
 PROTOCOLS: Final = "x-ha-protocols"  # [oldest, newest] it speaks
 FEATURES: Final = "x-ha-features"  # the feature flags its build supports

@@ -61,8 +61,16 @@ def agreed(a: Build, b: Build) -> int | None:
     return newest if newest >= max(a.oldest, b.oldest) else None
 
 
-def mismatch(backup: Build, primary: Build, primary_role: str = "primary") -> str:
-    """Why `backup` cannot follow `primary`, and which of them to upgrade: the one whose protocols are older."""
-    older = backup if backup.newest < primary.newest else primary
-    return f"{backup.name} ({backup.release}) speaks replication protocol {backup.protocols}, {primary_role} " \
-           f"{primary.name} ({primary.release}) speaks {primary.protocols}: upgrade {older.name}"
+def refusal(backup: Build, primary: Build, enabled: frozenset[str], primary_role: str = "primary") -> str | None:
+    """Why `backup` may not follow `primary` in a cluster with the feature flags `enabled` (None: it may), naming
+    the broker to upgrade: the one whose protocols are older, or the one that lacks an enabled feature."""
+    if agreed(backup, primary) is None:
+        older = backup if backup.newest < primary.newest else primary
+        return f"{backup.name} ({backup.release}) speaks replication protocol {backup.protocols}, {primary_role} " \
+               f"{primary.name} ({primary.release}) speaks {primary.protocols}: upgrade {older.name}"
+    for build, role in ((backup, "backup"), (primary, primary_role)):
+        lacks = sorted(enabled - build.features)
+        if lacks:
+            return f"{role} {build.name} ({build.release}) lacks feature {', '.join(lacks)}, enabled in this " \
+                   f"cluster: upgrade {build.name}"
+    return None

@@ -5,7 +5,7 @@ then live declare/delete events keep it equal."""
 from __future__ import annotations
 
 import logging
-from typing import Any, Protocol
+from typing import Any, Iterable, Protocol
 
 from ..broker.errors import BrokerError
 from ..broker.exchange import Exchange
@@ -39,6 +39,9 @@ class WiringHost(Protocol):
 
     def wiring_detached(self, error: str | None) -> None: ...
 
+    def cluster_features(self, enabled: Iterable[str]) -> None:
+        """The feature flags enabled in the cluster, as the primary says."""
+
 
 class WiringReplicator(LinkHandler):
     def __init__(self, backup: WiringHost) -> None:
@@ -59,6 +62,8 @@ class WiringReplicator(LinkHandler):
                 self._delete(event)
             elif kind == "membership":
                 self.backup.members = dict(event.get("members") or {})
+            elif kind == "features":
+                self.backup.cluster_features(event.get("enabled") or ())
         except BrokerError as e:
             log.error("cannot apply wiring event %s: %s", kind, e.description)
         self.link.settle(delivery, 0 if settled else ACCEPTED)

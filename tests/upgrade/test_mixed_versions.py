@@ -3,7 +3,9 @@ on the protocol both speak, a failover between them keeps every message, and a r
 broker at a time and the primary last, loses no confirmed message."""
 from __future__ import annotations
 
+import json
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -13,6 +15,8 @@ from ha_harness import HaCluster, Load, send_all
 from harness import BrokerProcess, wait_for
 from haqueue import __version__
 from haqueue.ha.protocol import OLDEST_PROTOCOL, PROTOCOL
+
+FEATURE = "diverged-file-header"  # the one feature flag of 0.2.0
 
 pytestmark = pytest.mark.usefixtures("previous")
 
@@ -25,6 +29,12 @@ def backup_view(c: HaCluster, primary: BrokerProcess) -> dict[str, dict[str, Any
 def release(c: HaCluster, b: BrokerProcess) -> str:
     """The release b runs, as its broker status says (every release's does)."""
     return c.request(b, "READ", "broker")["version"]
+
+
+def enabled(b: BrokerProcess) -> list[str]:
+    """The feature flags b last knew enabled in its cluster (its data dir)."""
+    path = Path(b.config["data_dir"]) / "ha-features.json"
+    return json.loads(path.read_text())["enabled"] if path.exists() else []
 
 
 def fail_over(c: HaCluster, old: BrokerProcess, graceful: bool = False) -> BrokerProcess:
@@ -61,6 +71,8 @@ def test_each_release_follows_the_others_primary_and_keeps_every_message(ha_clus
     view = backup_view(c, new)
     assert view["b0"]["release"] == "0.1.0" and view["b0"]["protocol"] == 1, view
     assert view[c[2].name]["release"] == __version__ and view[c[2].name]["protocol"] == PROTOCOL, view
+    refused = c.cli(new, "cluster", "features", "enable", FEATURE)  # b0 could not read what it would write
+    assert refused.returncode == 1 and f"cannot enable {FEATURE}: b0 (0.1.0) does not support it" in refused.stderr
 
     c.kill(new)
     c.promote(c[0])  # the previous release takes over this build's stream
@@ -92,6 +104,11 @@ def test_rolling_upgrade_under_load_loses_nothing(ha_cluster, previous):
             assert release(c, b) == __version__
         view = backup_view(c, p)
         assert {v["protocol"] for v in view.values()} == {PROTOCOL}, view
+        check = json.loads(c.cli(p, "cluster", "upgrade-check").stdout)
+        assert check["ok"] and check["features_to_enable"] == [FEATURE], check
+        c.cli(p, "cluster", "features", "enable", FEATURE)
+        for b in c:
+            wait_for(lambda: enabled(b) == [FEATURE], 10, message=f"{b.name} knowing {FEATURE} is enabled")
         load.stop_producer()
         wait_for(lambda: set(load.confirmed) <= set(load.received), 30,
                  message=f"every confirmed message received ({load.report()})")
@@ -132,3 +149,23 @@ def test_a_peer_sharing_no_protocol_is_refused_on_both_sides(ha_cluster):
     assert [b["name"] for b in c.status(p)["backups"]] == ["b1"]
     send_all(c.public, "q", range(10, 20))
     c.wait_depth(c[1], "q", 20)
+
+
+def test_a_new_cluster_starts_with_every_feature_and_refuses_a_member_without_it(ha_cluster, previous):
+    c: HaCluster = ha_cluster()
+    run(c[2], previous)
+    c.start(0, 1)
+    p = c[0]
+    c.promote(p)
+    c.wait_ready(c[1])
+    features = json.loads(c.cli(p, "cluster", "features").stdout)
+    assert [(f["name"], f["enabled"]) for f in features["features"]] == [(FEATURE, True)], features
+    assert features["features"][0]["supported_by"] == {"b0": True, "b1": True} and features["members_absent"] == 1
+    assert enabled(c[1]) == [FEATURE]
+    c.start(2)
+    expected = f"backup b2 (0.1.0) lacks feature {FEATURE}, enabled in this cluster: upgrade b2"
+    wait_for(lambda: c.status(p)["protocol_refusals"].get("b2") == expected, 10,
+             message=f"b0 refusing b2 ({c.status(p)['protocol_refusals']})")
+    check = c.cli(p, "cluster", "upgrade-check")
+    assert check.returncode == 1 and f"refused peer: {expected}" in check.stderr, check
+    assert c.status(c[2])["state"] == "joining"
