@@ -75,7 +75,9 @@ def _alive(pid: int) -> bool:
 
 class Supervised:
     def __init__(self, directory: Path, size: int = 3, tls: TlsConfig | None = None,
-                 args: tuple[str, ...] = (), ports: int | None = None) -> None:
+                 args: tuple[str, ...] = (), ports: int | None = None, code: Path = REPO_ROOT) -> None:
+        """`code`: the haqueue tree the supervisor and its brokers run (the tests' upgrades point a symlink at
+        a previous release's, then at this checkout's)."""
         self.directory = directory
         self.size = size
         self.tls = tls  # what the test's admin calls present (cluster up --tls)
@@ -84,12 +86,13 @@ class Supervised:
         self.console = _free_run(ports or size)
         self.public = f"127.0.0.1:{free_port()}"
         env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")]))
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(code), env.get("PYTHONPATH")]))
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "haqueue", "cluster", "up", "--size", str(size), "--dir", str(directory),
              "--public", self.public, "--base-port", str(self.base), "--console-port", str(self.console), *args],
             stdout=subprocess.PIPE, stderr=open(directory.parent / "supervisor.err", "wb"), text=True,
-            env=env, cwd=REPO_ROOT, start_new_session=True)
+            # `python -m` looks in its working directory first: a neutral one, where another tree is to run
+            env=env, cwd=REPO_ROOT if code == REPO_ROOT else directory.parent, start_new_session=True)
         self.lines: queue.Queue[str | None] = queue.Queue()
         self.seen: list[str] = []
         threading.Thread(target=self._read, daemon=True).start()
