@@ -2,11 +2,16 @@
 clusters whose brokers each run this build or that release (design/upgrades.md)."""
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import pytest
 
-from ha_harness import HaCluster, cluster_factory
-from harness import BrokerProcess
-from releases import PREVIOUS, Release
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "shard"))  # the sharded cluster's helpers
+
+from ha_harness import HaCluster, cluster_factory  # noqa: E402
+from harness import BrokerProcess  # noqa: E402
+from releases import PREVIOUS, Release  # noqa: E402
 
 
 @pytest.fixture(scope="session")
