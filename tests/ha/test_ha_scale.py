@@ -69,6 +69,8 @@ def test_three_thousand_queues_replicate_fail_over_and_come_back_whole(ha_cluste
     c.start()
     wait_for(lambda: any(c.cli(b, "ha", "promote").returncode == 0 for b in c), 60,
              message="a broker promoted after the total outage")
-    primary = next(b for b in c if (c.try_status(b) or {}).get("role") == "primary")
+    # a status may time out while the new primary catches its backups up on 3,000 queues: asked again
+    primary = wait_for(lambda: next((b for b in c if (c.try_status(b) or {}).get("role") == "primary"), None), 60,
+                       message="the promoted broker answering as the primary")
     wait_all_ready(c, [b for b in c if b is not primary])
     assert_all_hold(c, c, expected)
