@@ -8,7 +8,7 @@ from typing import Any
 from proton import Message, ProtonException
 from proton.utils import BlockingConnection, SendException
 
-from .ha.quarantine import DONE_SUFFIX, diverged_files, file_queue, read_messages
+from .ha.quarantine import DONE_SUFFIX, diverged_files, file_format, file_queue, read_messages
 
 
 def describe(data_dir: str) -> list[dict[str, Any]]:
@@ -24,7 +24,11 @@ def describe(data_dir: str) -> list[dict[str, Any]]:
 def republish(data_dir: str, address: str, user: str | None, password: str | None, timeout: float) -> list[dict[str, Any]]:
     """Send every diverged message to its queue at `address` (the primary), one at a time, each accepted before
     the next; a file whose messages were all accepted is renamed `*.republished`, so a second run sends nothing
-    twice. Raises on the first refusal (what was sent of that file stays sent: those are duplicates at most)."""
+    twice. Raises on the first refusal (what was sent of that file stays sent: those are duplicates at most), and
+    before sending anything on a file of a newer format than this build reads (formats.NewerFormat)."""
+    paths = diverged_files(data_dir)
+    for path in paths:
+        file_format(path)
     auth: dict[str, Any] = ({"sasl_enabled": False} if user is None else
                             {"allowed_mechs": "PLAIN", "user": user, "password": password or ""})
     done = []
@@ -33,7 +37,7 @@ def republish(data_dir: str, address: str, user: str | None, password: str | Non
     except (ProtonException, OSError) as e:
         raise RuntimeError(f"cannot connect to {address}: {e}") from e
     try:
-        for path in diverged_files(data_dir):
+        for path in paths:
             queue = file_queue(path)
             sender = conn.create_sender(queue)
             count = 0

@@ -21,7 +21,7 @@ import pyarrow as pa
 import pyarrow.json as pj
 import pyarrow.parquet as pq
 
-from haqueue.audit import schema
+from haqueue.audit import parts, schema
 
 BLOCK = 8 << 20  # bytes of lines parsed at a time
 ROW_GROUP = 1 << 17  # rows per row group: ~25 MB of rows in memory before they are written
@@ -43,8 +43,11 @@ class Counts:
 def convert(source: str | BinaryIO, destination: str | BinaryIO) -> Counts:
     """Write the event lines of `source` (a path, or a binary file open for reading, read to its end) as a
     Parquet file to `destination` (a path, or a binary file open for writing, left open): columns SCHEMA,
-    zstd, ROW_GROUP rows a group. Raises OSError if either cannot be read or written; a line it cannot
-    parse is kept, never an error."""
+    zstd, ROW_GROUP rows a group. Raises OSError if either cannot be read or written, and NewerFormat if the
+    name of `source` (a path) says a format this build does not read; a line it cannot parse is kept, never
+    an error."""
+    if isinstance(source, str):
+        parts.check_format(source)
     rows = kept = 0
     with (open(source, "rb") if isinstance(source, str) else contextlib.nullcontext(source)) as lines, \
             pq.ParquetWriter(destination, SCHEMA, compression="zstd") as writer:

@@ -14,6 +14,7 @@ from collections.abc import Callable
 
 from haqueue.audit import failures
 from haqueue.audit.exits import EXIT_CANNOT_TELL, EXIT_JOB_FAILED, EXIT_LOSS, EXIT_USAGE, UsageError
+from haqueue.formats import EXIT_NEWER_FORMAT, NewerFormat
 
 
 def add_lag_arguments(lag: argparse.ArgumentParser) -> None:
@@ -140,8 +141,9 @@ def _missing_module(error: ImportError, needs: str) -> int:
 
 
 def _guarded(run: Callable[[], int], debug: bool) -> int:
-    """`run`'s exit code; EXIT_USAGE with the reason for a UsageError, EXIT_JOB_FAILED and one line for
-    any other failure (its traceback, and Spark's warnings, only with --debug)."""
+    """`run`'s exit code; EXIT_USAGE with the reason for a UsageError, EXIT_NEWER_FORMAT with its message for an
+    event file of a newer format, EXIT_JOB_FAILED and one line for any other failure (its traceback, and
+    Spark's warnings, only with --debug)."""
     try:
         with warnings.catch_warnings():
             if not debug:  # toPandas warns with the Java stack of a failed job before raising it
@@ -150,6 +152,9 @@ def _guarded(run: Callable[[], int], debug: bool) -> int:
     except UsageError as e:
         print(f"haqueue: audit: {e}", file=sys.stderr)
         return EXIT_USAGE
+    except NewerFormat as e:  # an event file of a newer release: read by none of the audit
+        print(f"haqueue: audit: {e}", file=sys.stderr)
+        return EXIT_NEWER_FORMAT
     except Exception as e:
         if debug:
             traceback.print_exc()

@@ -41,6 +41,7 @@ from typing import TextIO
 from haqueue.audit import parts
 from haqueue.audit.command import duration
 from haqueue.audit.exits import EXIT_JOB_FAILED, EXIT_OK, EXIT_USAGE, UsageError
+from haqueue.formats import EXIT_NEWER_FORMAT, NewerFormat
 
 DEFAULT_INTERVAL = datetime.timedelta(seconds=10)  # between rounds
 _BLOCK = 1 << 20  # bytes copied at a time
@@ -255,7 +256,8 @@ def add_ship_arguments(ship: argparse.ArgumentParser) -> None:
 def run_ship(args: argparse.Namespace) -> int:
     """Exit 0 when every file closed so far is shipped (--once) or when interrupted; 2 on a usage error
     (a missing source, a destination not there); 4 if a file could not be shipped (--once; running, a
-    round's failures are told and tried again the next round)."""
+    round's failures are told and tried again the next round); EXIT_NEWER_FORMAT if --parquet finds a file of
+    a format this build does not read (a copy reads no line: it ships any)."""
     try:
         ship = Ship(args.source or _audit_dir(args.config), args.to, parquet() if args.parquet else JSONL)
         while True:
@@ -271,6 +273,9 @@ def run_ship(args: argparse.Namespace) -> int:
     except UsageError as e:
         print(f"haqueue: audit ship: {e}", file=sys.stderr)
         return EXIT_USAGE
+    except NewerFormat as e:  # --parquet: a file whose lines it cannot convert
+        print(f"haqueue: audit ship: {e}", file=sys.stderr)
+        return EXIT_NEWER_FORMAT
     except KeyboardInterrupt:
         return EXIT_OK
     except Exception as e:

@@ -146,10 +146,13 @@ def read_events(spark: SparkSession, directory: str) -> EventInput:
     """The event files under `directory` at any depth, `*.jsonl` and `*.parquet` (columnar.py), less names
     starting with `.` or `_` (Spark skips them). A file converted to Parquet is read once: where
     `NAME.parquet` and `NAME.jsonl` are side by side, the JSON lines are left out. Lazy: Spark lists the
-    files now and reads them when a query needs them; a bad line is counted (unusable), never fatal."""
+    files now and reads them when a query needs them; a bad line is counted (unusable), never fatal. A file of a
+    newer format than this build reads, as its name says, is refused before any is read (NewerFormat)."""
     jsonl = _event_files(_json_reader(spark.read, schema.DDL), parts.SUFFIX).json(directory)
     parquet = _event_files(spark.read.schema(_EVENTS_CORRUPT_DDL), parts.PARQUET).parquet(directory)
     json_files, parquet_files = jsonl.inputFiles(), parquet.inputFiles()
+    for name in (*json_files, *parquet_files):
+        parts.check_format(name)
     converted = {name[:-len(parts.PARQUET)] + parts.SUFFIX for name in parquet_files}
     if converted.intersection(json_files):
         json_files = [name for name in json_files if name not in converted]

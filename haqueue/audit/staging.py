@@ -73,10 +73,12 @@ class Stager:
 
     # -- files ---------------------------------------------------------------------------------
     def _event_files(self) -> Iterator[tuple[str, int]]:
+        """Each event file and its size; NewerFormat for one of a format this build does not read."""
         for root, _, names in os.walk(self.events):
             for name in names:
                 if name.endswith(".jsonl"):
                     path = os.path.join(root, name)
+                    parts.check_format(path)
                     yield os.path.relpath(path, self.events), os.stat(path).st_size
 
     def _take(self, name: str, start: int, size: int, finished: bool) -> tuple[str, int]:

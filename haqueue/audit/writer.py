@@ -1,7 +1,8 @@
 """Appends whole JSON lines to size-rotated files, one write per call (os.write, no fsync: a killed
 process loses nothing written; a machine crash may lose what the page cache held).
 
-Files are `<dir>/<broker>-<part>.jsonl`; each process starts a new part, so a file never holds two
+Files are `<dir>/<broker>~f<format>-<part>.jsonl` (the lines' format in the name: parts.py); each process
+starts a new part, after any of the broker's (0.1.0's `<broker>-<part>.jsonl` too), so a file never holds two
 runs and a line torn by a crash is always the last of its file. A file is closed once it reaches
 `max_bytes`, or has been open `rotate_seconds` (AuditLog's timer calls `expire`), and the next write
 opens the next part. The writer holds a lock on its open file (parts.py), which `audit ship` reads to

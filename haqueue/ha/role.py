@@ -4,6 +4,8 @@ from __future__ import annotations
 import json
 import os
 
+from .. import formats
+
 PRIMARY, BACKUP = "primary", "backup"
 # backup states
 JOINING, CATCHUP, READY = "joining", "catchup", "ready"
@@ -15,6 +17,8 @@ OUTSIDE, WAS_READY, WAS_PRIMARY = 0, 1, 2
 # of a running cluster, so a coordinator out of reach is waited for, not a reason to exit as at a first start.
 RESTARTED_ENV = "HAQUEUE_HA_RESTARTED"
 LED_KEPT = 16  # epochs led that a broker remembers (an older one's messages would be adopted: a duplicate at worst)
+# ha-epoch.json's format (formats.py): 0.1.0 wrote none (format 1) and reads this one as its own, ignoring the key.
+EPOCH_FORMAT = 1
 
 
 class EpochStore:
@@ -22,7 +26,7 @@ class EpochStore:
     its standing there (the primary, a ready backup, or neither): after a total outage the coordinators
     promote the broker that stood highest in the latest epoch held (design/store.md). Seeing a newer
     epoch go by (a ZooKeeper election) changes neither: it brings no data. Written atomically so a
-    crash never leaves half a file."""
+    crash never leaves half a file. A file of a newer format is refused (formats.NewerFormat)."""
 
     def __init__(self, data_dir: str) -> None:
         self.path = os.path.join(data_dir, "ha-epoch.json")
@@ -36,6 +40,7 @@ class EpochStore:
         if os.path.exists(self.path):
             with open(self.path, encoding="utf-8") as f:
                 saved = json.load(f)
+            formats.check_document(self.path, saved, EPOCH_FORMAT)
             self.epoch = int(saved.get("epoch", 0))
             self.had_primary = bool(saved.get("had_primary", self.epoch > 0))
             self.held = int(saved.get("held", self.epoch))
@@ -71,8 +76,8 @@ class EpochStore:
     def _save(self) -> None:
         tmp = self.path + ".tmp"
         with open(tmp, "w", encoding="utf-8") as f:
-            json.dump({"epoch": self.epoch, "had_primary": self.had_primary, "held": self.held,
-                       "standing": self.standing, "led": self.led}, f)
+            json.dump({formats.MARKER: EPOCH_FORMAT, "epoch": self.epoch, "had_primary": self.had_primary,
+                       "held": self.held, "standing": self.standing, "led": self.led}, f)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, self.path)

@@ -4,6 +4,9 @@ other process, so exactly one document is stored whoever races (compare-and-set 
 other process reads it and refuses to start if its cluster file gives another placement: its replicas and peers
 would not be the cluster's (a stale or different file, or nodes changed and the new placement not stored).
 
+The document names its format (formats.py, `"format": 1`); 0.1.0 stored none (format 1) and compares only the
+shards and nodes, so it reads this one as its own. A document of a newer format is refused, never replaced.
+
 To change the placement on purpose, the admin replaces the stored document with the new cluster file's:
 `haqueue place --config NEW.yaml --store --replace` (`store`: refused without `replace` when another is stored,
 and a compare-and-set on the version read, so two admins cannot both replace what they saw).
@@ -19,12 +22,14 @@ from kazoo.client import KazooClient
 from kazoo.exceptions import BadVersionError, KazooException, NodeExistsError
 from kazoo.handlers.threading import KazooTimeoutError
 
+from .. import formats
 from ..config import ShardConfig, ZooKeeperConfig
 from ..coord.zookeeper import START_TIMEOUT_MIN, ZooKeeperUnusable
 
 log = logging.getLogger("haqueue.shard")
 
 ASSIGNMENT = "assignment"  # the znode's name under the cluster path
+FORMAT = 1  # the document's
 
 
 class AssignmentRefused(Exception):
@@ -33,17 +38,22 @@ class AssignmentRefused(Exception):
 
 def agree(client: KazooClient, path: str, assignment: dict[str, Any]) -> tuple[dict[str, Any], int | None]:
     """The cluster's stored assignment and its znode's version: `assignment` and None if written now (there was
-    none), else the one stored."""
+    none), else the one stored; NewerFormat if that one is of a format this build does not read."""
     znode = f"{path}/{ASSIGNMENT}"
     client.ensure_path(path)
     try:
-        client.create(znode, json.dumps(assignment, sort_keys=True).encode())
+        client.create(znode, _document(assignment))
         log.info("stored the cluster's assignment at %s", znode)
         return assignment, None
     except NodeExistsError:
         data, stat = client.get(znode)
         stored: dict[str, Any] = json.loads(data)
+        formats.check_document(znode, stored, FORMAT)
         return stored, stat.version
+
+
+def _document(assignment: dict[str, Any]) -> bytes:
+    return json.dumps({**assignment, formats.MARKER: FORMAT}, sort_keys=True).encode()
 
 
 def difference(stored: dict[str, Any], ours: dict[str, Any]) -> str | None:
@@ -104,7 +114,7 @@ def store(shard: ShardConfig, zookeeper: ZooKeeperConfig, replace: bool) -> str:
         if not replace:
             raise AssignmentRefused(f"{znode} holds another assignment: {different}; give --replace to replace it")
         try:
-            client.set(znode, json.dumps(shard.assignment, sort_keys=True).encode(), version=version)
+            client.set(znode, _document(shard.assignment), version=version)
         except BadVersionError:
             raise AssignmentRefused(f"{znode} changed while it was being replaced: nothing replaced") from None
     log.info("replaced the assignment at %s (%s)", znode, different)

@@ -1,4 +1,5 @@
-"""`haqueue store check DIR`: read a stopped broker's journal as recovery would, changing nothing."""
+"""`haqueue store check DIR`: read a stopped broker's journal as recovery would, changing nothing. A journal newer
+than this build reads is refused as the broker refuses it (formats.NewerFormat: the command line's exit code)."""
 from __future__ import annotations
 
 import json
@@ -22,6 +23,7 @@ def check(data_dir: str) -> int:
         print(f"haqueue: store check: {e}", file=sys.stderr)
         return EXIT_CORRUPT
     print(json.dumps({"directory": directory, "segments": len(image.segments), "bytes": sum(image.segments.values()),
+                      "versions": sorted(set(image.versions.values())),
                       "records": image.records, "queues": {q.name: len(q.messages) for q in image.queues.values()},
                       "exchanges": sorted(image.exchanges), "bindings": len(image.bindings),
                       "messages": image.messages, "torn": image.torn}))

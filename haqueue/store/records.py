@@ -36,7 +36,7 @@ DEQUEUE: Final = ord("D")
 DEQUEUES: Final = ord("R")  # one queue's dequeues of a loop pass, as seq ranges (version 2)
 GROUP: Final = ord("G")  # payload: count u32: the next `count` records are kept whole or not at all (a transaction)
 
-VERSION: Final = 2  # the journal this broker writes
+VERSION: Final = 2  # the journal this broker writes (0.1.0 wrote it too)
 READABLE: Final = (1, 2)  # version 1 wrote a D record per dequeue
 
 
@@ -96,6 +96,15 @@ def queue_deleted(qid: int) -> bytes:
 
 def segment_header(number: int, created: float) -> bytes:
     return wiring(SEGMENT, {"version": VERSION, "segment": number, "created": created})
+
+
+def segment_version(data: bytes) -> Any:
+    """The journal version the header at the start of a segment's bytes names; None if they do not start with
+    one. Every version keeps this header record as it is: any build can tell a journal newer than it reads."""
+    record, _ = _check(memoryview(data), 0)
+    if record is None or record.type != SEGMENT or not isinstance(record.fields, dict):
+        return None
+    return record.fields.get("version")
 
 
 @dataclass(slots=True)

@@ -13,6 +13,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from .. import formats
 from . import records
 from .records import Corrupt, MessageRecord, Record
 from .writer import segment_path
@@ -20,6 +21,7 @@ from .writer import segment_path
 log = logging.getLogger("haqueue.store")
 
 PROGRESS_EVERY = 2.0  # seconds between progress lines of a long recovery
+HEADER_BYTES = 4096  # read of each segment to find its header's version (a header takes under 100)
 
 _SEGMENT_NAME = re.compile(r"^(\d{8})\.seg$")
 
@@ -41,6 +43,7 @@ class Image:
     exchanges: dict[str, dict[str, Any]] = field(default_factory=dict)
     bindings: dict[tuple[str, str, str], dict[str, Any]] = field(default_factory=dict)
     segments: dict[int, int] = field(default_factory=dict)  # number -> size in bytes
+    versions: dict[int, int] = field(default_factory=dict)  # number -> its journal version, as its header says
     created: dict[int, float] = field(default_factory=dict)  # number -> when it was started (wall clock)
     records: int = 0
     max_qid: int = 0
@@ -64,9 +67,11 @@ def journal_bytes(directory: str) -> int:
 def read_journal(directory: str, repair: bool, bodies: bool = True) -> Image:
     """The journal's content. `repair`: truncate a torn tail (at start-up); offline checks only report it.
     Without `bodies` messages are located, not kept (a journal larger than memory may hold).
-    Raises Corrupt on a bad record that is not a torn tail."""
+    Raises Corrupt on a bad record that is not a torn tail, and NewerFormat, before reading or repairing
+    anything, if a segment is of a version newer than this build reads."""
     image = Image()
     numbers = segment_numbers(directory)
+    _check_headers(directory, numbers)
     sizes = [os.path.getsize(segment_path(directory, n)) for n in numbers]
     started = last_said = time.monotonic()
     for i, number in enumerate(numbers):
@@ -89,14 +94,32 @@ def read_journal(directory: str, repair: bool, bodies: bool = True) -> Image:
         header = found[0] if found else None
         if header is not None and (not isinstance(header, Record) or header.type != records.SEGMENT):
             raise Corrupt(path, 0, "the segment does not start with its header")
-        if header is not None and header.fields.get("version") not in records.READABLE:
-            raise Corrupt(path, 0, f"journal version {header.fields.get('version')} is not one this broker "
-                                   f"reads ({', '.join(map(str, records.READABLE))})")
         if header is not None:
+            image.versions[number] = _check_version(path, header.fields.get("version"))
             image.created[number] = float(header.fields.get("created", 0.0))
         _apply(image, found, number)
         image.records += len(found)
     return image
+
+
+def _check_headers(directory: str, numbers: list[int]) -> None:
+    """Every segment's version, from its header alone: a newer journal is refused before anything is read or
+    repaired. A segment that does not start with a header (a torn first write) is left to read_segment."""
+    for number in numbers:
+        path = segment_path(directory, number)
+        with open(path, "rb") as f:
+            version = records.segment_version(f.read(HEADER_BYTES))
+        if version is not None:
+            _check_version(path, version)
+
+
+def _check_version(path: str, version: Any) -> int:
+    """A segment's version, if this build reads it; NewerFormat for a newer one, Corrupt for an older one."""
+    formats.check(path, version, records.VERSION, records.READABLE[0])
+    if version not in records.READABLE:
+        raise Corrupt(path, 0, f"journal version {version} is not one this broker reads "
+                               f"({', '.join(map(str, records.READABLE))})")
+    return int(version)
 
 
 def _apply(image: Image, found: list[Record | MessageRecord], segment: int) -> None:

@@ -171,7 +171,7 @@ def test_files_rotate_by_size_and_a_new_run_starts_a_new_file(tmp_path):
         w.write([enqueues(f, i * 10, 10)])
     w.close()
     files = sorted(tmp_path.iterdir())
-    assert [p.name for p in files] == [f"b0-{k:06d}.jsonl" for k in range(1, len(files) + 1)]
+    assert [p.name for p in files] == [f"b0~f1-{k:06d}.jsonl" for k in range(1, len(files) + 1)]
     sizes = [p.stat().st_size for p in files]
     assert len(sizes) >= 3 and min(sizes[:-1]) >= 4096 and max(sizes) < 4096 + 2000  # closed past 4096 bytes
     assert [e["seq"] for e in read_lines(tmp_path)] == [i * 10 + j for i in range(10) for j in range(10)]
@@ -179,7 +179,7 @@ def test_files_rotate_by_size_and_a_new_run_starts_a_new_file(tmp_path):
     w2 = Writer(str(tmp_path), "b0", 4096)
     w2.write([enqueues(f, 1000, 1)])
     w2.close()
-    assert sorted(p.name for p in tmp_path.iterdir())[-1] == f"b0-{len(files) + 1:06d}.jsonl"
+    assert sorted(p.name for p in tmp_path.iterdir())[-1] == f"b0~f1-{len(files) + 1:06d}.jsonl"
 
 
 def test_a_torn_last_line_is_never_followed_by_more_data(tmp_path):
@@ -188,13 +188,13 @@ def test_a_torn_last_line_is_never_followed_by_more_data(tmp_path):
     w = Writer(str(tmp_path), "b0", 1 << 20)
     w.write([enqueues(f, 1, 1)])
     w.close()
-    first = tmp_path / "b0-000001.jsonl"
+    first = tmp_path / "b0~f1-000001.jsonl"
     first.write_bytes(first.read_bytes() + b'{"t":2000000,"event":"enq')  # torn
     w2 = Writer(str(tmp_path), "b0", 1 << 20)
     w2.write([enqueues(f, 2, 1)])
     w2.close()
     assert first.read_bytes().endswith(b'"event":"enq')
-    assert [json.loads(line)["seq"] for line in (tmp_path / "b0-000002.jsonl").read_text().splitlines()] == [2]
+    assert [json.loads(line)["seq"] for line in (tmp_path / "b0~f1-000002.jsonl").read_text().splitlines()] == [2]
 
 
 def test_audit_config_section(tmp_path):

@@ -1,8 +1,9 @@
 """The Spark job on synthetic event sets with known answers (eventsets.failover_scenario): exact lags,
 a planted missing message, a planted duplicate, an out-of-order pair, a dequeue not mirrored, a
 failover; confirmations at risk and messages kept aside at a rejoin (eventsets.partition_scenario);
-bad input counted, never fatal; the time window; the command line, its paths as URIs and its exit
-codes, a failed Spark job's among them; spark-submit."""
+bad input counted, never fatal; the event files of 0.1.0 and of this build read alike, one of a newer format
+refused; the time window; the command line, its paths as URIs and its exit codes, a failed Spark job's among
+them; spark-submit."""
 from __future__ import annotations
 
 import io
@@ -149,6 +150,37 @@ def test_a_set_converted_to_parquet_audits_as_its_json_lines(audit, spark, scena
     assert rows(converted.bad_input, ["file", "problem", "lines"]) == [
         ("b2-000004.parquet", "missing field", 1), ("b2-000004.parquet", "unknown event", 1),
         ("b2-000004.parquet", "unparsable", 2)]
+
+
+def test_files_of_0_1_0_and_of_this_build_are_read_alike_and_a_newer_format_is_refused(spark, scenario_dir,
+                                                                                      tmp_path):
+    """A rolling upgrade: brokers of both releases write into one directory (design/data-formats.md). b0's files
+    keep 0.1.0's names, b1's and b2's take this build's (b2's converted to Parquet): every line is read. A file of
+    a newer format is refused, naming it, before any is read."""
+    from haqueue.audit import columnar, sources
+    from haqueue.formats import EXIT_NEWER_FORMAT
+
+    events = tmp_path / "events"
+    events.mkdir()
+    logs = sorted(scenario_dir.glob("*.jsonl"))
+    for log in logs:
+        broker, part = log.stem.split("-")
+        if broker == "b0":
+            shutil.copy(log, events)
+        elif broker == "b1":
+            shutil.copy(log, events / f"b1~f1-{part}.jsonl")
+        else:
+            columnar.convert(str(log), str(events / f"b2~f1-{part}.parquet"))
+    found = sources.read_events(spark, str(events))
+    assert (found.files, sources.usable(found.lines).count()) == (
+        len(logs), sum(len(log.read_text().splitlines()) for log in logs))
+    newer = events / "b3~f2-000001.parquet"
+    columnar.convert(io.BytesIO(b'{"t": 1}\n'), str(newer))
+    result = run_audit_command(["audit", "lag", "--events", str(events), "--out", str(tmp_path / "out"),
+                                "--master", "local[2]"])
+    assert (result.returncode, result.stdout, result.stderr.splitlines()[-1]) == (
+        EXIT_NEWER_FORMAT, "", f"haqueue: audit: file://{newer}: format 2 is newer than this build reads (1): this "
+                               f"build is older than the one that wrote it; install that release or newer")
 
 
 def test_a_time_window_judges_only_its_events(spark, scenario_dir):

@@ -68,27 +68,28 @@ def test_closed_files_are_shipped_once_and_a_ship_killed_mid_copy_resumes(tmp_pa
     to.mkdir()
     writer = write_parts(source, 3)
     first = ship(source, to)
-    size = sum((source / f"b0-00000{part}.jsonl").stat().st_size for part in (1, 2))
+    size = sum((source / f"b0~f1-00000{part}.jsonl").stat().st_size for part in (1, 2))
     assert (first.returncode, first.stdout) == (0, f"haqueue audit ship: 2 files ({size / 1e6:.1f} MB) to {to}\n")
-    assert same_files(source, to, ["b0-000001.jsonl", "b0-000002.jsonl"])  # the open part waits
+    assert same_files(source, to, ["b0~f1-000001.jsonl", "b0~f1-000002.jsonl"])  # the open part waits
     before = shipped(to)
     again = ship(source, to)
     assert (again.returncode, again.stdout, again.stderr) == (0, "", "")
     assert shipped(to) == before  # nothing copied twice
 
     writer.close()  # part 3 is closed: the next ship copies it; kill -9 that ship mid-copy
-    pipe = plant_pipe(to, "b0-000003.jsonl")
+    pipe = plant_pipe(to, "b0~f1-000003.jsonl")
     killed = start_ship(source, to)
     with open(pipe, "rb") as reader:  # opens once ship is copying part 3 into it
         partial = reader.read(64 << 10)
         killed.send_signal(signal.SIGKILL)
         killed.wait(10)
-    assert not (to / "b0-000003.jsonl").exists()
+    assert not (to / "b0~f1-000003.jsonl").exists()
     pipe.unlink()
     pipe.write_bytes(partial)  # what a copy killed there leaves on a disk: the first bytes, hidden
     resumed = ship(source, to)
     assert resumed.returncode == 0, resumed.stderr
-    assert same_files(source, to, ["b0-000001.jsonl", "b0-000002.jsonl", "b0-000003.jsonl"])  # whole; hidden gone
+    # whole; the hidden file gone
+    assert same_files(source, to, ["b0~f1-000001.jsonl", "b0~f1-000002.jsonl", "b0~f1-000003.jsonl"])
     assert {name: ino for name, (ino, _) in shipped(to).items() if name in before} == {
         name: ino for name, (ino, _) in before.items()}
     assert ship(source, to).stdout == ""
@@ -136,7 +137,7 @@ def test_bad_input_is_one_line_and_its_exit_code(tmp_path):
         result = run_haqueue(["audit", "ship", *args, "--once"])
         assert (result.returncode, result.stderr) == (2, f"haqueue: audit ship: {error}\n")
 
-    pipe = plant_pipe(to, "b0-000001.jsonl")
+    pipe = plant_pipe(to, "b0~f1-000001.jsonl")
     failing = start_ship(source, to)
     drained = threading.Event()
     with open(pipe, "rb") as reader:
@@ -144,25 +145,26 @@ def test_bad_input_is_one_line_and_its_exit_code(tmp_path):
         threading.Thread(target=lambda: (reader.read(), drained.set()), daemon=True).start()
         out, err = failing.communicate(timeout=30)
     assert drained.is_set()
-    assert (failing.returncode, err) == (4, f"haqueue audit ship: cannot ship b0-000001.jsonl: [Errno 2] No such file "
-                                            f"or directory: '{to}/.b0-000001.jsonl.tmp'\n"), out + err
-    assert [p.name for p in to.iterdir()] == ["b0-000002.jsonl"]
+    assert (failing.returncode, err) == (4, f"haqueue audit ship: cannot ship b0~f1-000001.jsonl: [Errno 2] No such "
+                                            f"file or directory: '{to}/.b0~f1-000001.jsonl.tmp'\n"), out + err
+    assert [p.name for p in to.iterdir()] == ["b0~f1-000002.jsonl"]
     result = ship(source, to)
-    assert result.returncode == 0 and same_files(source, to, ["b0-000001.jsonl", "b0-000002.jsonl"])
+    assert result.returncode == 0 and same_files(source, to, ["b0~f1-000001.jsonl", "b0~f1-000002.jsonl"])
 
 
 def test_a_new_file_ship_is_testing_is_left_empty_and_the_writer_never_waits(tmp_path):
     """Ship tests a file's lock at the instant its writer made it: the writer takes the next part instead of
     waiting (the broker's loop never waits for ship); the empty file is never shipped."""
     writer = Writer(str(tmp_path), "b0", PART_BYTES)
-    with open(tmp_path / "b0-000001.jsonl", "ab") as tested:
+    with open(tmp_path / "b0~f1-000001.jsonl", "ab") as tested:
         fcntl.flock(tested.fileno(), fcntl.LOCK_SH)  # as parts.closed holds it, for an instant
         writer.write([b'{"t": 1}\n'])
     assert [(p.name, p.read_bytes()) for p in sorted(tmp_path.iterdir())] == [
-        ("b0-000001.jsonl", b""), ("b0-000002.jsonl", b'{"t": 1}\n')]
-    assert not parts.closed(str(tmp_path / "b0-000001.jsonl")) and not parts.closed(str(tmp_path / "b0-000002.jsonl"))
+        ("b0~f1-000001.jsonl", b""), ("b0~f1-000002.jsonl", b'{"t": 1}\n')]
+    assert not parts.closed(str(tmp_path / "b0~f1-000001.jsonl"))
+    assert not parts.closed(str(tmp_path / "b0~f1-000002.jsonl"))
     writer.close()
-    assert parts.closed(str(tmp_path / "b0-000002.jsonl"))
+    assert parts.closed(str(tmp_path / "b0~f1-000002.jsonl"))
 
 
 def test_parquet_ships_each_closed_file_converted_once(tmp_path):
@@ -174,7 +176,7 @@ def test_parquet_ships_each_closed_file_converted_once(tmp_path):
     writer = write_parts(source, 3)
     first = ship(source, to, "--parquet")
     assert first.returncode == 0 and first.stdout.startswith("haqueue audit ship: 2 files "), first.stderr
-    names = ["b0-000001.parquet", "b0-000002.parquet"]  # the open part waits
+    names = ["b0~f1-000001.parquet", "b0~f1-000002.parquet"]  # the open part waits
     assert sorted(p.name for p in to.iterdir()) == names
     for name in names:
         lines = [json.loads(line) for line in (source / name.replace(".parquet", ".jsonl")).read_text().splitlines()]
@@ -182,9 +184,9 @@ def test_parquet_ships_each_closed_file_converted_once(tmp_path):
         assert [{k: v for k, v in row.items() if v is not None} for row in rows] == lines
     before = shipped(to)
     (state,) = source.glob(".shipped-*")
-    state.write_text("".join(state.read_text().splitlines(keepends=True)[:-1]))  # b0-000002 shipped, not noted
+    state.write_text("".join(state.read_text().splitlines(keepends=True)[:-1]))  # b0~f1-000002 shipped, not noted
     again = ship(source, to, "--parquet")
-    size = (source / "b0-000002.jsonl").stat().st_size
+    size = (source / "b0~f1-000002.jsonl").stat().st_size
     assert (again.returncode, again.stdout, again.stderr) == (0, f"haqueue audit ship: 1 file ({size / 1e6:.1f} MB) "
                                                                  f"to {to}\n", "")
     assert shipped(to) == before  # noted, not written again

@@ -110,8 +110,9 @@ def test_spark_submit_on_events_the_workers_cannot_read_fails_in_one_line(standa
     result = spark_submit(["--events", str(own[0]), "--out", str(tmp_path / "audit"), "--fail-on-loss"],
                           sys.executable, master=standalone.url, conf=conf(standalone))
     assert (result.returncode, result.stdout) == (4, ""), result.stdout + result.stderr[-3000:]
-    assert re.fullmatch(rf"haqueue audit: the Spark job failed: executors cannot read file://{own[0]}/b0-\d+\.jsonl "
-                        r"\(FILE_NOT_EXIST\); is the events directory shared with every worker\?",
+    assert re.fullmatch(rf"haqueue audit: the Spark job failed: executors cannot read "
+                        rf"file://{own[0]}/b0~f1-\d+\.jsonl \(FILE_NOT_EXIST\); is the events directory shared "
+                        r"with every worker\?",
                         result.stderr.splitlines()[-1]), result.stderr[-3000:]
     assert "Traceback" not in result.stderr
 

@@ -79,7 +79,7 @@ def test_x_replicate_false_messages_stay_on_the_primary_and_go_with_it(ha_cluste
 
     # The primary's audit log: each kept message's confirmation says it was not replicated and names no backup,
     # so the audit counts none of them missing, at risk, or lost once gone (design/audit-events.md).
-    completes = [json.loads(line) for path in audit.glob("b0-*.jsonl") for line in path.read_text().splitlines()
+    completes = [json.loads(line) for path in audit.glob("b0~f1-*.jsonl") for line in path.read_text().splitlines()
                  if '"event":"complete"' in line and '"queue":"q"' in line]
     kept = {e["message_id"] for e in completes if e.get("replicated") is False}
     assert kept == {f"m{i}" for i in range(1, 31) if annotations(i) is not None}

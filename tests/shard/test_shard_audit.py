@@ -54,9 +54,9 @@ def audited(tmp_path_factory) -> tuple[Path, list[str]]:
 def test_every_audit_line_of_a_shard_process_names_its_shard(audited) -> None:
     events, queues = audited
     lines = {f.name: [json.loads(line) for line in f.read_text().splitlines()] for f in events.glob("*.jsonl")}
-    assert {name.split("-")[0] for name in lines} == {"n1.s0", "n1.s1", "n2.s0", "n2.s1"}
+    assert {name.split("~")[0] for name in lines} == {"n1.s0", "n1.s1", "n2.s0", "n2.s1"}
     for name, events_of_file in lines.items():
-        shard = int(name.split("-")[0].split(".s")[1])
+        shard = int(name.split("~")[0].split(".s")[1])
         assert {e["shard"] for e in events_of_file} == {shard}, name
         assert {e["queue"] for e in events_of_file if "queue" in e} == {queues[shard]}, name
     kinds = {(e["broker"], e["event"]) for events_of_file in lines.values() for e in events_of_file}

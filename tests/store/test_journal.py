@@ -72,12 +72,13 @@ def test_a_version_1_journal_with_a_record_per_dequeue_is_still_read(tmp_path):
     assert {seq: m[0] for seq, m in image.queues[1].messages.items()} == {1: b"one"}
 
 
-def test_a_journal_of_an_unknown_version_is_refused_naming_the_versions_read(tmp_path):
-    header = records.wiring(records.SEGMENT, {"version": 9, "segment": 1, "created": 1.0e9})
+def test_a_journal_of_an_unknown_older_version_is_corrupt_naming_the_versions_read(tmp_path):
+    """No release wrote a version 0 (a newer one is refused otherwise: tests/store/test_formats.py)."""
+    header = records.wiring(records.SEGMENT, {"version": 0, "segment": 1, "created": 1.0e9})
     _write(tmp_path, 1, [header, _queue(1)])
     with pytest.raises(Corrupt) as raised:
         read_journal(str(tmp_path), repair=False)
-    assert "journal version 9 is not one this broker reads (1, 2)" in str(raised.value)
+    assert "journal version 0 is not one this broker reads (1, 2)" in str(raised.value)
 
 
 @pytest.mark.parametrize("tail", [b"HQ\x00\x00\x01", records.enqueue(1, 9, 0, b"cut")[:-2], b"\x00" * 300])

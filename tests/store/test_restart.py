@@ -21,7 +21,7 @@ def _segments(broker) -> list[str]:
     return sorted(os.listdir(_journal(broker)))
 
 
-def _failed_start(broker) -> int:
+def failed_start(broker) -> int:
     """Start a broker that is expected to refuse to run; its exit code."""
     broker.start(wait=False)
     try:
@@ -108,7 +108,7 @@ def test_corruption_mid_file_stops_the_broker_naming_file_and_offset(broker_fact
     where = data.index(b"x" * 100)  # inside the first message record
     data[where] ^= 0x01
     open(path, "wb").write(bytes(data))
-    assert _failed_start(b) == 2
+    assert failed_start(b) == 2
     log = b.log()
     assert f"{path}: corrupt record at offset" in log and "checksum mismatch" in log
     assert "restore" in log  # says what to do
@@ -157,7 +157,7 @@ def test_store_status_and_offline_check(broker_factory):
 
 def test_bad_store_config_is_refused(broker_factory):
     b = broker_factory(store={"compact_ratio": 1}, start=False)
-    assert _failed_start(b) == 2
+    assert failed_start(b) == 2
     assert "store.compact_ratio: must be a number >= 1.2, got 1" in b.log()
 
 

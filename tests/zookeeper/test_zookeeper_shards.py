@@ -44,7 +44,7 @@ def test_shards_elect_on_their_own_paths_and_agree_on_the_stored_assignment(zk_s
         assert [p.split(".")[1] for p in primaries] == ["s0", "s1"]  # one election per shard, among its replicas
         assert json.loads(zk.get(f"{path}/assignment")[0]) == {
             "shards": [{"shard": 0, "replicas": ["n1", "n2"]}, {"shard": 1, "replicas": ["n2", "n1"]}],
-            "nodes": ["n1", "n2"]}
+            "nodes": ["n1", "n2"], "format": 1}
         members = {name: json.loads(zk.get(f"{path}/shards/{shard}/members/{name}")[0])["preferred"]
                    for shard in (0, 1) for name in zk.get_children(f"{path}/shards/{shard}/members")}
         assert members == {"n1.s0": True, "n2.s0": False, "n2.s1": True, "n1.s1": False}
@@ -92,21 +92,22 @@ def test_the_admin_replaces_the_stored_assignment_only_when_told_to(zk_shards, e
     zk.start(timeout=10)
     try:
         stored = lambda: json.loads(zk.get(f"{path}/assignment")[0])  # noqa: E731
+        as_stored = lambda name: {**placement(name), "format": 1}  # noqa: E731  (design/data-formats.md)
         out = store("old")
         assert out.returncode == 0 and f"stored the assignment at {path}/assignment" in out.stderr, out.stderr
-        assert stored() == placement("old") == {"shards": [{"shard": 0, "replicas": ["n1", "n2"]},
-                                                           {"shard": 1, "replicas": ["n2", "n1"]}],
-                                                "nodes": ["n1", "n2"]}
+        assert stored() == as_stored("old")
+        assert placement("old") == {"shards": [{"shard": 0, "replicas": ["n1", "n2"]},
+                                               {"shard": 1, "replicas": ["n2", "n1"]}], "nodes": ["n1", "n2"]}
         out = store("old")
         assert out.returncode == 0 and "holds this assignment already" in out.stderr, out.stderr
         out = store("new")  # not without --replace
         assert out.returncode == 1, out.stderr
         assert f"{path}/assignment holds another assignment: shard 0's replicas are ['n1', 'n2'] there, ['n1'] " \
                f"here; give --replace to replace it" in out.stderr
-        assert stored() == placement("old")
+        assert stored() == as_stored("old")
         out = store("new", "--replace")
         assert out.returncode == 0 and f"replaced the assignment at {path}/assignment" in out.stderr, out.stderr
-        assert stored() == placement("new")
+        assert stored() == as_stored("new")
         out = run_haqueue(["place", "--config", str(files["new"]), "--replace"])
         assert out.returncode == 2 and "--replace is for --store" in out.stderr
     finally:
