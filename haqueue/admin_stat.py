@@ -1,5 +1,6 @@
-"""`haqueue admin stat`: a terminal view of one broker, as `qpid-stat -q` gives: its queues with depth,
-bytes, consumers and message rates, and on a primary its backups with state, lag and catch-up progress.
+"""`haqueue admin stat`: a terminal view of one broker, as `qpid-stat -q` gives: its release, its queues with depth,
+bytes, consumers and message rates, and on a primary its backups with state, lag, catch-up progress, release and
+the replication protocol it speaks with each (a rolling upgrade's progress, design/upgrades.md).
 
 It reads what the other admin commands read (management READ broker, QUERY queue, READ ha); a rate is the
 change of a queue's enqueued or dequeued total between two samples over the time between them.
@@ -61,16 +62,19 @@ def render(before: Sample | None, after: Sample) -> str:
         head += f", epoch {ha['epoch']}" + (f", following {ha['primary']}" if ha.get("primary") else "")
     connections = b["connections"]
     head += f", {connections} connection{'' if connections == 1 else 's'}, messages in memory {_size(b['memory_used'])}"
+    head += f", haqueue {b['version']}"
     lines = [head, ""]
     rows = [[name, str(q["depth"]), _size(q["bytes"]), _rate(before, after, name, "enqueued"),
              _rate(before, after, name, "dequeued"), str(q["consumers"])] for name, q in sorted(after.queues.items())]
     lines += table(["queue", "depth", "bytes", "enq/s", "deq/s", "consumers"], rows) if rows else ["(no queues)"]
     if ha is not None and ha.get("role") == "primary":
         rows = [[x["name"], x["state"], str(x["lag"]), f"{x['lag_seconds']:.3f}",
-                 f"{x['catchup']['done']}/{x['catchup']['total']}" if x["catchup"]["total"] else "-"]
+                 f"{x['catchup']['done']}/{x['catchup']['total']}" if x["catchup"]["total"] else "-",
+                 x.get("release") or "-", str(x.get("protocol") or "-")]  # a primary of 0.1.0 names neither
                 for x in sorted(ha["backups"], key=lambda x: x["name"])]
         lines.append("")
-        lines += table(["backup", "state", "lag msgs", "lag s", "catch-up"], rows) if rows else ["(no backups)"]
+        lines += table(["backup", "state", "lag msgs", "lag s", "catch-up", "release", "protocol"], rows) if rows \
+            else ["(no backups)"]
     return "\n".join(lines)
 
 

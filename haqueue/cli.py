@@ -368,8 +368,20 @@ def _unbind(client: AdminClient, args: argparse.Namespace) -> None:
 
 # ---- entry point -------------------------------------------------------------------------
 
+class _Version(argparse.Action):
+    """--version: the release and replication protocols, imported only when asked (they load HA's modules)."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
+                 option_string: str | None = None) -> None:
+        from haqueue.release import version_line
+        print(version_line())
+        parser.exit()
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="haqueue", description="A replicated AMQP 1.0 broker.")
+    parser.add_argument("--version", action=_Version, nargs=0,
+                        help="print the release and the replication protocols it speaks, and exit")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     _add_broker(commands)
     _add_admin(commands)

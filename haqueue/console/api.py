@@ -21,6 +21,7 @@ from urllib.parse import unquote
 from ..broker.access import ADMIN
 from ..config import ShardConfig
 from ..loop_calls import LoopUnresponsive, on_loop
+from ..release import build_fields
 from ..shard.forwarding_queues import FORWARD
 from ..shard.ownership import shard_of_name
 from .http_server import Reply, Request
@@ -203,7 +204,8 @@ class ConsoleApi:
             answer.update(view)
         else:
             answer.update(primary=None, brokers=[{"name": serving["name"], "role": serving["role"],
-                                                  "state": serving["state"], "console": self.url}])
+                                                  "state": serving["state"], "console": self.url,
+                                                  **(build_fields(serving) if admin else {})}])
         if admin:
             latest, _ = self.samples.current()
             rows = latest.rows.values()

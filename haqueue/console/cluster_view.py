@@ -1,13 +1,14 @@
-"""The cluster as the console's overview shows it: every broker of `ha.brokers` with its role, state, epoch and
-console, and each backup's readiness, lag and catch-up as the primary reports them; for a sharded cluster, the
-shard map as `haqueue admin cluster status` gives it.
+"""The cluster as the console's overview shows it: every broker of `ha.brokers` with its role, state, epoch,
+release, replication protocols and console, and each backup's readiness, lag and catch-up as the primary reports
+them; for a sharded cluster, the shard map as `haqueue admin cluster status` gives it.
 
 Each broker is asked what `haqueue admin` would ask (`READ broker`, `READ ha`) at its peer address, as the HA peer
 user (with `ha.tls`), over connections kept open; this broker's own answers are read on its loop, and on a primary
-a backup it has connected is not asked again (the primary's view of it is what the overview shows). A thread reads
-them once a second, and only while a page has asked within the last IDLE_AFTER seconds: a closed page costs
-nothing, an open one on the primary's console costs the cluster no request, and a dead broker's timeout never
-holds up a page (it shows what was last read, and how old it is).
+a backup it has connected is not asked again (the primary's view of it is what the overview shows) until the
+primary has it run another release (a rolling upgrade restarted it). A thread reads them once a second, and only
+while a page has asked within the last IDLE_AFTER seconds: a closed page costs nothing, an open one on the
+primary's console costs the cluster no request, and a dead broker's timeout never holds up a page (it shows what
+was last read, and how old it is).
 """
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..admin import AdminClient, AdminError
 from ..loop_calls import on_loop
+from ..release import build_fields
 
 if TYPE_CHECKING:
     from ..config import HaConfig, ShardConfig
@@ -131,9 +133,10 @@ class ClusterView:
                 continue
             if known is not None and known[0]["name"] in connected and own is not None:
                 seen = connected[known[0]["name"]]
-                answers[address] = ({"name": known[0]["name"], "console": known[0].get("console")},
-                                    {"role": "backup", "state": seen["state"], "epoch": own[1]["epoch"]})
-                continue
+                if seen.get("release") == known[0].get("version"):  # else a rolling upgrade restarted it: ask it
+                    answers[address] = ({k: known[0].get(k) for k in ("name", "console", "version", "protocols")},
+                                        {"role": "backup", "state": seen["state"], "epoch": own[1]["epoch"]})
+                    continue
             try:
                 answers[address] = (self._ask(address, "READ", "broker"), self._ask(address, "READ", "ha"))
             except Exception as e:  # noqa: BLE001 - whatever kept it from answering is what the page shows
@@ -197,7 +200,8 @@ def cluster_brokers(answers: dict[str, tuple[dict[str, Any], dict[str, Any]] | s
                     names: dict[str, str]) -> dict[str, Any]:
     """The overview's `brokers` from each broker's (READ broker, READ ha), or why it did not answer: the primary
     is the one that says so with the highest epoch (a deposed one not yet fenced says so too, for a moment), and a
-    backup's readiness and lag are the primary's view of it."""
+    backup's readiness and lag are the primary's view of it. A broker's release and replication protocols ([oldest,
+    newest]) are what its `READ broker` says (release.build_of)."""
     read = {address: answer for address, answer in answers.items() if not isinstance(answer, str)}
     claims = [address for address, (_, ha) in read.items() if ha["role"] == "primary"]
     primary = max(claims, key=lambda address: read[address][1]["epoch"], default=None)
@@ -210,7 +214,8 @@ def cluster_brokers(answers: dict[str, tuple[dict[str, Any], dict[str, Any]] | s
             continue
         status, ha = answer
         broker: dict[str, Any] = {"name": status["name"], "address": address, "role": ha["role"],
-                                  "state": ha["state"], "epoch": ha["epoch"], "console": status.get("console"),
+                                  "state": ha["state"], "epoch": ha["epoch"], **build_fields(status),
+                                  "console": status.get("console"),
                                   "connections": status.get("connections"), "queues": status.get("queues")}
         if address == primary:
             broker.update(sync=ha.get("sync"), min_confirmations=ha.get("min_confirmations"),

@@ -9,6 +9,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
 
 from .. import __version__
+from ..release import build_of
 from .families import state_set
 
 if TYPE_CHECKING:
@@ -40,6 +41,7 @@ QueueSample = tuple[str, tuple[int, ...]]  # name, then the values of QUEUE_GAUG
 @dataclass(slots=True)
 class BrokerSample:
     name: str
+    protocol: int  # the newest replication protocol it speaks
     role: str
     state: str
     connections: int
@@ -62,7 +64,7 @@ class BrokerSource:
         queues = broker.registry.queues()
         blocked = set(broker.memory.held).union(*(q.blocker.held for q in queues))
         return BrokerSample(
-            broker.name, status["role"], status["state"], len(broker.connections), len(broker.engine.links),
+            broker.name, build_of(status).newest, status["role"], status["state"], len(broker.connections), len(broker.engine.links),
             len(blocked), broker.memory.used, broker.memory.configured, broker.memory.on, len(queues),
             # Temporary queues (a link's own: reply queues, exchange subscriptions) come and go with their
             # links: as series they would only churn. They count in haqueue_queues.
@@ -76,6 +78,10 @@ class BrokerSource:
                                  labels=["broker", "version"])
         info.add_metric([s.name, __version__], 1)
         yield info
+        build = GaugeMetricFamily("haqueue_build_info", "The release and the newest replication protocol it speaks "
+                                  "(always 1)", labels=["version", "protocol"])
+        build.add_metric([__version__, str(s.protocol)], 1)
+        yield build
         yield state_set("haqueue_role", "1 for the broker's role (standalone, primary, backup), 0 for the others",
                         [], [[]], "role", ROLES, [s.role])
         yield state_set("haqueue_state", "1 for the broker's state in its role, 0 for the others", [], [[]],

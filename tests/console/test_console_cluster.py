@@ -19,6 +19,8 @@ from selenium.common.exceptions import NoAlertPresentException
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import Select
 
+from haqueue import __version__
+
 from console_setup import APP_PASSWORD, click, console_url, http_json, nav, queue_rows, seen, text
 from ha_harness import OPS_USER, connect
 from harness import wait_for
@@ -33,7 +35,8 @@ FAILOVER_SECONDS = 10  # the page shows the new primary within this long of the 
 def _brokers(browser) -> dict[str, dict[str, str]]:
     return {row.get_attribute("data-name"): {"role": row.get_attribute("data-role"),
                                              "state": row.get_attribute("data-state"),
-                                             "ready": row.get_attribute("data-ready")}
+                                             "ready": row.get_attribute("data-ready"),
+                                             "release": row.get_attribute("data-release")}
             for row in browser.find_elements(By.CSS_SELECTOR, "#brokers tbody tr")}
 
 
@@ -74,6 +77,7 @@ def test_admin_sees_three_brokers_and_a_queue_filling(console_cluster, browser, 
                                       == ["b0"] and sum(x["ready"] == "true" for x in b.values()) == 2 else None)(
         _brokers(browser))), 10, message="three brokers: b0 primary, two ready backups")
     assert {n: x["role"] for n, x in brokers.items()} == {"b0": "primary", "b1": "backup", "b2": "backup"}
+    assert {x["release"] for x in brokers.values()} == {__version__}
     wait_for(seen(lambda: "b0 (primary" in text(browser, "talking-to")), 10, message="talking to the primary")
     screenshot("overview")
 

@@ -13,6 +13,8 @@ from proton import Message
 
 from harness import REPO_ROOT
 from ha_harness import HaCluster, send_all, wait_for
+from haqueue import __version__
+from haqueue.ha.protocol import PROTOCOL
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -27,9 +29,9 @@ def test_stat_on_the_primary_lists_its_backups(ha_cluster):
     assert lines[0].startswith(f"{p.name}: primary active, epoch 1"), r.stdout
     rows = {line.split()[0]: line.split() for line in lines[1:] if line.strip()}
     assert rows["orders"][1] == "12", r.stdout
-    assert rows["backup"] == ["backup", "state", "lag", "msgs", "lag", "s", "catch-up"], r.stdout
+    assert rows["backup"] == ["backup", "state", "lag", "msgs", "lag", "s", "catch-up", "release", "protocol"], r.stdout
     for b in ("b1", "b2"):
-        assert rows[b][1:] == ["ready", "0", "0.000", "-"], r.stdout
+        assert rows[b][1:] == ["ready", "0", "0.000", "-", __version__, str(PROTOCOL)], r.stdout
     # on a backup: its own state and whom it follows, no backups
     r = c.cli(c[1], "stat", "--interval", "0.2")
     assert r.returncode == 0, r.stderr

@@ -7,6 +7,9 @@ import threading
 
 import pytest
 
+from haqueue import __version__
+from haqueue.ha.protocol import PROTOCOL
+
 from ha_harness import send_all, wait_for, with_metrics
 from metrics_scrape import families, scrape, value
 from monitoring_files import dashboard_queries, documented, metric_names, rule_queries
@@ -27,6 +30,7 @@ def test_primary_shows_backups_lag_confirmations_and_drops(ha_cluster):
         assert value(samples, "haqueue_backup_state", backup=b, state="catchup") == 0
     backup = scrape(metrics["b1"])
     assert value(backup, "haqueue_role", role="backup") == 1 and value(backup, "haqueue_state", state="ready") == 1
+    assert value(backup, "haqueue_build_info", version=__version__, protocol=str(PROTOCOL)) == 1
 
     c.request(p, "CREATE", "queue", "q")
     for b in c.brokers[1:]:  # subscribed: what follows is live replication, each message confirmed

@@ -11,6 +11,7 @@ from proton.reactor import Container
 
 from clients import Client
 from harness import free_port, run_haqueue
+from haqueue import __version__
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -34,6 +35,7 @@ def test_status_json(broker):
     assert status["name"] == broker.name
     assert status["role"] == "standalone"
     assert status["state"] == "active"
+    assert status["version"] == __version__
 
 
 def test_queue_add_list_del(broker):
@@ -153,6 +155,7 @@ def test_stat_shows_queues_depths_and_rates(broker):
             pump.join(10)
     assert p.returncode == 0, p.stderr
     assert p.stdout.startswith(f"{broker.name}: standalone active"), p.stdout
+    assert p.stdout.splitlines()[0].endswith(f", haqueue {__version__}"), p.stdout
     rows = _view_rows(p.stdout)
     assert rows["queue"] == ["queue", "depth", "bytes", "enq/s", "deq/s", "consumers"], p.stdout
     busy, idle = rows["busy"], rows["idle"]

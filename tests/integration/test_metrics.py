@@ -6,6 +6,7 @@ import pytest
 from proton import Message
 
 import haqueue
+from haqueue.ha.protocol import PROTOCOL
 
 from clients import Client
 from harness import BrokerProcess, free_port, run_haqueue, wait_for
@@ -69,6 +70,7 @@ def test_broker_role_state_and_blocked_publishers(broker_factory):
     assert value(samples, "haqueue_role", role="primary") == 0
     assert value(samples, "haqueue_state", state="active") == 1
     assert value(samples, "haqueue_broker_info", broker=broker.name, version=haqueue.__version__) == 1
+    assert value(samples, "haqueue_build_info", version=haqueue.__version__, protocol=str(PROTOCOL)) == 1
     assert value(samples, "haqueue_queue_max_depth", queue="small") == 5
     assert value(samples, "haqueue_publishers_blocked") == 0
     assert value(samples, "haqueue_journal_fsync_seconds_count") >= 0

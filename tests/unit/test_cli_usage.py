@@ -1,4 +1,4 @@
-"""`haqueue` usage, config and connection errors: exit code 2 and a message on stderr.
+"""`haqueue` usage, config and connection errors: exit code 2 and a message on stderr; and `haqueue --version`.
 
 No broker is needed: these stop before one would start or be reached.
 """
@@ -13,7 +13,9 @@ from pathlib import Path
 import pytest
 
 from harness import free_port
+from haqueue import __version__
 from haqueue.cli import main
+from haqueue.ha.protocol import OLDEST_PROTOCOL, PROTOCOL
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -48,6 +50,12 @@ def test_bad_usage(args: list[str], message: str, capsys: pytest.CaptureFixture[
 def test_help_exits_0(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["admin", "--help"]) == 0
     assert "queue" in capsys.readouterr().out
+
+
+def test_version_names_the_release_and_the_replication_protocols(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--version"]) == 0
+    assert capsys.readouterr().out == \
+        f"haqueue {__version__} (replication protocol {PROTOCOL}; speaks {OLDEST_PROTOCOL}-{PROTOCOL})\n"
 
 
 def test_bad_usage_subprocess() -> None:

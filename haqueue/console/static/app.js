@@ -147,6 +147,8 @@ function size(n) {
   return (i ? n.toFixed(1) : n) + " " + units[i];
 }
 function rate(n) { return n === null || n === undefined ? "–" : Number(n).toFixed(1); }
+// The replication protocols a broker speaks, [oldest, newest]: "1–2", or "2" for one.
+function protocols(p) { return !p ? "" : p[0] === p[1] ? String(p[1]) : `${p[0]}–${p[1]}`; }
 // A message for the user (role=alert); one from the refresh loop is cleared by the next refresh that works.
 function notice(message, ok = false, from = "action") {
   const node = byId("notice");
@@ -259,13 +261,15 @@ const views = {
       const o = await api("/api/overview");
       learn(o);
       const brokers = (o.brokers || []).map(b => el("tr", {"data-name": b.name || b.address, "data-role": b.role || "",
-                                                          "data-state": b.state || "", "data-ready": String(!!b.ready)},
+                                                          "data-state": b.state || "", "data-ready": String(!!b.ready),
+                                                          "data-release": b.release || ""},
         el("th", {scope: "row", text: b.name || "?"}), cell(b.address || ""),
         cell(b.role || "–", false, b.role ? "role-" + b.role : null), cell(b.state || "", false, "state-" + b.state),
         cell(number(b.epoch), true), cell(b.sync || ""),
         cell(b.role === "backup" && b.ready !== undefined ? (b.ready ? "ready" : "no") : "", false),
         cell(number(b.lag), true), cell(b.lag_seconds === undefined || b.lag_seconds === null ? "–" : b.lag_seconds.toFixed(3), true),
         cell(b.catchup && b.catchup.total ? `${b.catchup.done}/${b.catchup.total}` : "–", true),
+        cell(b.release || ""), cell(protocols(b.protocols)),
         cell(b.console ? el("a", {href: b.console, text: b.console}) : (b.error || "")),
         cell(o.admin && b.role === "backup" && b.console ?
              el("button", {type: "button", "aria-label": `promote ${b.name}`, onclick: () => promote(b)}, "Promote") : "")));
@@ -276,7 +280,7 @@ const views = {
                   el("p", {class: "muted", text: "Only an admin sees the brokers' state and lag."}),
         table("brokers", ["broker", "address", "role", "state", {label: "epoch", num: 1}, "sync", "ready",
                           {label: "lag msgs", num: 1}, {label: "lag s", num: 1}, {label: "catch-up", num: 1},
-                          "console", ""].map(h => typeof h === "string" ? {label: h} : h), brokers));
+                          "release", "protocols", "console", ""].map(h => typeof h === "string" ? {label: h} : h), brokers));
       const t = o.totals;
       byId("totals").replaceChildren(...(t ? [figure("queues", number(t.queues), "total-queues"),
         figure("messages", number(t.messages), "total-messages"), figure("bytes", size(t.bytes)),
