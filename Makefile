@@ -15,7 +15,7 @@ CONSOLE_VENDOR := haqueue/console/static/vendor
 PROTON := $(shell grep -o 'python-qpid-proton==[0-9.]*' pyproject.toml)
 PROTON_OK := $(VENV)/bin/python -c 'import proton, sys; sys.exit(not (proton.SSL.present() and proton.SASL.extended()))'
 
-.PHONY: setup apt build run test quick clean
+.PHONY: setup apt build dist run test quick clean
 
 # bench/js: the benchmark's rhea clients, which the audit's failover tests also drive.
 setup: $(VENV)/.installed $(VENV)/.compiled tests/js/node_modules/.installed bench/js/node_modules/.installed \
@@ -64,6 +64,14 @@ $(CONSOLE_VENDOR)/.installed: $(CONSOLE_NPM)/node_modules/.installed
 %/node_modules/.installed: %/package.json | apt
 	cd $* && npm install --no-audit --no-fund
 	touch $@
+
+# A release into dist/ (packaging/README.md, "Building a release"): the sdist, then the wheel built from that sdist
+# as pip builds it elsewhere, in a fresh environment with pyproject.toml's build requirements (from PyPI). The
+# console's uPlot (not in git) must be there to be shipped.
+dist: $(VENV)/.installed $(CONSOLE_VENDOR)/.installed
+	$(VENV)/bin/pip install -q build
+	rm -rf dist
+	$(VENV)/bin/python -m build --outdir dist .
 
 run: setup
 	$(VENV)/bin/haqueue cluster up --size 3 --dir ./cluster --public 127.0.0.1:5672

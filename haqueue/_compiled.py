@@ -4,7 +4,7 @@ modules call each other directly, so a single stale one would mix two versions o
 source was edited since the build, all of them are imported from source (slower, same behaviour) and
 a warning says how to compile again. The build's time is that of its newest file: the group's library
 (`haqueue/_hot_path__mypyc…`) holds the code, and a rebuild leaves a module's small stub untouched
-when it has not changed."""
+when it has not changed. An installed wheel's are always used: its sources are not edited."""
 from __future__ import annotations
 
 import importlib.abc
@@ -18,6 +18,9 @@ from typing import Sequence
 
 _PACKAGE = os.path.dirname(os.path.abspath(__file__))
 _SUFFIXES = tuple(importlib.machinery.EXTENSION_SUFFIXES)
+# Sources change only in a checkout (setup.py beside the package). An installed wheel's never do, and pip gives its
+# files the install's times in no particular order: a source written after the library would look edited.
+_CHECKOUT = os.path.exists(os.path.join(os.path.dirname(_PACKAGE), "setup.py"))
 
 
 def _compiled_sources() -> dict[str, tuple[str, str]]:
@@ -46,7 +49,7 @@ class _SourceFirst(importlib.abc.MetaPathFinder):
 
 
 def use_fresh_code() -> None:
-    compiled = _compiled_sources()
+    compiled = _compiled_sources() if _CHECKOUT else {}
     if not compiled:
         return
     groups = [os.path.join(_PACKAGE, name) for name in os.listdir(_PACKAGE)
