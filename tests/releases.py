@@ -17,6 +17,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from harness import BrokerProcess
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
 BUILDS = REPO_ROOT / "build" / "releases"
 BUILD_TIMEOUT = 900.0
@@ -34,6 +36,10 @@ class Release:
     def env(self) -> dict[str, str]:
         """What a broker process (harness.BrokerProcess's `env`) needs to run this release."""
         return {"PYTHONPATH": str(self.tree)}
+
+    def run(self, b: BrokerProcess) -> None:
+        """From its next start, `b` runs this release, on the same config and data directory."""
+        b.env = self.env()
 
     def command(self, *args: str) -> list[str]:
         """`haqueue ARGS` of this release."""

@@ -48,6 +48,7 @@ class HaBroker:
         self.build = versions.own(broker.name, frozenset(SUPPORTED))
         # Peers refused for a replication protocol this broker does not share (name -> why), until they share one.
         self.protocol_refusals: dict[str, str] = {}
+        self._refusals_logged: dict[str, str] = {}  # the last refusal logged per peer: each is logged once
         self.config_address = next((l for l in broker.config.listen if (l.host, l.port) in config.brokers), None)
         self.primary: Primary | None = None
         # Called on a backup with (queue, kind, seq, primary enqueue time in µs, message bytes) for each
@@ -128,9 +129,10 @@ class HaBroker:
             raise self._refusal(conn)
 
     def _check_protocol(self, peer: versions.Build) -> None:
-        """Refuse a peer broker with which this one shares no replication protocol, or that lacks a feature
-        enabled in the cluster, naming the one to upgrade."""
-        reason = versions.refusal(peer, self.build, self.features.enabled, self.role)
+        """Refuse a peer with which this broker shares no replication protocol, naming the one to upgrade. (The
+        features enabled in the cluster are checked when a backup attaches $ha.wiring, to follow: a shard's
+        relay connects as the peer user too, and follows nothing.)"""
+        reason = versions.refusal(peer, self.build, frozenset(), self.role)
         if reason is None:
             self.protocol_refusals.pop(peer.name, None)
             return
@@ -138,9 +140,10 @@ class HaBroker:
         raise BrokerError(NOT_ALLOWED, reason)
 
     def protocol_refused(self, peer: str, reason: str) -> None:
-        """A peer refused, or refusing this broker, for want of a shared protocol: logged when it is news."""
-        if self.protocol_refusals.get(peer) != reason:
+        """A peer refused, or refusing this broker, for its protocols or features: logged when it is news."""
+        if self._refusals_logged.get(peer) != reason:
             log.error("%s", reason)
+            self._refusals_logged[peer] = reason
         self.protocol_refusals[peer] = reason
 
     def _refusal(self, conn: Connection) -> BrokerError:

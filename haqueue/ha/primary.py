@@ -40,6 +40,10 @@ class PrimaryHost(Protocol):
     epoch: EpochStore
     build: versions.Build  # this broker's
     features: FeatureFlags
+    protocol_refusals: dict[str, str]  # peers refused, by name: why
+
+    def protocol_refused(self, peer: str, reason: str) -> None:
+        """A backup refused for its protocols or features (logged when it is news)."""
 
     def fence(self, reason: str, at_once: bool = False) -> None:
         """A newer primary exists: stop serving and start again as a backup."""
@@ -442,10 +446,16 @@ class Primary:
         if backup is None:
             if not wiring:
                 raise BrokerError(NOT_FOUND, f"backup {name} must attach {protocol.WIRING} first")
+            build = versions.announced(link.conn.remote_properties, name)
+            refusal = versions.refusal(build, self.ha.build, self.ha.features.enabled, "primary")
+            if refusal is not None:  # it could not read what this cluster writes
+                self.ha.protocol_refused(name, refusal)
+                raise BrokerError(NOT_ALLOWED, refusal)
+            self.ha.protocol_refusals.pop(name, None)
             backup = RemoteBackup(self, name)
             backup.connection = link.conn
-            backup.build = versions.announced(link.conn.remote_properties, name)
-            backup.protocol = versions.agreed(self.ha.build, backup.build) or 0  # admission refused it if none
+            backup.build = build
+            backup.protocol = versions.agreed(self.ha.build, build) or 0
             self.backups[name] = backup
             log.info("backup %s connected from %s", name, link.conn.peer)
         return backup

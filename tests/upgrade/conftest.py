@@ -10,7 +10,6 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "shard"))  # the sharded cluster's helpers
 
 from ha_harness import HaCluster, cluster_factory  # noqa: E402
-from harness import BrokerProcess  # noqa: E402
 from releases import PREVIOUS, Release  # noqa: E402
 
 
@@ -23,8 +22,3 @@ def previous() -> Release:
 @pytest.fixture
 def ha_cluster(tmp_path):
     yield from cluster_factory(HaCluster, tmp_path)
-
-
-def run(b: BrokerProcess, release: Release | None) -> None:
-    """From its next start, `b` runs `release` (None: this build), on the same config and data directory."""
-    b.env = release.env() if release is not None else None

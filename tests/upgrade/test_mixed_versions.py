@@ -10,7 +10,6 @@ from typing import Any
 
 import pytest
 
-from conftest import run
 from ha_harness import HaCluster, Load, send_all
 from harness import BrokerProcess, wait_for
 from haqueue import __version__
@@ -50,7 +49,7 @@ def fail_over(c: HaCluster, old: BrokerProcess, graceful: bool = False) -> Broke
 
 def test_each_release_follows_the_others_primary_and_keeps_every_message(ha_cluster, previous):
     c: HaCluster = ha_cluster()
-    run(c[0], previous)  # the previous release as primary, this build's backups
+    previous.run(c[0])  # the previous release as primary, this build's backups
     p = c.start_cluster()
     c.request(p, "CREATE", "queue", "q")
     send_all(c.public, "q", range(200))
@@ -83,7 +82,7 @@ def test_each_release_follows_the_others_primary_and_keeps_every_message(ha_clus
 def test_rolling_upgrade_under_load_loses_nothing(ha_cluster, previous):
     c: HaCluster = ha_cluster()
     for b in c:
-        run(b, previous)
+        previous.run(b)
     p = c.start_cluster()
     assert {release(c, b) for b in c} == {previous.version}
     load = Load(c.public, "load").start()
@@ -96,7 +95,7 @@ def test_rolling_upgrade_under_load_loses_nothing(ha_cluster, previous):
                 p = fail_over(c, b, graceful=True)  # clients move to a ready backup of this build
             else:
                 b.stop()
-            run(b, None)
+            b.env = None  # this build
             b.start()
             c.wait_ready(b, timeout=30, queues=["load"])
             load.wait_confirmed(200, 30)
@@ -153,7 +152,7 @@ def test_a_peer_sharing_no_protocol_is_refused_on_both_sides(ha_cluster):
 
 def test_a_new_cluster_starts_with_every_feature_and_refuses_a_member_without_it(ha_cluster, previous):
     c: HaCluster = ha_cluster()
-    run(c[2], previous)
+    previous.run(c[2])
     c.start(0, 1)
     p = c[0]
     c.promote(p)
