@@ -83,5 +83,5 @@ quick: setup
 	$(VENV)/bin/pytest -q -n 2 --dist loadgroup -m "not slow"
 
 clean:
-	rm -rf $(VENV) tests/js/node_modules bench/js/node_modules $(CONSOLE_NPM)/node_modules $(CONSOLE_VENDOR) build
+	rm -rf $(VENV) tests/js/node_modules bench/js/node_modules $(CONSOLE_NPM)/node_modules $(CONSOLE_VENDOR) build dist
 	find haqueue -name '*.so' -delete
