@@ -17,6 +17,8 @@ import os
 from dataclasses import dataclass
 from typing import Any, Final, Iterable
 
+from .. import formats
+
 log = logging.getLogger("haqueue.ha.features")
 
 FILE: Final = "ha-features.json"
@@ -53,8 +55,7 @@ class FeatureFlags:
         if self.known:
             with open(self.path, encoding="utf-8") as f:
                 saved = json.load(f)
-            if int(saved.get("format", 1)) > FORMAT:
-                raise ValueError(f"{self.path}: format {saved['format']} is newer than this build reads ({FORMAT})")
+            formats.check_document(self.path, saved, FORMAT)
             self.enabled = frozenset(str(name) for name in saved.get("enabled", ()))
 
     def on(self, name: str) -> bool:
@@ -80,7 +81,7 @@ class FeatureFlags:
     def _save(self) -> None:
         tmp = self.path + ".tmp"
         with open(tmp, "w", encoding="utf-8") as f:
-            json.dump({"format": FORMAT, "enabled": sorted(self.enabled)}, f)
+            json.dump({formats.MARKER: FORMAT, "enabled": sorted(self.enabled)}, f)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, self.path)

@@ -62,6 +62,15 @@ def test_an_epoch_file_of_a_newer_format_is_refused(tmp_path: Path) -> None:
     assert str(raised.value) == refused(path, 2, "1")
 
 
+
+def test_a_features_file_of_a_newer_format_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "ha-features.json"
+    path.write_text(json.dumps({"format": 2, "enabled": ["something-new"]}))
+    with pytest.raises(NewerFormat) as raised:
+        FeatureFlags(str(tmp_path))
+    assert str(raised.value) == refused(path, 2, "1")
+
+
 # ---- diverged files ------------------------------------------------------------------------------
 
 def kept_by_0_1_0(data_dir: Path, messages: dict[str, list[tuple[int, bytes]]]) -> dict[Path, bytes]:
