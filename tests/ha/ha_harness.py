@@ -19,6 +19,7 @@ Every wait is a poll of a condition with a deadline (`wait_for`).
 """
 from __future__ import annotations
 
+import json
 import os
 import secrets
 import signal
@@ -508,6 +509,7 @@ class Load:
     consumer_container: str | None = None  # the consumer's container-id (a durable subscriber's), else random
     send_timeout = 5.0
     retry_pause = 0.0
+    credit = 20  # the consumer's: deliveries in flight to it
     max_errors = 500
 
     def __init__(self, address: str, queue: str, first: int = 0, ledger: Path | None = None) -> None:
@@ -530,15 +532,19 @@ class Load:
         return self
 
     def _connect(self, stop: threading.Event) -> BlockingConnection | None:
-        """A connection to `address`, or None once `stop` is set."""
+        """A connection to `address` (each try to `_address()`), or None once `stop` is set."""
         while not stop.is_set():
             try:
                 container = self.consumer_container if stop is self._stop_consumer else None
-                return connect(self.address, timeout=self.connect_timeout, container_id=container)
+                return connect(self._address(), timeout=self.connect_timeout, container_id=container)
             except Exception as e:  # noqa: BLE001
                 self._error(f"connect: {e}")
                 stop.wait(0.1)  # retry pace while the public address moves
         return None
+
+    def _address(self) -> str:
+        """Where the next try connects: `address`; a cluster without one (ZooKeeper's) tries each broker in turn."""
+        return self.address
 
     def _error(self, text: str) -> None:
         with self._lock:
@@ -586,7 +592,7 @@ class Load:
                          lambda e: self._error(f"receive: {type(e).__name__}: {e}"))
 
     def _open_consumer(self, conn: BlockingConnection) -> Any:
-        return conn.create_receiver(self.queue, credit=20)
+        return conn.create_receiver(self.queue, credit=self.credit)
 
     def _receive_one(self, receiver: Any) -> None:
         try:
@@ -637,6 +643,37 @@ class Load:
             after = [c for c in self.confirmed.values() if c > noticed]
         return min(after) - noticed if after else None
 
+    def longest_stall(self, since: float, until: float) -> float:
+        """The longest time between monotonic times `since` and `until` in which no publish was confirmed: the
+        outage as the publishing application saw it, whenever the producer noticed it (a send on a connection
+        the broker left without a word fails only at its timeout)."""
+        with self._lock:
+            times = sorted(t for t in self.confirmed.values() if since < t < until)
+        edges = [since, *times, until]
+        return max(b - a for a, b in zip(edges, edges[1:]))
+
+    def step(self, action: Callable[[], Any], confirmed_after: int = 200, timeout: float = 30.0) -> dict[str, Any]:
+        """Run `action` (a step of a rolling upgrade, a failover) under this load and wait until `confirmed_after`
+        more publishes are confirmed; the client outage it caused, in seconds: `outage` from the producer's first
+        failure to its next confirmed publish (`outage_after`), `stall` the longest time without a confirmed
+        publish (`longest_stall`)."""
+        began = time.monotonic()
+        action()
+        self.wait_confirmed(confirmed_after, timeout)
+        outage = self.outage_after(began)
+        return {"outage": None if outage is None else round(outage, 2),
+                "stall": round(self.longest_stall(began, time.monotonic()), 2)}
+
+    def assert_at_least_once(self) -> dict[str, Any]:
+        """Once stopped: this load's report (`Load.report`'s, whatever a subclass's says), asserting that no
+        confirmed publish was lost and that no more messages arrived twice than were in flight: the publish
+        retried after each producer failure, and the consumer's credit of deliveries whose accept a stopped
+        primary never passed on."""
+        report = Load.report(self)
+        assert report["confirmed"] > 0 and report["lost"] == [], f"confirmed but never received: {report}"
+        assert len(report["duplicates"]) <= len(self.error_times) + self.credit, report
+        return report
+
     def across(self, event: Callable[[], T], timeout: float = 30.0) -> tuple[T, dict[str, Any]]:
         """Start the load, let 300 publishes be confirmed and 100 received, run `event` (a failover), let
         300 more be confirmed, then wait until every confirmed message was received; the load is stopped
@@ -662,6 +699,13 @@ class Load:
         self._stop_producer.set()
         self.threads[0].join(timeout)
 
+    def drain(self, timeout: float = 30.0) -> None:
+        """Stop publishing, then wait until the consumer has received every publish confirmed (bounded)."""
+        self.stop_producer()
+        wanted = set(self.confirmed)
+        wait_for(lambda: wanted <= set(self.received), timeout,
+                 message=f"every confirmed message received ({self.report()})")
+
     def stop(self, timeout: float = 15.0) -> None:
         self._stop_producer.set()
         self._stop_consumer.set()
@@ -677,6 +721,22 @@ class Load:
                     "distinct": len(counts), "lost": sorted(set(self.confirmed) - set(counts)),
                     "duplicates": sorted(b for b, c in counts.items() if c > 1),
                     "errors": len(self.errors), "first_errors": self.errors[:5]}
+
+
+def enable_new_features(cli: Callable[..., Any], features: list[str]) -> None:
+    """The last step of a rolling upgrade (design/upgrades.md) through `cli(*args)`, which runs `haqueue admin
+    ARGS` at the primary: `cluster upgrade-check` says ok with `features` to enable, `cluster features enable`
+    turns each on, and `cluster features` then lists them enabled."""
+    def admin(*args: str) -> Any:
+        proc = cli(*args)
+        assert proc.returncode == 0, f"haqueue admin {' '.join(args)} exited with {proc.returncode}: {proc.stderr}"
+        return json.loads(proc.stdout)
+    check = admin("cluster", "upgrade-check")
+    assert check["ok"] and check["features_to_enable"] == features, check
+    for name in features:
+        admin("cluster", "features", "enable", name)
+    listed = admin("cluster", "features")["features"]
+    assert {f["name"] for f in listed if f["enabled"]} >= set(features), listed
 
 
 def _close(conn: BlockingConnection | None) -> None:

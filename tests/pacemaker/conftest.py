@@ -14,16 +14,14 @@ HAQUEUE_PCMK_KEEP=1 keeps the nodes' files (logs, CIBs) after the run, for a pos
 """
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
-from typing import Callable, Iterator
 
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from pcmk_cluster import PacemakerCluster, missing_programs, namespaces_work  # noqa: E402
+from pcmk_cluster import PacemakerCluster, running  # noqa: E402
 from pcmk_shards import ShardedPacemakerCluster  # noqa: E402
 
 
@@ -35,34 +33,6 @@ def pcmk_cluster():
 @pytest.fixture(scope="module")
 def sharded_pcmk_cluster():
     yield from running(ShardedPacemakerCluster, lambda cluster: cluster.wait_preferred_primaries(120))
-
-
-def running(make: Callable[[], PacemakerCluster], ready: Callable[[PacemakerCluster], object]) \
-        -> Iterator[PacemakerCluster]:
-    """A cluster made, booted and `ready`, torn down afterwards whatever happens."""
-    if os.geteuid() != 0:
-        pytest.skip("needs root: the cluster runs in network namespaces with bind mounts")
-    why = namespaces_work()
-    if why is not None:
-        pytest.skip(f"cannot create network namespaces here: {why}")
-    missing = missing_programs()
-    if missing:
-        pytest.fail(f"missing {', '.join(missing)}: apt-get install pacemaker corosync pcs resource-agents "
-                    "pacemaker-cli-utils libxml2-utils (make setup does)", pytrace=False)
-    cluster = make()
-    try:
-        cluster.create()
-        ready(cluster)
-        yield cluster
-    except BaseException:
-        print(cluster.describe())
-        raise
-    finally:
-        cluster.destroy()
-        if os.environ.get("HAQUEUE_PCMK_KEEP"):
-            print(f"cluster files kept in {cluster.base}")
-        else:
-            cluster.remove_files()
 
 
 @pytest.fixture

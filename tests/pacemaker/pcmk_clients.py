@@ -28,9 +28,16 @@ class Load(ha_harness.Load):
 
     connect_timeout = CONNECT_TIMEOUT
     retry_pause = 0.05
+    # Seconds of silence after which a connection is given up (AMQP idle-timeout), None: never. The VIP leaves a
+    # node before its broker stops, so a client never hears that broker close: with a heartbeat it moves on
+    # within seconds, without one a consumer waits on a dead connection until something else breaks it.
+    heartbeat: float | None = None
 
     def _connect(self, stop: threading.Event) -> BlockingConnection:
-        return connect(self.address, timeout=self.connect_timeout)
+        if self.heartbeat is None:
+            return connect(self.address, timeout=self.connect_timeout)
+        return BlockingConnection(f"amqp://{self.address}", timeout=self.connect_timeout, heartbeat=self.heartbeat,
+                                  reconnect=False, sasl_enabled=False)
 
     def stop(self, drain_timeout: float = 30.0) -> None:
         """Stop publishing, let the consumer receive every confirmed message (bounded), stop it."""

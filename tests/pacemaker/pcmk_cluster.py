@@ -36,14 +36,15 @@ import time
 import xml.etree.ElementTree as ET
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Protocol
+from typing import Callable, Iterable, Iterator, Protocol, TypeVar
 
+import pytest
 import yaml
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
-from harness import wait_for  # noqa: E402
+from harness import run_haqueue, wait_for  # noqa: E402
 
 from haqueue.admin import AdminClient, AdminError  # noqa: E402
 
@@ -226,6 +227,8 @@ class Node:
 
 
 class PacemakerCluster:
+    binary: Path = BINARY  # the agent's `binary` parameter: the haqueue command on every node
+
     def __init__(self, size: int = 3) -> None:
         self.base = Path(tempfile.mkdtemp(prefix=f"{PREFIX}-"))
         self.password = secrets.token_hex(12)
@@ -377,7 +380,7 @@ class PacemakerCluster:
         wait_for(online, timeout, interval=POLL_INTERVAL, message="every node online with a DC")
 
     def setup_resources(self) -> None:
-        env = {**os.environ, "VIP": VIP, "CIDR_NETMASK": "24", "NIC": "eth0", "BINARY": str(BINARY),
+        env = {**os.environ, "VIP": VIP, "CIDR_NETMASK": "24", "NIC": "eth0", "BINARY": str(self.binary),
                "PING_TIMEOUT": str(PING_TIMEOUT), "NODES": str(len(self.nodes)), "RESOURCE": RESOURCE}
         self.on(self.nodes[0], ["sh", str(REPO / "packaging" / "pcs-setup.sh")], timeout=120, env=env)
 
@@ -395,6 +398,16 @@ class PacemakerCluster:
             return body if code < 400 else None
         except AdminError:
             return None
+
+    def cli(self, node: Node, *args: str, check: bool = True) -> subprocess.CompletedProcess:
+        """`haqueue admin -b NODE:5673 --user ha ARGS` (this build's command, from the root namespace), the password
+        in $HAQUEUE_PASSWORD; raises with its output if it fails, unless not `check`."""
+        proc = run_haqueue(["admin", "-b", node.peer_address, "--user", HA_USER, *args],
+                           env={"HAQUEUE_PASSWORD": self.password})
+        if check and proc.returncode != 0:
+            raise RuntimeError(f"haqueue admin {' '.join(args)} at {node.name} exited with {proc.returncode}:\n"
+                               f"{proc.stdout}{proc.stderr}")
+        return proc
 
     def queue_depth(self, node: Node, queue: str) -> int | None:
         try:
@@ -576,6 +589,37 @@ class PacemakerCluster:
 
     def remove_files(self) -> None:
         shutil.rmtree(self.base, ignore_errors=True)
+
+
+Cluster = TypeVar("Cluster", bound=PacemakerCluster)
+
+
+def running(make: Callable[[], Cluster], ready: Callable[[Cluster], object]) -> Iterator[Cluster]:
+    """The body of a module fixture (`yield from running(...)`): a cluster made, booted and `ready`, torn down
+    afterwards whatever happens; skipped, with the reason, when not root or without network namespaces."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root: the cluster runs in network namespaces with bind mounts")
+    why = namespaces_work()
+    if why is not None:
+        pytest.skip(f"cannot create network namespaces here: {why}")
+    missing = missing_programs()
+    if missing:
+        pytest.fail(f"missing {', '.join(missing)}: apt-get install pacemaker corosync pcs resource-agents "
+                    "pacemaker-cli-utils libxml2-utils (make setup does)", pytrace=False)
+    cluster = make()
+    try:
+        cluster.create()
+        ready(cluster)
+        yield cluster
+    except BaseException:
+        print(cluster.describe())
+        raise
+    finally:
+        cluster.destroy()
+        if os.environ.get("HAQUEUE_PCMK_KEEP"):
+            print(f"cluster files kept in {cluster.base}")
+        else:
+            cluster.remove_files()
 
 
 class ClusterStatus:

@@ -8,11 +8,14 @@
 `Producer`    sends numbered messages through its own proton container, one connection per broker
               address in turn, and records when each was sent and when and by whom it was accepted.
 `Consumer`    receives and accepts, moving between brokers the same way; records every body.
+`Load`        the HA tests' reconnecting producer and consumer (tests/ha/ha_harness.py), each connection
+              to the next broker in turn.
 
 Every wait is a poll of a condition with a deadline (`wait_for`).
 """
 from __future__ import annotations
 
+import itertools
 import secrets
 import threading
 import time
@@ -23,6 +26,7 @@ from proton import Message, Timeout
 from proton.handlers import MessagingHandler
 from proton.reactor import Container
 
+import ha_harness
 from ha_harness import HaCluster, connect
 from harness import BrokerProcess, wait_for
 
@@ -240,6 +244,19 @@ def drain(addresses: list[str], queue: str, expected: set[int], timeout: float =
             if expected <= set(got):
                 break
     return got
+
+
+class Load(ha_harness.Load):
+    """`ha_harness.Load` over a cluster without a public address: each try to connect goes to the next broker of
+    `addresses` (a backup refuses clients at open, a stopped broker the connection), so the producer and the
+    consumer land on the primary wherever the election put it."""
+
+    def __init__(self, addresses: list[str], queue: str) -> None:
+        super().__init__(",".join(addresses), queue)
+        self._turn = itertools.cycle(addresses)
+
+    def _address(self) -> str:
+        return next(self._turn)
 
 
 # ---------------------------------------------------------------------------------------------
