@@ -16,6 +16,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Iterable
 
 from harness import BrokerProcess
 
@@ -32,6 +33,17 @@ class Release:
     @property
     def tree(self) -> Path:
         return BUILDS / self.commit
+
+    @classmethod
+    def at(cls, rev: str) -> "Release":
+        """The release at commit `rev` of this repository, its version as its haqueue/__init__.py says."""
+        def git(*args: str) -> str:
+            return subprocess.run(["git", "-C", str(REPO_ROOT), *args], capture_output=True, text=True,
+                                  check=True).stdout
+        commit = git("rev-parse", f"{rev}^{{commit}}").strip()
+        version = next((line.split('"')[1] for line in git("show", f"{commit}:haqueue/__init__.py").splitlines()
+                        if line.startswith("__version__")), "?")
+        return cls(version, commit)
 
     def env(self) -> dict[str, str]:
         """What a broker process (harness.BrokerProcess's `env`) needs to run this release."""
@@ -89,4 +101,14 @@ class Release:
 
 # The first numbered release: main at the end of 2026-11-28, before versions and the negotiated peer protocol.
 V0_1_0 = Release("0.1.0", "98be276c1ea263f8d68960aa4c857c3d4f7abcc4")
-PREVIOUS = V0_1_0  # the release this build upgrades from
+FROM_ENV = "HAQUEUE_UPGRADE_FROM"  # a commit to upgrade from instead (bench/upgrade.py --from)
+# The release this build upgrades from, in the upgrade tests.
+PREVIOUS = Release.at(os.environ[FROM_ENV]) if os.environ.get(FROM_ENV) else V0_1_0
+
+
+def summary(source: str, target: str, report: dict[str, Any], steps: Iterable[dict[str, Any]]) -> str:
+    """The one line an upgrade under load ends with (bench/upgrade.py): a step's outage is the longest time the
+    producer had no publish confirmed (harness Load.step's `stall`)."""
+    worst = max((step["stall"] for step in steps), default=0.0)
+    return f"upgrade: from {source} to {target}, confirmed {report['confirmed']}, lost {len(report['lost'])}, " \
+           f"duplicates {len(report['duplicates'])}, max client outage {worst:.2f} s per step"

@@ -32,8 +32,10 @@ class Feature:
     description: str
 
 
+DIVERGED_FILE_HEADER: Final = "diverged-file-header"  # quarantine.py writes format 2 once it is enabled
+
 SUPPORTED: Final = {f.name: f for f in (
-    Feature("diverged-file-header", "0.2.0",
+    Feature(DIVERGED_FILE_HEADER, "0.2.0",
             "diverged files (data_dir/diverged/) begin with a header naming their format; 0.1.0's `haqueue diverged` "
             "cannot read them"),
 )}

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Final, Iterator
 
 from .. import formats
-from .features import FeatureFlags
+from .features import DIVERGED_FILE_HEADER, FeatureFlags
 
 log = logging.getLogger("haqueue.ha.quarantine")
 
@@ -30,7 +30,7 @@ SUFFIX: Final = ".diverged"
 DONE_SUFFIX: Final = ".republished"
 _RECORD: Final = struct.Struct(">QI")
 FORMAT: Final = 2
-HEADER_FEATURE: Final = "diverged-file-header"  # format 2 is written once the cluster enables it (features.py)
+HEADER_FEATURE: Final = DIVERGED_FILE_HEADER  # format 2 is written once the cluster enables it
 # 0.1.0 reads bytes 8-11 of MAGIC as its first record's size, 4 GiB - 1, past the end of any diverged file: it
 # stops with "truncated record at byte 0" rather than misread a file of this format.
 MAGIC: Final = b"haqueue\x00\xff\xff\xff\xffdvgd"

@@ -23,7 +23,7 @@ from ha_harness import enable_new_features
 from harness import wait_for
 from pcmk_clients import Load
 from pcmk_cluster import CLONE, POLL_INTERVAL, REPO, VIP_ADDRESS, Node, PacemakerCluster, running
-from releases import PREVIOUS
+from releases import PREVIOUS, summary
 
 from haqueue import __version__
 
@@ -134,5 +134,6 @@ def test_rolling_upgrade_through_standby_and_move_loses_nothing(upgradable):
     finally:
         load.stop()
     report = load.assert_at_least_once()
-    print(f"\nPacemaker rolling upgrade {PREVIOUS.version} -> {__version__}: {report}; "
+    print("\n" + summary(PREVIOUS.version, __version__, report, outages.values()))
+    print(f"Pacemaker rolling upgrade {PREVIOUS.version} -> {__version__}: {report}; "
           f"client outage per step: {outages}")

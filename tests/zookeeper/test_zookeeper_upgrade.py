@@ -13,7 +13,7 @@ import pytest
 
 from ha_harness import enable_new_features
 from harness import BrokerProcess, wait_for
-from releases import PREVIOUS
+from releases import PREVIOUS, summary
 from zk_cluster import Load, ZkCluster
 
 from haqueue import __version__
@@ -66,5 +66,6 @@ def test_rolling_upgrade_under_zookeeper_loses_nothing(zk_cluster):
     finally:
         load.stop()
     report = load.assert_at_least_once()
-    print(f"\nZooKeeper rolling upgrade {PREVIOUS.version} -> {__version__}: {report}; "
+    print("\n" + summary(PREVIOUS.version, __version__, report, outages.values()))
+    print(f"ZooKeeper rolling upgrade {PREVIOUS.version} -> {__version__}: {report}; "
           f"client outage per step: {outages}")
