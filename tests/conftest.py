@@ -35,6 +35,7 @@ TESTS = Path(__file__).resolve().parent
 sys.path[:0] = [str(TESTS), str(TESTS / "ha")]  # harness.py; ha_harness.py (clusters, clients) for every suite
 
 from harness import BrokerProcess, unexpected_exits  # noqa: E402
+from releases import PREVIOUS  # noqa: E402
 
 LOG_TAIL_LINES = 150
 # The audit tests' Spark jobs are small and short: C1 alone and the serial collector halve the JVM's CPU
@@ -53,6 +54,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.slow)
         # a module's tests stay together, in order: some share a module-scoped broker and build on each other
         item.add_marker(pytest.mark.xdist_group("one-worker" if path.parts[0] in ONE_WORKER else str(path)))
+    if any("upgrade" in item.nodeid for item in items):  # the upgrade tests run the previous release (releases.py)
+        PREVIOUS.build_soon()
 
 
 def _log_tail(broker: BrokerProcess) -> str:

@@ -57,6 +57,13 @@ class Release:
         """`haqueue ARGS` of this release."""
         return [sys.executable, "-m", "haqueue", *args]
 
+    def build_soon(self) -> None:
+        """Start building in a process of its own unless built already: from the start of a test run, so the
+        tests that need the release, on any worker, wait less for it (build() waits for that build)."""
+        if not (self.tree / ".built").exists():
+            subprocess.Popen([sys.executable, __file__, self.commit], stdin=subprocess.DEVNULL,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+
     def build(self) -> Path:
         """The release's compiled tree, built now unless it is there already."""
         BUILDS.mkdir(parents=True, exist_ok=True)
@@ -112,3 +119,7 @@ def summary(source: str, target: str, report: dict[str, Any], steps: Iterable[di
     worst = max((step["stall"] for step in steps), default=0.0)
     return f"upgrade: from {source} to {target}, confirmed {report['confirmed']}, lost {len(report['lost'])}, " \
            f"duplicates {len(report['duplicates'])}, max client outage {worst:.2f} s per step"
+
+
+if __name__ == "__main__":  # build_soon's process: build the release at the commit given
+    Release("?", sys.argv[1]).build()
