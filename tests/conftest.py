@@ -19,10 +19,9 @@ the unit tests and the single-broker ones, the subset to run while working.
 `make test` runs the suite on two pytest-xdist workers (`-n 2 --dist loadgroup`), a module's tests on
 one worker in order (some share a module-scoped broker and build on each other). The tests of the
 directories in ONE_WORKER all run on one worker, one after another: Pacemaker's network namespaces
-and ZooKeeper's ensembles have fixed names and ports, and the nemesis suite times partitions. The Spark
-tests (SPARK_SUITES) are a group of their own, on one worker, sharing its JVM (`local_spark`): while
-they shared the other group's worker, that worker ran alone for the last half of the run. The other
-modules spread over both workers (ports are chosen free at run time, directories are per test).
+and ZooKeeper's ensembles have fixed names and ports, the nemesis suite times partitions, and the
+Spark tests share one JVM per worker (`local_spark`). The other modules spread over both workers
+(ports are chosen free at run time, directories are per test).
 """
 from __future__ import annotations
 
@@ -44,8 +43,7 @@ LOG_TAIL_LINES = 150
 # parallel collector only repay on long jobs.
 SPARK_JVM_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
 CLUSTER_SUITES = ("audit", "console", "ha", "nemesis", "pacemaker", "shard", "upgrade", "zookeeper")
-ONE_WORKER = ("nemesis", "pacemaker", "zookeeper")
-SPARK_SUITES = ("audit",)
+ONE_WORKER = ("audit", "nemesis", "pacemaker", "zookeeper")
 
 
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
@@ -55,8 +53,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         if path.parts[0] in CLUSTER_SUITES:
             item.add_marker(pytest.mark.slow)
         # a module's tests stay together, in order: some share a module-scoped broker and build on each other
-        group = "one-worker" if path.parts[0] in ONE_WORKER else "spark" if path.parts[0] in SPARK_SUITES else str(path)
-        item.add_marker(pytest.mark.xdist_group(group))
+        item.add_marker(pytest.mark.xdist_group("one-worker" if path.parts[0] in ONE_WORKER else str(path)))
     if any("upgrade" in item.nodeid for item in items):  # the upgrade tests run the previous release (releases.py)
         PREVIOUS.build_soon()
 
