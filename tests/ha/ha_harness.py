@@ -723,6 +723,17 @@ class Load:
                     "errors": len(self.errors), "first_errors": self.errors[:5]}
 
 
+def upgrade_report(load: Load, outages: dict[str, dict[str, Any]], how: str) -> dict[str, Any]:
+    """The end of a rolling upgrade under `load` (stopped): no loss, no duplicate beyond what was in flight
+    (Load.assert_at_least_once); prints bench/upgrade.py's summary line and each step's outage."""
+    from releases import PREVIOUS, summary
+    from haqueue import __version__
+    report = load.assert_at_least_once()
+    print("\n" + summary(PREVIOUS.version, __version__, report, outages.values()))
+    print(f"{how} rolling upgrade {PREVIOUS.version} -> {__version__}: {report}; client outage per step: {outages}")
+    return report
+
+
 def enable_new_features(cli: Callable[..., Any], features: list[str]) -> None:
     """The last step of a rolling upgrade (design/upgrades.md) through `cli(*args)`, which runs `haqueue admin
     ARGS` at the primary: `cluster upgrade-check` says ok with `features` to enable, `cluster features enable`

@@ -19,11 +19,11 @@ from pathlib import Path
 
 import pytest
 
-from ha_harness import enable_new_features
+from ha_harness import enable_new_features, upgrade_report
 from harness import wait_for
 from pcmk_clients import Load
 from pcmk_cluster import CLONE, POLL_INTERVAL, REPO, VIP_ADDRESS, Node, PacemakerCluster, running
-from releases import PREVIOUS, summary
+from releases import PREVIOUS
 
 from haqueue import __version__
 
@@ -133,7 +133,4 @@ def test_rolling_upgrade_through_standby_and_move_loses_nothing(upgradable):
         load.wait_confirmed(200, 30)
     finally:
         load.stop()
-    report = load.assert_at_least_once()
-    print("\n" + summary(PREVIOUS.version, __version__, report, outages.values()))
-    print(f"Pacemaker rolling upgrade {PREVIOUS.version} -> {__version__}: {report}; "
-          f"client outage per step: {outages}")
+    upgrade_report(load, outages, "Pacemaker")

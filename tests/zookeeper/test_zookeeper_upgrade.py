@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from ha_harness import enable_new_features
+from ha_harness import enable_new_features, upgrade_report
 from harness import BrokerProcess, wait_for
-from releases import PREVIOUS, summary
+from releases import PREVIOUS
 from zk_cluster import Load, ZkCluster
 
 from haqueue import __version__
@@ -65,7 +65,4 @@ def test_rolling_upgrade_under_zookeeper_loses_nothing(zk_cluster):
         load.drain()
     finally:
         load.stop()
-    report = load.assert_at_least_once()
-    print("\n" + summary(PREVIOUS.version, __version__, report, outages.values()))
-    print(f"ZooKeeper rolling upgrade {PREVIOUS.version} -> {__version__}: {report}; "
-          f"client outage per step: {outages}")
+    upgrade_report(load, outages, "ZooKeeper")
