@@ -30,7 +30,7 @@ from .management_calls import Answer, ManagementCalls
 from .messages import describe
 from .origins import PREFLIGHT_HEADERS, Origins
 from .samples import QueueRow, Samples
-from .sessions import COOKIE, CSRF_HEADER, SESSION_SECONDS, Session, Sessions
+from .sessions import COOKIE, CSRF_HEADER, SESSION_SECONDS, PeerUser, Session, Sessions
 from .static_files import StaticFiles
 
 if TYPE_CHECKING:
@@ -127,7 +127,12 @@ class ConsoleApi:
             return self.static.reply(request.path)
         bearer = _bearer(request)
         token = bearer or _cookie(request, COOKIE)
-        session = self.sessions.session(token)
+        try:
+            session = self.sessions.session(token)
+        except PeerUser as e:  # as an expired token is: the page asks for a login (of another user)
+            log.warning("console: refused a session token of the HA peer user from %s (%s %s)", request.client,
+                        request.method, request.path)
+            raise Refusal(401, str(e), login=True) from None
         signed_in = bearer is not None and session is not None and session.token == bearer  # a valid one, not any
         if origin is not None and not self.origins.allows(origin, request.host, signed_in):
             raise Refusal(403, f"a page from {origin} may call this console only with a session token (log in); "
@@ -170,7 +175,12 @@ class ConsoleApi:
         user, password = body.get("user"), body.get("password")
         if not isinstance(user, str) or not isinstance(password, str):
             raise Refusal(400, "a login needs \"user\" and \"password\" (strings)")
-        session = self.sessions.login(user, password)
+        try:
+            session = self.sessions.login(user, password)
+        except PeerUser as e:
+            log.warning("console: refused a login as %r from %s: the HA peer user may not use the console", user,
+                        call.request.client)
+            raise Refusal(403, str(e)) from None
         if session is None:
             log.warning("console: wrong user name or password for %r", user)
             raise Refusal(401, "wrong user name or password", login=True)

@@ -28,6 +28,7 @@ class Request:
     headers: Any  # http.client.HTTPMessage: case-insensitive
     body: bytes
     host: str  # the Host header: the origin the page was loaded from
+    client: str  # the address the request came from, for the log
 
 
 @dataclass
@@ -79,7 +80,7 @@ class _Handler(BaseHTTPRequestHandler):
             return
         split = urlsplit(self.path)
         request = Request(self.command, split.path, dict(parse_qsl(split.query)), self.headers, body,
-                          self.headers.get("Host", ""))
+                          self.headers.get("Host", ""), self.client_address[0])
         self._reply(self.server.app(request))
 
     do_GET = do_POST = do_DELETE = do_OPTIONS = do_HEAD = _serve

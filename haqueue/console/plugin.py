@@ -34,7 +34,8 @@ def serve_console(broker: "Broker", config: HttpConfig, ha: "HaBroker | None" = 
     logouts = Logouts(broker.config.data_dir, _peers(ha, shard), ha.config if ha is not None else None)
     logouts.register(broker.management)
     sessions = Sessions(lambda user, password: broker.access.authenticate("PLAIN", user, password),
-                        broker.access.anonymous, ha.config.password if ha is not None else None, logouts.ended)
+                        broker.access.anonymous, ha.config.password if ha is not None else None, logouts.ended,
+                        ha.config.username if ha is not None else None)
     hosts = [host] + [listener.host for listener in broker.config.listen]
     if ha is not None:
         hosts += [h for h, _ in ha.config.brokers] + ([ha.config.public[0]] if ha.config.public else [])

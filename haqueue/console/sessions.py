@@ -8,6 +8,9 @@ of the cluster is told (logouts.py).
 
 A state-changing request must also carry the token's CSRF token (an HMAC of the token) in a header: a form
 another site makes the browser send carries the cookie but cannot know the header.
+
+The HA peer user (`ha.username`) is refused, at the login and in a token: its password is in every broker's
+config file for brokers talking to brokers, and a person must not use it to act on clients here.
 """
 from __future__ import annotations
 
@@ -42,13 +45,23 @@ class Session:
         return self.token is None
 
 
+class PeerUser(Exception):
+    """A login as the HA peer user, or a token naming it: refused, whatever the password or signature."""
+
+    def __init__(self, user: str) -> None:
+        super().__init__(f"'{user}' is the HA peer user (ha.username), which brokers use to talk to each other; "
+                         f"it may not use the console (log in as one of the config's users)")
+
+
 class Sessions:
-    """Gives and checks tokens; `authenticate(user, password)` is the broker's own check (Access.authenticate)."""
+    """Gives and checks tokens; `authenticate(user, password)` is the broker's own check (Access.authenticate);
+    `peer_user`: ha.username, refused."""
 
     def __init__(self, authenticate: Callable[[str, str], bool], anonymous_allowed: bool,
-                 shared_secret: str | None, ended: Callable[[str], bool]) -> None:
+                 shared_secret: str | None, ended: Callable[[str], bool], peer_user: str | None = None) -> None:
         self._authenticate = authenticate
         self._ended = ended  # whether a session id was logged out
+        self._peer_user = peer_user
         self.anonymous_allowed = anonymous_allowed
         secret = shared_secret.encode() if shared_secret is not None else os.urandom(32)
         self._key = hmac.new(secret, KEY_LABEL, hashlib.sha256).digest()
@@ -57,9 +70,12 @@ class Sessions:
         self._checking = threading.Lock()
 
     def login(self, user: str, password: str) -> Session | None:
-        """A new session if the password is the user's; None if not."""
+        """A new session if the password is the user's; None if not. Raises PeerUser before any password check:
+        the answer says nothing of the peer password."""
         if not user or user == ANONYMOUS_USER:
             return None
+        if user == self._peer_user:
+            raise PeerUser(user)
         with self._checking:
             if not self._authenticate(user, password):
                 return None
@@ -70,7 +86,8 @@ class Sessions:
 
     def session(self, token: str | None) -> Session | None:
         """The session a token is, if it is one of ours, unexpired and not logged out; else the anonymous
-        client's where those are let in; else None."""
+        client's where those are let in; else None. Raises PeerUser for a valid token naming the peer user (one
+        signed with the key that ha.password gives)."""
         if token:
             found = self._check(token)
             if found is not None:
@@ -95,6 +112,8 @@ class Sessions:
             return None
         if expires <= time.time() or self._ended(session_id):
             return None
+        if user == self._peer_user:
+            raise PeerUser(user)
         return Session(user, token, expires, session_id)
 
     def _sign(self, text: str) -> str:

@@ -1,9 +1,11 @@
 """The console's logins and which pages may call it (haqueue/console/sessions.py, origins.py)."""
 from __future__ import annotations
 
+import pytest
+
 from haqueue.console.logouts import Logouts
 from haqueue.console.origins import Origins
-from haqueue.console.sessions import Sessions
+from haqueue.console.sessions import PeerUser, Sessions
 
 USERS = {"ops": "p1"}
 
@@ -30,6 +32,20 @@ def test_a_login_is_good_at_every_broker_sharing_the_secret_until_logged_out(tmp
     assert here.session(session.token) is None and there.session(session.token) == session
     restarted = _sessions(logouts=Logouts(str(tmp_path), [], None))  # kept in the data directory
     assert restarted.session(session.token) is None
+
+
+def test_the_peer_user_may_not_log_in_nor_use_a_token_signed_for_it():
+    """Its password is in every broker's config file, and is the key the tokens are signed with."""
+    anyone = lambda user, password: True  # noqa: E731 - every password right: the refusal is the user's
+    sessions = Sessions(anyone, False, "cluster-password", lambda session_id: False, "ha")
+    with pytest.raises(PeerUser, match="'ha' is the HA peer user"):
+        sessions.login("ha", "cluster-password")
+    minted = Sessions(anyone, False, "cluster-password", lambda session_id: False).login("ha", "")  # by a key holder
+    assert minted is not None
+    with pytest.raises(PeerUser):
+        sessions.session(minted.token)
+    ops = sessions.login("ops", "p1")
+    assert ops is not None and sessions.session(ops.token) == ops
 
 
 def test_anonymous_clients_need_no_login_where_the_config_lets_them_in():
