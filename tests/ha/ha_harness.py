@@ -734,6 +734,12 @@ def upgrade_report(load: Load, outages: dict[str, dict[str, Any]], how: str) -> 
     return report
 
 
+def features_enabled(data_dir: Path) -> list[str]:
+    """The feature flags a broker last knew enabled in its cluster: ha-features.json in its data directory."""
+    path = data_dir / "ha-features.json"
+    return json.loads(path.read_text())["enabled"] if path.exists() else []
+
+
 def enable_new_features(cli: Callable[..., Any], features: list[str]) -> None:
     """The last step of a rolling upgrade (design/upgrades.md) through `cli(*args)`, which runs `haqueue admin
     ARGS` at the primary: `cluster upgrade-check` says ok with `features` to enable, `cluster features enable`

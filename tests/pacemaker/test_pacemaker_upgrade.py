@@ -14,12 +14,11 @@ from __future__ import annotations
 import json
 import os
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
-from ha_harness import enable_new_features, upgrade_report
+from ha_harness import enable_new_features, features_enabled, upgrade_report
 from harness import wait_for
 from pcmk_clients import Load
 from pcmk_cluster import CLONE, POLL_INTERVAL, REPO, VIP_ADDRESS, Node, PacemakerCluster, running
@@ -77,11 +76,6 @@ class UpgradableCluster(PacemakerCluster):
             code, _, body = client.request("READ", "broker")
         return body["version"] if code < 400 else None
 
-    def features_known(self, node: Node) -> list[str]:
-        """The feature flags the node's broker last knew enabled in its cluster (its data dir)."""
-        path = node.dir("lib-haqueue") / "ha-features.json"
-        return json.loads(path.read_text())["enabled"] if path.exists() else []
-
     def upgrade(self, node: Node) -> None:
         """Standby, install, unstandby; back when every broker is healthy again, node's on the new release."""
         self.pcs("node", "standby", node.name)
@@ -128,7 +122,7 @@ def test_rolling_upgrade_through_standby_and_move_loses_nothing(upgradable):
         assert c.primary_node() is new
         enable_new_features(lambda *args: c.cli(new, *args, check=False), [FEATURE])
         for node in c.nodes:
-            wait_for(lambda: c.features_known(node) == [FEATURE], 10,
+            wait_for(lambda: features_enabled(node.dir("lib-haqueue")) == [FEATURE], 10,
                      message=f"{node.name} knowing {FEATURE} is enabled")
         load.wait_confirmed(200, 30)
     finally:

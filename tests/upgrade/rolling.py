@@ -4,7 +4,8 @@ and a consumer running; then the new release installed where the old one was (th
 install replaces the files) and each broker stopped in turn, backups first, the supervisor (the old release's,
 still running) restarting it from the new files; the primary last, when the supervisor fails over to an
 upgraded backup. Each step waits until the broker is a ready backup of the new release and 200 more publishes
-are confirmed."""
+are confirmed. Then, still under load, the new release's feature flags are enabled (`haqueue admin cluster
+upgrade-check` and `features enable` at the primary) and every broker keeps them in its data directory."""
 from __future__ import annotations
 
 import os
@@ -13,7 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ha_harness import Load, wait_for
+from ha_harness import HA_USER, Load, enable_new_features, features_enabled, wait_for
+from harness import run_haqueue
 from test_ha_supervisor import Supervised
 
 BROKERS = ("broker-0", "broker-1", "broker-2")
@@ -28,9 +30,11 @@ class Outcome:
     failover: dict[str, Any] | None  # the same for a kill -9 of the upgraded primary (kill_primary)
 
 
-def cluster_up(directory: Path, old: Path, new: Path, logs: bool = True, kill_primary: bool = False) -> Outcome:
+def cluster_up(directory: Path, old: Path, new: Path, logs: bool = True, kill_primary: bool = False,
+               features: tuple[str, ...] = ()) -> Outcome:
     """Upgrade a 3-broker `cluster up` cluster, run from `old` (a haqueue tree), to `new`, under load, asserting
-    that no confirmed message was lost nor more duplicated than was in flight; with `kill_primary`, then kill -9
+    that no confirmed message was lost nor more duplicated than was in flight, then enable `features` (the flags
+    `new` has and `old` had not: design/upgrades.md's last step); with `kill_primary`, then kill -9
     its primary to measure a failover's outage alike; with `logs`, print the tails of the brokers' logs at the end
     (pytest shows them with a failure)."""
     installed = directory / "installed"
@@ -78,6 +82,11 @@ def cluster_up(directory: Path, old: Path, new: Path, logs: bool = True, kill_pr
             first = primary()
             steps = [load.step(lambda: upgrade(name)) for name in [n for n in BROKERS if n != first] + [first]]
             after = {version(name) for name in BROKERS}
+            if features:
+                enable(s, addresses[primary()], list(features))
+                for name in BROKERS:
+                    wait_for(lambda: features_enabled(directory / "cluster" / name) == list(features), 10,
+                             message=f"{name} keeping {', '.join(features)} enabled")
             # the yardstick: the outage a kill -9 of the primary costs the same clients
             failover = load.step(lambda: kill(primary())) if kill_primary else None
             load.drain()
@@ -88,6 +97,12 @@ def cluster_up(directory: Path, old: Path, new: Path, logs: bool = True, kill_pr
         s.close()
         if logs:
             _print_logs(s)
+
+
+def enable(s: Supervised, primary: str, features: list[str]) -> None:
+    """`haqueue admin cluster features enable` of each, at the primary, as the HA peer user (cluster up's only one)."""
+    enable_new_features(lambda *args: run_haqueue(["admin", "-b", primary, "--user", HA_USER, "--password",
+                                                   s.password(), *args]), features)
 
 
 def _print_logs(s: Supervised) -> None:

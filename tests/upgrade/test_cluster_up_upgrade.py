@@ -1,5 +1,6 @@
 """Rolling upgrades of `haqueue cluster up` clusters from the previous release, under load, as README's procedure
-does them (rolling.py): nothing confirmed is lost, and nothing is duplicated beyond what was in flight."""
+does them (rolling.py): nothing confirmed is lost, and nothing is duplicated beyond what was in flight; the new
+release's feature flag is then enabled under load."""
 from __future__ import annotations
 
 import os
@@ -20,12 +21,14 @@ from test_sharded_cluster_up import node_pids
 
 
 def test_cluster_up_rolling_upgrade_under_load(tmp_path, previous):
-    outcome = rolling.cluster_up(tmp_path, previous.tree, REPO_ROOT)  # no loss, duplicates within what was in flight
+    # no loss, duplicates within what was in flight; then the new feature enabled and kept by every broker
+    outcome = rolling.cluster_up(tmp_path, previous.tree, REPO_ROOT, features=(FEATURE,))
     print(summary(previous.version, __version__, outcome.report, outcome.steps), outcome)
     assert outcome.before == {previous.version} and outcome.after == {__version__}, outcome
 
 
-SHARDS = 3
+FEATURE = "diverged-file-header"  # the one feature flag of 0.2.0
+SHARDS = 2  # each node holds a replica of both: the relays cross nodes, and 6 processes restart instead of 9
 
 
 def ha_status(address: str, password: str) -> dict[str, Any]:

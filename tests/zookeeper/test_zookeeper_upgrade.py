@@ -5,13 +5,11 @@ backup); then the new release's feature flag enabled. No confirmed message is lo
 is printed."""
 from __future__ import annotations
 
-import json
-import time
 from pathlib import Path
 
 import pytest
 
-from ha_harness import enable_new_features, upgrade_report
+from ha_harness import enable_new_features, features_enabled, upgrade_report
 from harness import BrokerProcess, wait_for
 from releases import PREVIOUS
 from zk_cluster import Load, ZkCluster
@@ -23,12 +21,6 @@ FEATURE = "diverged-file-header"  # the one feature flag of 0.2.0
 
 def release(c: ZkCluster, b: BrokerProcess) -> str:
     return c.request(b, "READ", "broker")["version"]
-
-
-def features_known(b: BrokerProcess) -> list[str]:
-    """The feature flags b last knew enabled in its cluster (its data dir)."""
-    path = Path(b.config["data_dir"]) / "ha-features.json"
-    return json.loads(path.read_text())["enabled"] if path.exists() else []
 
 
 @pytest.mark.slow
@@ -60,7 +52,8 @@ def test_rolling_upgrade_under_zookeeper_loses_nothing(zk_cluster):
             outages[b.name] = load.step(lambda: upgrade(b))
         enable_new_features(lambda *args: c.cli(primary, *args), [FEATURE])
         for b in c:
-            wait_for(lambda: features_known(b) == [FEATURE], 10, message=f"{b.name} knowing {FEATURE} is enabled")
+            wait_for(lambda: features_enabled(Path(b.config["data_dir"])) == [FEATURE], 10,
+                     message=f"{b.name} knowing {FEATURE} is enabled")
         load.wait_confirmed(200, 30)
         load.drain()
     finally:
