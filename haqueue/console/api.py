@@ -198,32 +198,43 @@ class ConsoleApi:
 
     # -- the overview ------------------------------------------------------------------------------------
     def overview(self, call: Call) -> Reply:
+        """The cluster as one reading shows it: the serving broker's own line (the page's header) is its row of
+        the same reading as the table, so that the two never disagree while a broker takes over."""
         user = call.session.user
         own = self._read(user, "READ", "broker", refusals=(403,))
         admin = own is not None
-        serving = own if admin else on_loop(self.broker.engine.call_soon_threadsafe, self.broker.status, 5.0)
-        answer: dict[str, Any] = {"broker": {"name": serving["name"], "role": serving["role"],
-                                             "state": serving["state"], "console": self.url,
-                                             **({"shard": self.shard.index} if self.shard is not None else {})},
-                                  "admin": admin, "user": user}
         if self.cluster is not None:
             view = self.cluster.view()
-            if not admin:  # which broker is which, to reach the primary and another when one dies: no more
-                view = {"primary": view.get("primary"),
-                        "brokers": [{k: b.get(k) for k in ("name", "role", "console")} for b in view["brokers"]]}
-            answer.update(view)
+            here = next((b for b in view["brokers"] if b["role"] and b["address"] == self.cluster.own), None)
         else:
-            answer.update(primary=None, brokers=[{"name": serving["name"], "role": serving["role"],
-                                                  "state": serving["state"], "console": self.url,
-                                                  **(build_fields(serving) if admin else {})}])
+            view = self._alone(own)
+            here = view["brokers"][0]
+        if here is None:  # a broker whose address is not in ha.brokers: not in the reading
+            here = on_loop(self.broker.engine.call_soon_threadsafe, self.broker.status, 5.0)
+        answer: dict[str, Any] = {
+            "broker": {"name": here["name"], "role": here["role"], "state": here["state"], "console": self.url,
+                       **({"shard": self.shard.index} if self.shard is not None else {})},
+            "admin": admin, "user": user, "primary": view["primary"], "public": view["public"],
+            # a user who is not an admin gets which broker is which, to reach the primary and another when one dies
+            "brokers": view["brokers"] if admin else [{k: b.get(k) for k in ("name", "role", "console")}
+                                                      for b in view["brokers"]],
+            "shards": view["shards"] if admin else None, "age": view["age"], "totals": None, "rates": None}
         if admin:
             latest, _ = self.samples.current()
             rows = latest.rows.values()
-            answer["totals"] = {"queues": len(latest.rows), "messages": sum(r.depth for r in rows),
-                                "bytes": sum(r.bytes for r in rows), "connections": latest.connections,
-                                "memory_used": own["memory_used"], "memory_alarm": own["memory_alarm"]}
+            answer["totals"] = {"queues": len(latest.rows), "queues_left_out": dict(latest.left_out),
+                                "messages": sum(r.depth for r in rows), "bytes": sum(r.bytes for r in rows),
+                                "connections": latest.connections, "memory_used": own["memory_used"],
+                                "memory_alarm": own["memory_alarm"]}
             answer["rates"] = [list(rate) for rate in self.samples.broker_rates]
         return _json(200, answer)
+
+    def _alone(self, own: dict[str, Any] | None) -> dict[str, Any]:
+        """A broker without HA as a cluster view shows one: itself, read now."""
+        status = own if own is not None else on_loop(self.broker.engine.call_soon_threadsafe, self.broker.status, 5.0)
+        return {"primary": None, "public": None, "shards": None, "age": 0.0,
+                "brokers": [{"name": status["name"], "address": None, "role": status["role"],
+                             "state": status["state"], "console": self.url, **build_fields(status)}]}
 
     # -- queues ------------------------------------------------------------------------------------
     def queues(self, call: Call) -> Reply:

@@ -62,7 +62,8 @@ class ClusterView:
             if self._view is None or time.time() - self._view["read_at"] > IDLE_AFTER:
                 self._changed.wait_for(lambda: self._view is not None and
                                        time.time() - self._view["read_at"] <= IDLE_AFTER, FIRST_READ_WAIT)
-            view = dict(self._view or {"brokers": [], "read_at": time.time()})
+            view = dict(self._view or {"primary": None, "brokers": [], "public": self._public(), "shards": None,
+                                       "read_at": time.time()})  # not read in time: none known
         view["age"] = round(time.time() - view.pop("read_at"), 1)
         return view
 
@@ -143,11 +144,13 @@ class ClusterView:
                 answers[address] = str(e) or type(e).__name__
         self._known.update({address: answer for address, answer in answers.items() if not isinstance(answer, str)})
         view = cluster_brokers(answers, {address: answer[0]["name"] for address, answer in self._known.items()})
-        view["public"] = "%s:%d" % self.config.public if self.config.public else None
-        if self.shard is not None:
-            view["shards"] = self._shards()
+        view["public"] = self._public()
+        view["shards"] = self._shards() if self.shard is not None else None
         view["read_at"] = time.time()
         return view
+
+    def _public(self) -> str | None:
+        return "%s:%d" % self.config.public if self.config.public else None
 
     def _shards(self) -> list[dict[str, Any]]:
         """`admin cluster status`'s report of every shard, each primary's console added. Its own answers cost

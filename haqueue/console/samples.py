@@ -42,6 +42,7 @@ class Copy(NamedTuple):
     # temporary queues left out, and a shard's forwarding queues: another shard's queues' messages in transit
     rows: dict[str, QueueRow]
     connections: int
+    left_out: dict[str, int]  # how many of each: {"temporary": N, "forwarding": N}
 
 
 class Rate(NamedTuple):
@@ -51,10 +52,19 @@ class Rate(NamedTuple):
 
 
 def _copy(broker: "Broker") -> Copy:
-    """On the loop: every queue's figures (0.3 µs a queue, as the metrics' copy)."""
-    rows = {q.name: QueueRow(q.name, q.depth, q.bytes, len(q.consumers) + len(q.browsers), q.enqueued, q.dequeued,
-                             q.args) for q in broker.registry.queues() if not q.temporary and FORWARD not in q.args}
-    return Copy(time.time(), rows, len(broker.connections))
+    """On the loop: every queue's figures (0.3 µs a queue, as the metrics' copy), and how many were left out (the
+    broker's own count of queues, `READ broker`, has them)."""
+    rows: dict[str, QueueRow] = {}
+    left_out = {"temporary": 0, "forwarding": 0}
+    for q in broker.registry.queues():
+        if q.temporary:
+            left_out["temporary"] += 1
+        elif FORWARD in q.args:
+            left_out["forwarding"] += 1
+        else:
+            rows[q.name] = QueueRow(q.name, q.depth, q.bytes, len(q.consumers) + len(q.browsers), q.enqueued,
+                                    q.dequeued, q.args)
+    return Copy(time.time(), rows, len(broker.connections), left_out)
 
 
 def _rate(before: tuple[int, int], after: tuple[int, int], seconds: float) -> Rate | None:

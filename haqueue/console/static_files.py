@@ -11,6 +11,8 @@ from .http_server import Reply
 
 ROOT = os.path.realpath(os.path.join(os.path.dirname(__file__), "static"))
 INDEX = "index.html"
+# Paths a browser asks for without a link to them: the page, and the icon (an SVG, which browsers take there too).
+ALIASES = {"/": "/static/" + INDEX, "/" + INDEX: "/static/" + INDEX, "/favicon.ico": "/static/favicon.svg"}
 TYPES = {".js": "text/javascript", ".css": "text/css", ".html": "text/html; charset=utf-8", ".svg": "image/svg+xml"}
 SECURITY = [("Content-Security-Policy", "default-src 'self'; connect-src *; img-src 'self' data: blob:; "
                                         "style-src 'self' 'unsafe-inline'; frame-ancestors 'none'"),
@@ -19,8 +21,7 @@ SECURITY = [("Content-Security-Policy", "default-src 'self'; connect-src *; img-
 
 class StaticFiles:
     def reply(self, path: str) -> Reply:
-        if path in ("/", "/" + INDEX):
-            path = "/static/" + INDEX
+        path = ALIASES.get(path, path)
         full = os.path.realpath(os.path.join(ROOT, unquote(path.removeprefix("/static/"))))
         if not path.startswith("/static/") or not full.startswith(ROOT + os.sep) or not os.path.isfile(full):
             return Reply(404, b"not found\n", "text/plain")
