@@ -84,6 +84,5 @@ def page_errors(browser) -> Iterator[None]:
         logs = browser.get_log("browser")
     except WebDriverException:
         return
-    errors = [e["message"] for e in logs if e["level"] == "SEVERE" and "Failed to load resource" not in e["message"]
-              and "favicon" not in e["message"]]
+    errors = [e["message"] for e in logs if e["level"] == "SEVERE" and "Failed to load resource" not in e["message"]]
     assert not errors, errors

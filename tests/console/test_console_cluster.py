@@ -1,14 +1,17 @@
 """The web console of a 3-broker cluster in a real browser (headless Chromium), as an operator uses it: log in,
 see the brokers and a queue filling; declare and delete a queue and an exchange, a refused declaration, close a
-client's connection; the page following a failover without a reload, a purge the backups follow, a restricted
-user's narrower view and refused purge; what bad HTTP requests are answered; a promotion refused as the CLI refuses
-it, and one made from the page. Each action is checked in the page and in the broker's own state.
+client's connection; a delete and a purge from a queue's page opened on a backup's console, made at the primary;
+the page following a failover without a reload, its header and tables never disagreeing; a restricted user's
+narrower view and refused purges, each refusal kept on the page until the next navigation; the HA peer user
+refused; what bad HTTP requests are answered, and the overview's and queue table's fields; a promotion refused as
+the CLI refuses it, and one made from the page. Each action is checked in the page and in the broker's own state.
 
 The tests share one cluster and one browser and build on each other, in order (a module runs on one worker).
 """
 from __future__ import annotations
 
 import json
+import re
 import socket
 import time
 
@@ -20,9 +23,10 @@ from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import Select
 
 from haqueue import __version__
+from haqueue.console.sessions import Sessions
 
 from console_setup import APP_PASSWORD, click, console_url, http_json, nav, queue_rows, seen, text
-from ha_harness import OPS_USER, connect
+from ha_harness import HA_USER, OPS_USER, connect
 from harness import wait_for
 
 pytestmark = pytest.mark.usefixtures("page_errors")
@@ -40,13 +44,38 @@ def _brokers(browser) -> dict[str, dict[str, str]]:
             for row in browser.find_elements(By.CSS_SELECTOR, "#brokers tbody tr")}
 
 
-def _log_in(browser, user: str, password: str) -> None:
+def _submit_login(browser, user: str, password: str) -> None:
     wait_for(seen(lambda: browser.find_element(By.ID, "login-user").is_displayed()), 10, message="the login form")
-    browser.find_element(By.ID, "login-user").clear()
-    browser.find_element(By.ID, "login-user").send_keys(user)
-    browser.find_element(By.ID, "login-password").send_keys(password)
+    for field, value in (("login-user", user), ("login-password", password)):
+        browser.find_element(By.ID, field).clear()
+        browser.find_element(By.ID, field).send_keys(value)
     browser.find_element(By.CSS_SELECTOR, "#login-form button").click()
+
+
+def _log_in(browser, user: str, password: str) -> None:
+    _submit_login(browser, user, password)
     wait_for(seen(lambda: text(browser, "user") == f"logged in as {user}"), 10, message=f"logged in as {user}")
+
+
+OVERVIEW = {"broker", "admin", "user", "primary", "public", "brokers", "shards", "age", "totals", "rates"}
+PRIMARY_ROW = {"name", "address", "role", "state", "epoch", "release", "protocols", "console", "connections", "queues",
+               "sync", "min_confirmations", "holders", "confirming"}
+TOTALS = {"queues", "queues_left_out", "messages", "bytes", "connections", "memory_used", "memory_alarm"}
+QUEUES = {"total", "offset", "limit", "taken", "broker", "shard", "shards", "items"}
+QUEUE_ROW = {"name", "depth", "bytes", "consumers", "rate_in", "rate_out", "replicate", "max_depth", "max_bytes",
+             "overflow", "args"}
+
+
+def _login(address: str, user: str, password: str) -> tuple[int, dict]:
+    return http_json(address, "POST", "/api/login", json.dumps({"user": user, "password": password}).encode(),
+                     {"Content-Type": "application/json"})
+
+
+def _open(browser, url: str) -> None:
+    """The page loaded afresh at `url`, as from a bookmark (one differing from the page open in its fragment alone
+    would not be loaded again)."""
+    browser.get(url)
+    browser.refresh()
 
 
 def _accept_confirm(browser) -> None:
@@ -79,6 +108,10 @@ def test_admin_sees_three_brokers_and_a_queue_filling(console_cluster, browser, 
     assert {n: x["role"] for n, x in brokers.items()} == {"b0": "primary", "b1": "backup", "b2": "backup"}
     assert {x["release"] for x in brokers.values()} == {__version__}
     wait_for(seen(lambda: "b0 (primary" in text(browser, "talking-to")), 10, message="talking to the primary")
+    span = wait_for(lambda: browser.execute_script("const c = state.charts.overview; "
+                                                   "return c ? c.scales.x.max - c.scales.x.min : null"), 10,
+                    message="the rates chart")
+    assert span == pytest.approx(60), f"the rates chart spans {span} s"  # its points' few seconds: the last minute
     screenshot("overview")
 
     nav(browser, "queues")
@@ -125,11 +158,13 @@ def test_declare_and_delete_a_queue_and_an_exchange_from_the_page(console_cluste
     _notice(browser, "declare bad.q: refused: queue 'bad.q': argument 'max_depth' must be >= 0 (0: no limit), got -1")
     screenshot("declare-refused")
     assert "bad.q" not in c.queues(c[0])
-    click(browser, By.LINK_TEXT, "made.q")
+    _open(browser, console_url(c[2]) + "#/queue/made.q")  # a bookmark on a backup's console
+    wait_for(seen(lambda: text(browser, "queue-depth") == "0"), 10, message="made.q's page")
     click(browser, By.ID, "delete-queue")
     _accept_confirm(browser)
     wait_for(seen(lambda: browser.current_url.endswith("#/queues") and "made.q" not in queue_rows(browser)), 10,
              message="back at the queues, made.q gone")
+    _notice(browser, "delete made.q: done")  # the result on the page the delete led to
     assert "made.q" not in c.queues(c[0])
 
     nav(browser, "exchanges")
@@ -169,11 +204,39 @@ def test_a_connections_links_then_close_it_from_the_page(console_cluster, browse
              message="the connection gone from the page")
 
 
+# Keeps, each time the page changes, its header, the Overview's primary line and each broker's row (role and state).
+RECORD_OVERVIEWS = """
+window.overviews = [];
+new MutationObserver(() => window.overviews.push({
+  header: document.getElementById("talking-to").textContent,
+  primary: (document.getElementById("primary") || {}).textContent,
+  rows: Object.fromEntries(Array.from(document.querySelectorAll("#brokers tbody tr"),
+                                      r => [r.dataset.name, `${r.dataset.role} ${r.dataset.state}`]))
+})).observe(document.body, {subtree: true, childList: true, characterData: true});
+"""
+
+
+def _contradictions(overviews: list[dict]) -> list[dict]:
+    """The pages shown whose header (`talking to NAME (ROLE, STATE)`) is not that broker's row, or names a primary
+    the primary line does not."""
+    wrong = []
+    for shown in overviews:
+        header = re.match(r"talking to (\S+) \((\w+), (\w+)\)", shown["header"])
+        if header is None:
+            continue
+        name, role, state = header.groups()
+        if shown["rows"].get(name) != f"{role} {state}" or \
+                role == "primary" and not (shown["primary"] or "").startswith(f"primary: {name}"):
+            wrong.append(shown)
+    return wrong
+
+
 def test_page_shows_the_new_primary_after_kill9_without_reload(console_cluster, browser, screenshot):
     c = console_cluster
     nav(browser, "overview")
     wait_for(seen(lambda: _brokers(browser).get("b0", {}).get("role") == "primary"), 10, message="b0 primary")
     browser.execute_script("window.notReloaded = true")
+    browser.execute_script(RECORD_OVERVIEWS)
     killed = time.monotonic()
     c.kill(c[0])
     successor = c.best_backup(exclude=[c[0]])  # what `cluster up`'s supervisor promotes
@@ -184,7 +247,11 @@ def test_page_shows_the_new_primary_after_kill9_without_reload(console_cluster, 
     assert browser.execute_script("return window.notReloaded") is True
     wait_for(seen(lambda: f"{successor.name} (primary" in text(browser, "talking-to")), 10,
              message="the page talking to the new primary")
+    wait_for(seen(lambda: _brokers(browser).get("b0", {}).get("state") == "unreachable"), 10,
+             message="b0 named, unreachable")  # by the page, if this console never read its name
     screenshot("overview-after-failover")
+    overviews = browser.execute_script("return window.overviews")
+    assert not _contradictions(overviews), _contradictions(overviews)
 
 
 def test_purge_from_the_page_and_the_backup_follows(console_cluster, browser, screenshot):
@@ -193,9 +260,7 @@ def test_purge_from_the_page_and_the_backup_follows(console_cluster, browser, sc
     backup = c[2] if primary is c[1] else c[1]
     c.wait_ready(backup, queues=[QUEUE])
     c.wait_depth(backup, QUEUE, MESSAGES)
-    nav(browser, "queues")
-    wait_for(seen(lambda: queue_rows(browser).get(QUEUE) == str(MESSAGES)), 10, message="100 on the new primary")
-    click(browser, By.LINK_TEXT, QUEUE)
+    _open(browser, console_url(backup) + f"#/queue/{QUEUE}")  # the queue's page reloaded on a backup's console
     wait_for(seen(lambda: text(browser, "queue-depth") == str(MESSAGES)), 10, message="the queue's page")
     click(browser, By.ID, "purge")
     _accept_confirm(browser)
@@ -220,6 +285,15 @@ window.fetch = (url, options) => {
 """
 
 
+# Counts the page's reads (GETs) in window.reads.
+COUNT_READS = """
+const fetch1 = window.fetch;
+window.reads = 0;
+window.fetch = (url, options) => { if (!options || !options.method || options.method === "GET") window.reads++;
+                                   return fetch1(url, options); };
+"""
+
+
 def test_restricted_user_sees_only_its_queues_and_is_refused_a_purge(console_cluster, browser, screenshot):
     c = console_cluster
     primary = next(b for b in (c[1], c[2]) if c.try_status(b, 5)["role"] == "primary")
@@ -230,18 +304,37 @@ def test_restricted_user_sees_only_its_queues_and_is_refused_a_purge(console_clu
     browser.execute_script(HOLD_NEXT_REQUEST, f"/api/queues/{QUEUE}")
     wait_for(lambda: browser.execute_script("return window.held !== null"), 5, message="a refresh held")
     browser.find_element(By.ID, "logout").click()
+    # the HA peer user's password is in every broker's config: it is for brokers, not for people
+    _submit_login(browser, HA_USER, c.password)
+    _notice(browser, f"log in as {HA_USER}: refused: '{HA_USER}' is the HA peer user (ha.username)")
+    assert browser.find_element(By.ID, "login-user").is_displayed()
+    assert any(f"refused a login as '{HA_USER}'" in b.log() for b in (c[1], c[2]))
     _log_in(browser, "app", APP_PASSWORD)
     browser.execute_script("window.held()")
+    browser.execute_script(COUNT_READS)
     nav(browser, "queues")
     wait_for(seen(lambda: queue_rows(browser) == {QUEUE: "3"}), 10, message=f"only {QUEUE}, no payments")
     click(browser, By.LINK_TEXT, QUEUE)
     wait_for(seen(lambda: text(browser, "queue-depth") == "3"), 10, message="the queue's page")
     click(browser, By.ID, "purge")
     _accept_confirm(browser)
-    wait_for(lambda: f"refused: user 'app' may not manage '{QUEUE}'" in text(browser, "notice"), 10,
-             message="the refusal shown")
+    _notice(browser, f"purge {QUEUE}: refused: user 'app' may not manage '{QUEUE}'")
     screenshot("restricted-purge-refused")
     c.wait_depth(primary, QUEUE, 3)
+
+    # A queue it may not see, by a link: its page says so; a refused purge's result stays above it until the next
+    # navigation, whatever the refreshes read meanwhile
+    browser.execute_script("location.hash = '#/queue/payments'")
+    wait_for(seen(lambda: text(browser, "problem") == "user 'app' may not see 'payments'"), 10,
+             message="the page's read refused")
+    assert not browser.find_element(By.ID, "notice").is_displayed()  # the last action's result went with its page
+    click(browser, By.ID, "purge")
+    _accept_confirm(browser)
+    refused = "purge payments: refused: user 'app' may not manage 'payments'"
+    _notice(browser, refused)
+    browser.execute_script("window.reads = 0")
+    wait_for(lambda: browser.execute_script("return window.reads") >= 2, 10, message="a refresh after it")
+    assert (text(browser, "notice"), text(browser, "problem")) == (refused, "user 'app' may not see 'payments'")
     nav(browser, "overview")
     wait_for(seen(lambda: "Only an admin" in text(browser, "brokers-box")), 10, message="no cluster view for app")
 
@@ -268,13 +361,12 @@ def test_bad_http_requests_get_clear_answers_and_the_broker_serves_on(console_cl
     address = next(b for b in (c[1], c[2]) if c.try_status(b, 5)["role"] == "primary").config["http"]["listen"]
     json_type = {"Content-Type": "application/json"}
 
-    status, answer = http_json(address, "POST", "/api/login", b'{"user": "ops", "password": "wrong"}', json_type)
+    status, answer = _login(address, OPS_USER, "wrong")
     assert (status, answer["error"]) == (401, "wrong user name or password")
     status, answer = http_json(address, "GET", f"/api/queues/{QUEUE}")
     assert (status, answer["error"]) == (401, "log in first")
 
-    status, login = http_json(address, "POST", "/api/login", json.dumps({"user": OPS_USER, "password": c.password}).encode(),
-                          json_type)
+    status, login = _login(address, OPS_USER, c.password)
     assert status == 200
     cookie = {"Cookie": f"haqueue_session={login['token']}"}
     # a form another site makes the browser post: the cookie goes with it, the CSRF token cannot
@@ -301,6 +393,8 @@ def test_bad_http_requests_get_clear_answers_and_the_broker_serves_on(console_cl
     assert status == 200, answer
     status, answer = http_json(address, "GET", "/api/nothing-here", headers=cookie)
     assert status == 404, answer
+    status, answer = http_json(address, "GET", "/favicon.ico")
+    assert status == 200 and answer["raw"].startswith("<svg"), (status, answer)
     status, answer = http_json(address, "GET", "/api/overview", headers={**cookie, "X-Big": "y" * 70000})
     assert status == 431 or status == 400, (status, answer)
 
@@ -315,15 +409,59 @@ def test_bad_http_requests_get_clear_answers_and_the_broker_serves_on(console_cl
     assert status == 200 and answer["purged"] == 3, answer
 
 
+def test_the_peer_user_gets_nothing_and_the_api_answers_as_documented(console_cluster):
+    """The HA peer user is refused at the login (403), and a token signed for it (ha.password gives the key) as a
+    bearer or a cookie (401), for a read and a change alike. The overview and the queue table answer the fields design/console.md
+    lists; the broker's own count of queues is the table's and those it leaves out (a client's temporary queue)."""
+    c = console_cluster
+    address = next(b for b in (c[1], c[2]) if c.try_status(b, 5)["role"] == "primary").config["http"]["listen"]
+    status, answer = _login(address, HA_USER, c.password)
+    assert status == 403 and answer["error"].startswith(f"'{HA_USER}' is the HA peer user (ha.username)"), answer
+    peer_refusal = (401, answer["error"])  # a token: as an expired one, so that the page asks for a login
+    minter = Sessions(lambda user, password: True, False, c.password, lambda session_id: False)
+    minted = minter.login(HA_USER, "")
+    assert minted is not None
+    for credentials in ({"Authorization": f"Bearer {minted.token}"}, {"Cookie": f"haqueue_session={minted.token}"}):
+        status, answer = http_json(address, "GET", "/api/overview", headers=credentials)
+        assert (status, answer.get("error")) == peer_refusal
+        status, answer = http_json(address, "DELETE", "/api/connections/127.0.0.1:1",
+                                   headers={**credentials, "X-CSRF-Token": minter.csrf(minted)})
+        assert (status, answer.get("error")) == peer_refusal
+
+    _, login = _login(address, OPS_USER, c.password)
+    ops = {"Authorization": f"Bearer {login['token']}"}
+    client = connect(c.public, user=OPS_USER, password=c.password)
+    try:
+        client.create_receiver(None, dynamic=True)  # a temporary queue: in the broker's count, not the table's
+
+        def counted():
+            overview = http_json(address, "GET", "/api/overview", headers=ops)[1]
+            row = next(b for b in overview["brokers"] if b["name"] == overview["broker"]["name"])
+            totals = overview["totals"]
+            left_out = totals["queues_left_out"]
+            return overview if left_out["temporary"] and row["queues"] == totals["queues"] + sum(left_out.values()) \
+                else None
+        overview = wait_for(counted, 10, message="the primary's count of queues: the table's and those left out")
+    finally:
+        client.close()
+    assert set(overview) == OVERVIEW and overview["shards"] is None, overview
+    assert set(next(b for b in overview["brokers"] if b["role"] == "primary")) == PRIMARY_ROW, overview
+    assert set(overview["totals"]) == TOTALS, overview
+    status, queues = http_json(address, "GET", "/api/queues?limit=1", headers=ops)
+    assert set(queues) == QUEUES and set(queues["items"][0]) == QUEUE_ROW, queues
+    _, login = _login(address, "app", APP_PASSWORD)
+    status, overview = http_json(address, "GET", "/api/overview", headers={"Authorization": f"Bearer {login['token']}"})
+    assert set(overview) == OVERVIEW and (overview["totals"], overview["rates"], overview["shards"]) == (None,) * 3
+    assert {tuple(b) for b in overview["brokers"]} == {("name", "role", "console")}, overview
+
+
 def test_a_logout_holds_at_every_broker_of_the_cluster(console_cluster):
     """Logged out at one broker's console, the token is refused by the others, and by the one that was down then
     once it is back."""
     c = console_cluster
     primary = next(b for b in (c[1], c[2]) if c.try_status(b, 5)["role"] == "primary")
     backup = c[2] if primary is c[1] else c[1]
-    json_type = {"Content-Type": "application/json"}
-    status, login = http_json(backup.config["http"]["listen"], "POST", "/api/login",
-                          json.dumps({"user": OPS_USER, "password": c.password}).encode(), json_type)
+    status, login = _login(backup.config["http"]["listen"], OPS_USER, c.password)
     assert status == 200, login
     bearer = {"Authorization": f"Bearer {login['token']}"}
     assert http_json(primary.config["http"]["listen"], "GET", "/api/overview", headers=bearer)[0] == 200

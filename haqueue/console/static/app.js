@@ -8,6 +8,7 @@ const REFRESH_MS = 1000;      // figures refresh at most this often
 const TIMEOUT_MS = 3000;      // a read that takes longer counts as its broker not answering
 const ACTION_TIMEOUT_MS = 12000;  // an action may wait on the broker (a promotion waits up to 3 s): the API's 10 s, and some
 const PAGE_SIZES = [25, 50, 100, 250, 500];
+const CHART_MIN_SECONDS = 60;  // a rates chart spans at least this long
 
 const state = {
   base: "",                    // the console the API calls go to ("" = this page's own)
@@ -15,9 +16,9 @@ const state = {
   csrf: sessionStorage.getItem("haqueue.csrf"),
   user: null,
   brokers: [],                 // [{name, role, console}] as last seen: where to go when the current one dies
-  talkingTo: null,
+  names: {},                   // each broker's name by peer address, as last seen: for one that no longer answers
   busy: false,
-  view: null,                  // the current view: {render(), refresh()}
+  view: null,                  // the current view: {page, argument}
   charts: {},
   queues: {offset: 0, limit: 50, sort: "name", order: "asc", filter: "", shard: null},
   openConnections: new Set(),  // the connections whose links the Connections page shows
@@ -70,9 +71,9 @@ async function api(path, options = {}) {
 // which that is (421); `key` remembers it ("shard:K" for a table, "queue:NAME" for a queue's page).
 async function owned(key, path, options = {}) {
   const base = state.owners[key];
-  if (base !== undefined) {
+  if (base !== undefined) {  // unless it no longer is that shard's primary: then ask again whose it is
     try { return await call(base, path, options); }
-    catch (e) { if (e.status !== 0 && e.status !== 421) throw e; delete state.owners[key]; }
+    catch (e) { if (e.status !== 0 && e.status !== 421 && !isBackup(e)) throw e; delete state.owners[key]; }
   }
   try {
     return await api(path, options);
@@ -98,30 +99,52 @@ async function failOver() {
   const token = state.token;
   for (const base of consoles()) {
     if (base === state.base) continue;
+    let overview;
     try {
-      const overview = await call(base, "/api/overview");
-      state.base = base;
-      learn(overview);
-      return;
+      overview = await call(base, "/api/overview");
     } catch (e) {
       if (e.status === 401) { state.base = base; if (token === state.token) showLogin(e.message); throw e; }
+      continue;
     }
+    state.base = base;
+    await learn(overview);
+    return;
   }
   throw new ApiError(0, "no broker of the cluster answers");
 }
 
-// What an overview says of the cluster; moves to the primary's console if this is not it.
-function learn(overview) {
-  if (overview.brokers && overview.brokers.length) state.brokers = overview.brokers;
-  state.talkingTo = overview.broker;
-  const here = overview.broker;
+// What an overview of the console the page talks to says: shown (show); then, if that console is not the
+// primary's, the page talks to the primary's from then on, if it answers as the primary.
+async function learn(overview) {
+  show(overview);
   const primary = state.brokers.find(b => b.role === "primary" && b.console);
-  const primaryBase = primary && baseOf(primary.console);
-  if (primary && here.role !== "primary" && primaryBase !== state.base) {
-    call(primaryBase, "/api/overview").then(() => { state.base = primaryBase; }).catch(() => {});
-  }
+  if (!primary || overview.broker.role === "primary" || baseOf(primary.console) === state.base) return;
+  let there;
+  try { there = await call(baseOf(primary.console), "/api/overview"); } catch (e) { return; }
+  if (there.broker.role !== "primary") return;  // not yet, or no longer: the next overview tells
+  state.base = baseOf(primary.console);
+  show(there);
+}
+
+// An overview in the header and, on the Overview, its tables: all from one answer, which is one reading of the
+// cluster (two answers may disagree while a broker takes over).
+function show(overview) {
+  if (overview.brokers.length) state.brokers = overview.brokers;
+  for (const b of overview.brokers) if (b.name && b.address) state.names[b.address] = b.name;
+  const here = overview.broker;
   text(byId("talking-to"), `talking to ${here.name} (${here.role}${here.state ? ", " + here.state : ""}) at ` +
        `${state.base || location.origin}`);
+  if (state.view && state.view.page === "overview" && byId("brokers-box")) views.overview.draw(overview);
+}
+
+// A change a backup refused (409), which the page sends to the primary instead.
+function isBackup(e) { return e.status === 409 && !!e.body.backup; }
+
+// Moves the page to the primary's console, as the overview of the console it talks to names it; true if it did.
+async function toPrimary() {
+  const before = state.base;
+  try { await learn(await api("/api/overview")); } catch (e) { return false; }
+  return state.base !== before;
 }
 
 // ---- small DOM helpers ---------------------------------------------------------------------------------
@@ -149,12 +172,21 @@ function size(n) {
 function rate(n) { return n === null || n === undefined ? "–" : Number(n).toFixed(1); }
 // The replication protocols a broker speaks, [oldest, newest]: "1–2", or "2" for one.
 function protocols(p) { return !p ? "" : p[0] === p[1] ? String(p[1]) : `${p[0]}–${p[1]}`; }
-// A message for the user (role=alert); one from the refresh loop is cleared by the next refresh that works.
-function notice(message, ok = false, from = "action") {
+// An action's result, naming the action (role=alert): it stays until the next action or navigation. `page`: the
+// route it belongs to (an action that leads to another page, as a delete does, shows its result there).
+function notice(message, ok = false, page = location.hash) {
   const node = byId("notice");
   node.hidden = !message;
   node.className = ok ? "ok" : "";
-  node.dataset.from = from;
+  node.dataset.page = page;
+  text(node, message || "");
+}
+// What keeps the page's figures from being fresh (a read refused, no broker answering), apart from the actions'
+// results: until a refresh works or the page changes. Set only when it changes, so it is not announced each second.
+function problem(message) {
+  const node = byId("problem");
+  if (node.textContent === (message || "")) return;
+  node.hidden = !message;
   text(node, message || "");
 }
 function table(id, headers, rows, caption) {
@@ -180,22 +212,29 @@ function chart(key, container, points, title) {
   const existing = state.charts[key];
   if (existing && existing.root.isConnected) { existing.setData(data); return; }
   const width = Math.max(320, Math.min(container.clientWidth || 900, 1100));
-  state.charts[key] = new uPlot({title, width, height: 220,
+  state.charts[key] = new uPlot({title, width, height: 220, scales: {x: {range: timeRange}},
     series: [{}, {label: "in msg/s", stroke: "#1f5fbf", width: 2}, {label: "out msg/s", stroke: "#157f3b", width: 2}],
     axes: [{}, {label: "msg/s"}]}, data, container);
+}
+
+// The time axis: the points' span, and at least the minute up to the last (uPlot spread one point over years).
+function timeRange(u, min, max) {
+  const end = Number.isFinite(max) ? max : Date.now() / 1000;
+  return [Number.isFinite(min) ? Math.min(min, end - CHART_MIN_SECONDS) : end - CHART_MIN_SECONDS, end];
 }
 
 // ---- login ---------------------------------------------------------------------------------------------
 function showLogin(message) {
   byId("login").hidden = false;
   byId("page").hidden = true;
-  if (message && message !== "log in first") notice(message);
+  if (message && message !== "log in first") problem(message);
   byId("login-user").focus();
 }
 
 async function login(event) {
   event.preventDefault();
   const user = byId("login-user").value, password = byId("login-password").value;
+  notice("");
   try {
     const answer = await call(state.base, "/api/login", {method: "POST", body: {user, password}});
     state.token = answer.token; state.csrf = answer.csrf; state.user = answer.user;
@@ -204,11 +243,9 @@ async function login(event) {
     byId("login-password").value = "";
     byId("login").hidden = true;
     byId("page").hidden = false;
-    notice("");
-    showUser();
-    route();
+    begin();
   } catch (e) {
-    notice(e.message);
+    notice(refusal(`log in as ${user}`, e));
   }
 }
 
@@ -218,6 +255,7 @@ function logout() {
   state.token = state.csrf = state.user = null;
   sessionStorage.clear();
   byId("login-user").value = "";
+  notice("");
   showUser();
   showLogin();
   endSession(session);
@@ -236,17 +274,28 @@ function showUser() {
 }
 
 // ---- actions -------------------------------------------------------------------------------------------------
-// A change, sent to the primary's console (a backup refuses changes): the answer or the refusal in the notice.
-async function act(what, path, options, send = api) {
+// A change, named `what`, sent with `send` (the console the page talks to): the page's last action from now on, its
+// result in the notice, `done(answer)` saying what it did and `then` the page it leads to. A backup refuses changes
+// (409): the page then moves to the primary's console and sends it there.
+async function act(what, path, options, {send = api, done = () => "done", then = null} = {}) {
+  notice("");
+  let answer;
   try {
-    const answer = await send(path, options);
-    notice(what + ": done", true);
-    return answer;
+    try {
+      answer = await send(path, options);
+    } catch (e) {
+      if (!isBackup(e) || !await toPrimary()) throw e;
+      answer = await send(path, options);
+    }
   } catch (e) {
-    notice(`${what}: refused: ${e.message}`);
+    notice(refusal(what, e));
     return null;
   }
+  notice(`${what}: ${done(answer)}`, true, then || location.hash);
+  if (then) location.hash = then;
+  return answer;
 }
+function refusal(what, e) { return `${what}: ${e.status ? "refused" : "failed"}: ${e.message}`; }
 
 // ---- views -----------------------------------------------------------------------------------------------
 const views = {
@@ -257,13 +306,13 @@ const views = {
         el("h2", {text: "Totals"}), el("ul", {class: "figures", id: "totals"}),
         el("h2", {id: "rates-title", text: "Message rates (this broker, all queues)"}), el("div", {id: "rates", class: "chart"}));
     },
-    async refresh() {
-      const o = await api("/api/overview");
-      learn(o);
-      const brokers = (o.brokers || []).map(b => el("tr", {"data-name": b.name || b.address, "data-role": b.role || "",
-                                                          "data-state": b.state || "", "data-ready": String(!!b.ready),
-                                                          "data-release": b.release || ""},
-        el("th", {scope: "row", text: b.name || "?"}), cell(b.address || ""),
+    async refresh() { await learn(await api("/api/overview")); },  // learn draws it (show)
+    draw(o) {
+      const named = b => b.name || state.names[b.address];  // one that never answered this console: as seen before
+      const brokers = o.brokers.map(b => el("tr", {"data-name": named(b) || b.address, "data-role": b.role || "",
+                                                   "data-state": b.state || "", "data-ready": String(!!b.ready),
+                                                   "data-release": b.release || ""},
+        el("th", {scope: "row", text: named(b) || "?"}), cell(b.address || ""),
         cell(b.role || "–", false, b.role ? "role-" + b.role : null), cell(b.state || "", false, "state-" + b.state),
         cell(number(b.epoch), true), cell(b.sync || ""),
         cell(b.role === "backup" && b.ready !== undefined ? (b.ready ? "ready" : "no") : "", false),
@@ -274,15 +323,16 @@ const views = {
         cell(o.admin && b.role === "backup" && b.console ?
              el("button", {type: "button", "aria-label": `promote ${b.name}`, onclick: () => promote(b)}, "Promote") : "")));
       byId("brokers-box").replaceChildren(
-        o.admin ? el("p", {class: "muted", text: `primary: ${o.primary || "none"}` +
-                                              (o.public ? `; clients connect to ${o.public}` : "") +
-                                              (o.age !== undefined ? `; read ${o.age} s ago` : "")}) :
+        o.admin ? el("p", {class: "muted", id: "primary", text: `primary: ${primaryOf(o)}` +
+                                              (o.public ? `; clients connect to ${o.public}` : "") + `; read ${o.age} s ago`}) :
                   el("p", {class: "muted", text: "Only an admin sees the brokers' state and lag."}),
         table("brokers", ["broker", "address", "role", "state", {label: "epoch", num: 1}, "sync", "ready",
                           {label: "lag msgs", num: 1}, {label: "lag s", num: 1}, {label: "catch-up", num: 1},
                           "release", "protocols", "console", ""].map(h => typeof h === "string" ? {label: h} : h), brokers));
       const t = o.totals;
-      byId("totals").replaceChildren(...(t ? [figure("queues", number(t.queues), "total-queues"),
+      const temporary = t && t.queues_left_out.temporary;
+      byId("totals").replaceChildren(...(t ? [figure("queues" + (temporary ? ` (${number(temporary)} temporary not counted)` : ""),
+                                                     number(t.queues), "total-queues"),
         figure("messages", number(t.messages), "total-messages"), figure("bytes", size(t.bytes)),
         figure("connections", number(t.connections)), figure("memory alarm", t.memory_alarm ? "ON" : "off")] :
         [el("li", {class: "muted", text: "(admins only)"})]));
@@ -462,6 +512,12 @@ const views = {
   },
 };
 
+// The primary of an overview, and its state while it takes over ("b1 (recovering)").
+function primaryOf(o) {
+  const row = o.brokers.find(b => b.role === "primary" && b.name === o.primary);
+  return !o.primary ? "none" : o.primary + (row && row.state !== "active" ? ` (${row.state})` : "");
+}
+
 // A sharded cluster's queue table is one shard's at a time (its primary's own): the list to choose it.
 function shardChoice(answer) {
   const q = state.queues, select = byId("queue-shard");
@@ -490,22 +546,22 @@ function sortBy(key) {
 
 async function purge(name) {
   if (!confirm(`Purge every message of ${name} that no consumer holds?`)) return;
-  const answer = await act(`purge ${name}`, `/api/queues/${encodeURIComponent(name)}/purge`, {method: "POST"},
-                           (p, o) => owned("queue:" + name, p, o));
-  if (answer) notice(`purge ${name}: ${answer.purged} messages dropped`, true);
+  await act(`purge ${name}`, `/api/queues/${encodeURIComponent(name)}/purge`, {method: "POST"},
+            {send: (p, o) => owned("queue:" + name, p, o), done: answer => `${answer.purged} messages dropped`});
   refreshNow();
 }
 async function deleteQueue(name) {
   if (!confirm(`Delete the queue ${name} and its messages?`)) return;
-  if (await act(`delete ${name}`, `/api/queues/${encodeURIComponent(name)}`, {method: "DELETE"},
-                (p, o) => owned("queue:" + name, p, o))) location.hash = "#/queues";
+  await act(`delete ${name}`, `/api/queues/${encodeURIComponent(name)}`, {method: "DELETE"},
+            {send: (p, o) => owned("queue:" + name, p, o), then: "#/queues"});
 }
 async function declareQueue(event) {
   event.preventDefault();
+  const name = byId("new-queue").value;
   let args = {};
   try { args = byId("new-queue-args").value ? JSON.parse(byId("new-queue-args").value) : {}; }
-  catch (e) { notice("the arguments are not JSON: " + e.message); return; }
-  await act(`declare ${byId("new-queue").value}`, "/api/queues", {method: "POST", body: {name: byId("new-queue").value, args}});
+  catch (e) { notice(`declare ${name}: the arguments are not JSON: ${e.message}`); return; }
+  await act(`declare ${name}`, "/api/queues", {method: "POST", body: {name, args}});
   refreshNow();
 }
 async function declareExchange(event) {
@@ -548,12 +604,9 @@ async function closeConnection(name) {
 }
 async function promote(broker) {
   if (!confirm(`Make ${broker.name} the primary?`)) return;
-  try {  // at that broker's own console: it promotes itself, refusing as `haqueue admin ha promote` would
-    await call(baseOf(broker.console), "/api/promote", {method: "POST", body: {force: false}});
-    notice(`promote ${broker.name}: done`, true);
-  } catch (e) {
-    notice(`promote ${broker.name}: refused: ${e.message}`);
-  }
+  // at that broker's own console: it promotes itself, refusing as `haqueue admin ha promote` would
+  await act(`promote ${broker.name}`, "/api/promote", {method: "POST", body: {force: false}},
+            {send: (p, o) => call(baseOf(broker.console), p, o)});
 }
 
 // ---- routing and the refresh loop ------------------------------------------------------------------------------
@@ -572,28 +625,43 @@ function route() {
   }
   state.charts = {};
   state.view = {page, argument};
+  problem("");
   byId("page").replaceChildren(views[page].render(argument));
   refreshNow();
+}
+
+// A navigation ends the last action's result, unless that action led here.
+function navigated() {
+  if (byId("notice").dataset.page !== location.hash) notice("");
+  route();
 }
 
 async function refreshNow() {
   if (state.busy || !byId("login").hidden) return;
   state.busy = true;
-  const {page, argument} = state.view;
+  const view = state.view;
   try {
-    await views[page].refresh(argument);
-    if (byId("notice").dataset.from === "refresh") notice("");
+    await views[view.page].refresh(view.argument);
+    if (view === state.view) problem("");
   } catch (e) {
-    if (e.status !== 401) notice(e.message, false, "refresh");
+    if (e.status !== 401 && view === state.view) problem(e.message);
   } finally {
     state.busy = false;
   }
 }
 
+// The page's first view once it knows who the user is; and where the primary's console is, so that an action on
+// any view goes there (a page opened on a backup's console, from a bookmark or a link, moves to it).
+function begin() {
+  showUser();
+  route();
+  toPrimary();
+}
+
 async function start() {
   byId("login-form").addEventListener("submit", login);
   byId("logout").addEventListener("click", logout);
-  window.addEventListener("hashchange", route);
+  window.addEventListener("hashchange", navigated);
   setInterval(refreshNow, REFRESH_MS);
   try {
     const session = await call("", "/api/session");
@@ -607,10 +675,9 @@ async function start() {
     state.token = session.token;
     state.csrf = session.csrf;
   } catch (e) {
-    notice(e.message);
+    problem(e.message);
   }
-  showUser();
-  route();
+  begin();
 }
 
 document.addEventListener("DOMContentLoaded", start);
