@@ -550,7 +550,8 @@ def _add_cluster(commands: Subparsers) -> None:
 
 
 TLS_FILES = {"ca_file": "ca.pem", "cert_file": "cert.pem", "key_file": "key.pem"}  # cluster up --tls DIR
-CONSOLE_PORT = 15672  # cluster up's first web console, where RabbitMQ's management plugin has its own
+# cluster up's first web console; not 15672, RabbitMQ management's, so that both run on one machine
+CONSOLE_PORT = 8672
 
 
 def _cluster_up(args: argparse.Namespace) -> int:

@@ -8,7 +8,7 @@ The file is a broker config (users, limits, store, ha credentials...) plus the c
     client_port: 5672              # every node's client address: its address, this port (SO_REUSEPORT)
     peer_base: 5700                # shard i's peer listener: the node's address, port peer_base + i
     shard_public: 10.0.1.1:5800    # shard i's direct address, port + i, bound only by its primary
-    http: {port: 15672}            # optional: shard i's web console on its node's address, port + i (tls and
+    http: {port: 8672}             # optional: shard i's web console on its node's address, port + i (tls and
                                    # allow_origins as a broker's http section; its listen is derived)
     shard:
       redirect: false              # true: a link to another shard's queue is refused with amqp:link:redirect

@@ -82,7 +82,7 @@ class Supervised:
         self.size = size
         self.tls = tls  # what the test's admin calls present (cluster up --tls)
         self.base = _free_run(ports or size)  # the brokers' ports (`ports` of them: a sharded cluster's)
-        # their web consoles' (cluster up's default, 15672 on, may be taken here); a sharded cluster's: one per shard
+        # their web consoles' (cluster up's default, 8672 on, may be taken here); a sharded cluster's: one per shard
         self.console = _free_run(ports or size)
         self.public = f"127.0.0.1:{free_port()}"
         env = dict(os.environ)
