@@ -73,8 +73,9 @@ dist: $(VENV)/.installed $(CONSOLE_VENDOR)/.installed
 	rm -rf dist
 	$(VENV)/bin/python -m build --outdir dist .
 
+# ARGS: more `cluster up` options, e.g. make run ARGS="--config local.yaml" (README, "A hot-standby cluster")
 run: setup
-	$(VENV)/bin/haqueue cluster up --size 3 --dir ./cluster --public 127.0.0.1:5672
+	$(VENV)/bin/haqueue cluster up --size 3 --dir ./cluster --public 127.0.0.1:5672 $(ARGS)
 
 test: setup
 	$(VENV)/bin/pytest -q -n 2 --dist loadgroup --durations=40

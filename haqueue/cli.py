@@ -537,6 +537,11 @@ def _add_cluster(commands: Subparsers) -> None:
     up.add_argument("--public", type=_address, default=DEFAULT_LISTEN,
                     help=f"the clients' address, bound by the primary (default {DEFAULT_LISTEN})")
     up.add_argument("--base-port", type=int, default=5701, help="broker i listens on base-port + i (default 5701)")
+    up.add_argument("--config", metavar="FILE", help="a broker config (YAML, as `haqueue broker --config` takes it) "
+                                                     "every broker starts from: users, anonymous, limits, store, "
+                                                     "queues, audit, http.tls, ha.sync...; what cluster up sets "
+                                                     "itself (name, listen, data_dir, ha.brokers, ha.public, the HA "
+                                                     "peer user, http.listen) is refused, naming the option to use")
     up.add_argument("--audit-dir", metavar="DIR", help="every broker writes audit events to its own files here "
                                                        "(design/audit-events.md)")
     up.add_argument("--sync", choices=SYNC_MODES,
@@ -549,7 +554,6 @@ def _add_cluster(commands: Subparsers) -> None:
     up.set_defaults(func=_cluster_up)
 
 
-TLS_FILES = {"ca_file": "ca.pem", "cert_file": "cert.pem", "key_file": "key.pem"}  # cluster up --tls DIR
 # cluster up's first web console; not 15672, RabbitMQ management's, so that both run on one machine
 CONSOLE_PORT = 8672
 
@@ -558,27 +562,25 @@ def _cluster_up(args: argparse.Namespace) -> int:
     if args.size < 1:
         _error("--size must be at least 1")
         return EXIT_USAGE
-    logging.basicConfig(stream=sys.stderr, level=logging.INFO, format=LOG_FORMAT)
-    from haqueue.coord.supervisor import cluster_up
-    extra: dict = {"audit": {"dir": os.path.abspath(args.audit_dir)}} if args.audit_dir else {}
-    if args.sync:
-        extra.setdefault("ha", {})["sync"] = args.sync
-    if args.tls:
-        tls = {key: os.path.abspath(os.path.join(args.tls, name)) for key, name in TLS_FILES.items()}
-        missing = [path for path in tls.values() if not os.path.isfile(path)]
-        if missing:
-            _error(f"--tls {args.tls}: no {', '.join(missing)}")
-            return EXIT_USAGE
-        extra.setdefault("ha", {})["tls"] = tls
-    if args.shards is not None:
-        from haqueue.shard.local_cluster import sharded_cluster_up
-        replicas = min(3, args.size) if args.replicas is None else args.replicas
-        return sharded_cluster_up(args.size, args.shards, replicas, args.dir, parse_address(args.public)[1],
-                                  args.base_port, extra, args.console_port)
-    if args.replicas is not None:
+    if args.replicas is not None and args.shards is None:
         _error("--replicas goes with --shards")
         return EXIT_USAGE
-    return cluster_up(args.size, args.dir, parse_address(args.public), args.base_port, extra, args.console_port)
+    from haqueue.coord.up_config import NO_FILE, cluster_settings
+    origin = args.config or NO_FILE
+    try:
+        extra = cluster_settings(args.config, args.audit_dir, args.sync, args.tls, args.console_port != 0)
+        logging.basicConfig(stream=sys.stderr, level=logging.INFO, format=LOG_FORMAT)
+        if args.shards is not None:
+            from haqueue.shard.local_cluster import sharded_cluster_up
+            replicas = min(3, args.size) if args.replicas is None else args.replicas
+            return sharded_cluster_up(args.size, args.shards, replicas, args.dir, parse_address(args.public)[1],
+                                      args.base_port, extra, args.console_port, origin)
+        from haqueue.coord.supervisor import cluster_up
+        return cluster_up(args.size, args.dir, parse_address(args.public), args.base_port, extra, args.console_port,
+                          origin)
+    except ConfigError as e:  # raised before any broker starts
+        _error(str(e))
+        return EXIT_USAGE
 
 
 # ---- haqueue place -----------------------------------------------------------------------

@@ -24,8 +24,9 @@ from typing import Any, Callable
 import yaml
 
 from ..admin import AdminClient, AdminError
-from ..config import TlsConfig
+from ..config import TlsConfig, broker_config
 from .liveness import Liveness
+from .up_config import NO_FILE
 
 log = logging.getLogger("haqueue.cluster")
 
@@ -75,26 +76,31 @@ class Supervisor:
     @classmethod
     def local(cls, size: int, directory: str, public: tuple[str, int], base_port: int, host: str = "127.0.0.1",
               backup_timeout: float = 5.0, extra: dict[str, Any] | None = None,
-              console_port: int | None = None) -> "Supervisor":
+              console_port: int | None = None, origin: str = NO_FILE) -> "Supervisor":
         """`size` brokers on `host`, broker i listening on base_port + i, sharing `public`; with `console_port`,
-        broker i serves its web console on console_port + i."""
+        broker i serves its web console on console_port + i. `extra`: the config every broker starts from
+        (up_config.py); each broker's is checked as the broker checks it before any is written (ConfigError naming
+        `origin`, where `extra` came from)."""
         directory = os.path.abspath(directory)
         password = secrets.token_hex(16)
         extra = extra or {}
-        tls = extra.get("ha", {}).get("tls")
         ha = {"brokers": [f"{host}:{base_port + j}" for j in range(size)], "public": f"{public[0]}:{public[1]}",
               "username": HA_USER, "password": password, "backup_timeout": backup_timeout, **extra.get("ha", {})}
-        members = []
+        configs = []
         for i in range(size):
-            name = f"broker-{i}"
-            config = {"name": name, "listen": [f"{host}:{base_port + i}"], "data_dir": os.path.join(directory, name),
-                      "ha": ha, **{key: value for key, value in extra.items() if key != "ha"}}
+            config = {**extra, "name": f"broker-{i}", "listen": [f"{host}:{base_port + i}"],
+                      "data_dir": os.path.join(directory, f"broker-{i}"), "ha": ha}
             if console_port:
-                config["http"] = {"listen": f"{host}:{console_port + i}"}
+                config["http"] = {**extra.get("http", {}), "listen": f"{host}:{console_port + i}"}
+            configs.append(config)
+        checked = [broker_config(config, origin) for config in configs]
+        members = []
+        for i, config in enumerate(configs):
+            name = config["name"]
             path = write_private_yaml(directory, f"{name}.yaml", config)
             members.append(Member(name, (host, base_port + i), ["--config", path], os.path.join(directory, f"{name}.log"),
                                   f"http://{host}:{console_port + i}/" if console_port else None))
-        return cls(members, HA_USER, password, TlsConfig(**tls) if tls else None)
+        return cls(members, HA_USER, password, checked[0].ha.tls if checked[0].ha else None)
 
     def admin(self, member: Member, timeout: float = 5.0) -> AdminClient:
         return AdminClient(member.endpoint, timeout, self.username, self.password, self.tls)
@@ -271,10 +277,12 @@ class Supervisor:
 
 
 def cluster_up(size: int, directory: str, public: tuple[str, int], base_port: int,
-               extra: dict[str, Any] | None = None, console_port: int | None = None) -> int:
-    """`extra`: config keys given to every broker (e.g. `audit`); its `ha` keys go into the `ha` section.
-    `console_port`: broker i serves its web console on console_port + i."""
-    supervisor = Supervisor.local(size, directory, public, base_port, extra=extra, console_port=console_port)
+               extra: dict[str, Any] | None = None, console_port: int | None = None, origin: str = NO_FILE) -> int:
+    """`extra`: the config every broker starts from (up_config.py: `--config` and the options), read from `origin`;
+    its `ha` and `http` keys go into those sections. `console_port`: broker i serves its web console on
+    console_port + i. A config the brokers would refuse raises ConfigError before any starts."""
+    supervisor = Supervisor.local(size, directory, public, base_port, extra=extra, console_port=console_port,
+                                  origin=origin)
 
     def report() -> None:
         print_members(supervisor)

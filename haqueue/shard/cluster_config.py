@@ -88,11 +88,15 @@ class Cluster:
 
 
 def load_cluster(path: str) -> Cluster:
-    raw = read_yaml(path)
+    return cluster_from(read_yaml(path), path)
+
+
+def cluster_from(raw: Any, origin: str) -> Cluster:
+    """Check a cluster config read from `origin` (a file, or what `cluster up --shards` makes of one)."""
     try:
-        return _cluster(raw, path)
+        return _cluster(raw, origin)
     except _Bad as e:
-        raise ConfigError(f"{path}: {e.path}: {e.reason}") from e
+        raise ConfigError(f"{origin}: {e.path}: {e.reason}") from e
 
 
 def shard_process_config(path: str, node: str, shard: int) -> BrokerConfig:

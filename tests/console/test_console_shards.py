@@ -1,29 +1,46 @@
-"""The web console of a sharded cluster (`haqueue cluster up --shards`) in a real browser: every process serves one,
-printed as an unsharded cluster's are; the overview's shard map shows each shard's primary and its backups'
-readiness; a queue of another shard is shown, figures, messages and all, by its shard's primary's console, which the
-page follows from any other."""
+"""The web console of a sharded cluster (`haqueue cluster up --shards --config FILE`, the file's users and
+`anonymous: false`) in a real browser: every process serves one, printed as an unsharded cluster's are; the
+overview's shard map shows each shard's primary and its backups' readiness; a queue of another shard is shown,
+figures, messages and all, by its shard's primary's console, which the page follows from any other; a restricted
+user sees only its queues."""
 from __future__ import annotations
 
+import json
+
 import pytest
+import yaml
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import Select
 
 from haqueue.shard.ownership import shard_of_name
 
-from console_setup import click, http_json, nav, queue_rows, seen, text
-from ha_harness import send_all, wait_for
+from console_setup import APP_PASSWORD, click, http_json, nav, queue_rows, seen, text
+from ha_harness import OPS_USER, send_all, wait_for
+from test_console_cluster import _log_in
 from test_ha_supervisor import Supervised
 
 pytestmark = pytest.mark.usefixtures("page_errors")
 
 SHARDS = 2  # over 2 nodes (127.0.0.1, 127.0.0.2), 2 replicas each: shard i's preferred primary on node i + 1
-QUEUE_OF_SHARD_1 = next(name for name in (f"orders-{i}" for i in range(100)) if shard_of_name(name, SHARDS) == 1)
+
+
+def _of_shard_1(prefix: str) -> str:
+    return next(name for name in (f"{prefix}-{i}" for i in range(100)) if shard_of_name(name, SHARDS) == 1)
+
+
+QUEUE_OF_SHARD_1, PAYMENTS_OF_SHARD_1 = _of_shard_1("orders"), _of_shard_1("payments")
 MESSAGES = 5
+OPS_PASSWORD = "ops-secret"
+USERS = {"anonymous": False, "users": {
+    OPS_USER: {"password": OPS_PASSWORD, "allow": {"send": ["*"], "receive": ["*"], "manage": ["*"], "admin": True}},
+    "app": {"password": APP_PASSWORD, "allow": {"send": ["orders-*"], "receive": ["orders-*"]}}}}
 
 
 @pytest.fixture(scope="module")
 def sharded(tmp_path_factory):
-    s = Supervised(tmp_path_factory.mktemp("sharded") / "cluster", 2, args=("--shards", str(SHARDS)),
+    directory = tmp_path_factory.mktemp("sharded")
+    (directory / "users.yaml").write_text(yaml.safe_dump(USERS))
+    s = Supervised(directory / "cluster", 2, args=("--shards", str(SHARDS), "--config", str(directory / "users.yaml")),
                    ports=2 * SHARDS)
     try:
         s.read_until("nodes ", 120)
@@ -37,7 +54,8 @@ def test_every_process_serves_a_console_and_the_overview_maps_the_shards(sharded
     consoles = sorted(line for line in sharded.seen if line.startswith("console "))
     assert consoles == sorted(f"console http://127.0.0.{node}:{sharded.console + shard}/ n{node}.s{shard}"
                               for node in (1, 2) for shard in range(SHARDS)), sharded.seen
-    browser.get(f"http://127.0.0.1:{sharded.console}/")  # n1.s0's: anonymous clients need no login here
+    browser.get(f"http://127.0.0.1:{sharded.console}/")  # n1.s0's
+    _log_in(browser, OPS_USER, OPS_PASSWORD)
 
     def shard_map():
         rows = browser.find_elements(By.CSS_SELECTOR, "#shards tbody tr")
@@ -51,8 +69,15 @@ def test_every_process_serves_a_console_and_the_overview_maps_the_shards(sharded
 
 def test_a_queue_of_another_shard_is_shown_by_its_primarys_console(sharded, browser, screenshot):
     nodes = next(line for line in sharded.seen if line.startswith("nodes ")).split()[1:]
-    send_all(nodes[0], QUEUE_OF_SHARD_1, list(range(MESSAGES)))  # at n1: relayed to shard 1's primary
-    status, answer = http_json(f"127.0.0.1:{sharded.console}", "GET", f"/api/queues/{QUEUE_OF_SHARD_1}")
+    # at n1: relayed to shard 1's primary, which checks ops' permissions again
+    send_all(nodes[0], QUEUE_OF_SHARD_1, list(range(MESSAGES)), user=OPS_USER, password=OPS_PASSWORD)
+    console = f"127.0.0.1:{sharded.console}"
+    status, login = http_json(console, "POST", "/api/login",
+                              json.dumps({"user": OPS_USER, "password": OPS_PASSWORD}).encode(),
+                              {"Content-Type": "application/json"})
+    assert status == 200, login
+    status, answer = http_json(console, "GET", f"/api/queues/{QUEUE_OF_SHARD_1}",
+                               headers={"Authorization": f"Bearer {login['token']}"})
     assert (status, answer["console"]) == (421, f"http://127.0.0.2:{sharded.console + 1}/"), answer  # a script's
 
     nav(browser, "queues")
@@ -70,3 +95,24 @@ def test_a_queue_of_another_shard_is_shown_by_its_primarys_console(sharded, brow
              message="its messages peeked at its owner")
     assert text(browser, "queue-where").startswith("on n2.s1 (its shard's primary)")
     screenshot("sharded-queue")
+
+
+def _shard_1_queues(browser, wanted: dict[str, str], who: str) -> None:
+    nav(browser, "queues")
+
+    def chosen() -> bool:  # once the page has drawn the shards' choice
+        Select(browser.find_element(By.ID, "queue-shard")).select_by_value("1")
+        return True
+    wait_for(seen(chosen), 10, message="shard 1 chosen")
+    wait_for(seen(lambda: queue_rows(browser) == wanted), 10, message=f"shard 1's queues as {who} sees them: {wanted}")
+
+
+def test_a_restricted_user_sees_only_its_queues(sharded, browser, screenshot):
+    """app (the file's user allowed orders-* alone) sees no payments queue, which ops (an admin) sees."""
+    nodes = next(line for line in sharded.seen if line.startswith("nodes ")).split()[1:]
+    send_all(nodes[0], PAYMENTS_OF_SHARD_1, [0], user=OPS_USER, password=OPS_PASSWORD)
+    _shard_1_queues(browser, {QUEUE_OF_SHARD_1: str(MESSAGES), PAYMENTS_OF_SHARD_1: "1"}, OPS_USER)
+    click(browser, By.ID, "logout")
+    _log_in(browser, "app", APP_PASSWORD)
+    _shard_1_queues(browser, {QUEUE_OF_SHARD_1: str(MESSAGES)}, "app")
+    screenshot("sharded-queues-restricted")

@@ -340,15 +340,17 @@ def browse(address: str, queue: str, n: int, timeout: float = 10.0, **auth: Any)
 class _BulkSender(MessagingHandler):
     """Sends messages as fast as credit allows; counts outcomes; stops when all are settled."""
 
-    def __init__(self, url: str, address: str, messages: list[Message], timeout: float) -> None:
+    def __init__(self, url: str, address: str, messages: list[Message], timeout: float,
+                 auth: dict[str, Any] | None = None) -> None:
         super().__init__(auto_settle=True)
         self.url, self.address, self.messages, self.timeout = url, address, messages, timeout
+        self.auth = auth or _auth(None, None)
         self.sent = self.accepted = self.refused = 0
         self.error: str | None = None
         self.done = False
 
     def on_start(self, event):
-        self.conn = event.container.connect(self.url, sasl_enabled=False, reconnect=False)
+        self.conn = event.container.connect(self.url, reconnect=False, **self.auth)
         event.container.create_sender(self.conn, self.address)
         self.timer = event.container.schedule(self.timeout, self)
 
@@ -434,10 +436,11 @@ def fast_browse(address: str, queue: str, n: int, timeout: float = 30.0, user: s
     return handler.messages
 
 
-def send_all(address: str, queue: str, messages: Iterable[Message | Any], timeout: float = 30.0) -> None:
+def send_all(address: str, queue: str, messages: Iterable[Message | Any], timeout: float = 30.0,
+             user: str | None = None, password: str | None = None) -> None:
     """Send every message and wait (bounded) until each is accepted; raise otherwise."""
     msgs = [m if isinstance(m, Message) else Message(body=m, durable=True) for m in messages]
-    handler = _BulkSender(f"amqp://{address}", queue, msgs, timeout)
+    handler = _BulkSender(f"amqp://{address}", queue, msgs, timeout, _auth(user, password))
     Container(handler).run()
     if handler.error or handler.accepted != len(msgs):
         raise AssertionError(f"send to {queue} at {address}: {handler.accepted}/{len(msgs)} accepted, "
@@ -453,9 +456,10 @@ def send_unconfirmed(address: str, queue: str, messages: Iterable[Message | Any]
     return handler.accepted
 
 
-def receive(address: str, queue: str, n: int, timeout: float = 10.0, accept: bool = True) -> list[Message]:
+def receive(address: str, queue: str, n: int, timeout: float = 10.0, accept: bool = True,
+            user: str | None = None, password: str | None = None) -> list[Message]:
     """Receive (and accept) exactly n messages from queue."""
-    conn = connect(address, timeout)
+    conn = connect(address, timeout, user, password)
     try:
         r = conn.create_receiver(queue, credit=min(max(n, 1), 500))
         got = []

@@ -13,12 +13,16 @@ from pathlib import Path
 
 import pytest
 import yaml
+from proton import ConnectionException
+from proton.utils import BlockingConnection
 
 from ha_harness import (HA_USER, AdminClient, AdminError, Load, can_connect, free_port, receive, send_all,
                         split_address, wait_for)
 from harness import REPO_ROOT, process_state
 from haqueue.config import TlsConfig
 from tls_certs import CertificateAuthority
+
+APP, APP_PASSWORD = "app", "app-secret"  # cluster up --config's user
 
 
 def _free_run(n: int) -> int:
@@ -175,8 +179,14 @@ def supervised(tmp_path):
         print("==== supervisor stderr ====\n" + s.stderr())
 
 
-def test_cluster_up_prints_addresses_and_exits_on_sigterm(supervised):
-    s = supervised(3)
+def test_cluster_up_prints_addresses_and_exits_on_sigterm(supervised, tmp_path):
+    """With --config FILE: the file's users and `anonymous: false` in every broker, so clients log in, while the
+    supervisor (it promotes and pings) and the backups still get in as the HA peer user that cluster up makes; the
+    file's ha.sync beside cluster up's own ha keys."""
+    config = tmp_path / "users.yaml"
+    config.write_text(yaml.safe_dump({"anonymous": False, "users": {APP: {"password": APP_PASSWORD, "allow": {
+        "send": ["s*"], "receive": ["s*"]}}}, "ha": {"sync": "quorum_mem"}}))
+    s = supervised(3, args=("--config", str(config)))
     lines = s.read_until("public ", 40)
     brokers = [line for line in lines if line.startswith("broker-")]
     assert len(brokers) == 3, lines
@@ -186,8 +196,12 @@ def test_cluster_up_prints_addresses_and_exits_on_sigterm(supervised):
     assert f"public {s.public}" in lines
     assert [line for line in lines if line.startswith("console ")] == \
         [f"console http://127.0.0.1:{s.console + i}/ broker-{i}" for i in range(3)], lines
-    send_all(s.public, "sq", range(3))
-    assert [m.body for m in receive(s.public, "sq", 3)] == [0, 1, 2]
+    with pytest.raises(ConnectionException, match="amqp:unauthorized-access"):
+        BlockingConnection(f"amqp://{s.public}", timeout=5, allowed_mechs="ANONYMOUS")
+    send_all(s.public, "sq", range(3), user=APP, password=APP_PASSWORD)
+    assert [m.body for m in receive(s.public, "sq", 3, user=APP, password=APP_PASSWORD)] == [0, 1, 2]
+    primary = next(line.split()[1] for line in brokers if " primary" in line)
+    assert s.status(primary)["sync"] == "quorum_mem"  # the file's ha section, beside cluster up's own keys
     pids = [s.broker_pid(f"broker-{i}") for i in range(3)]
     assert all(pids), pids
     s.proc.send_signal(signal.SIGTERM)

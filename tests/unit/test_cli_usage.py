@@ -119,3 +119,29 @@ def test_admin_timeout(silent_server: int) -> None:
     result = haqueue("admin", "-b", f"127.0.0.1:{silent_server}", "--timeout", "0.5", "queue", "list")
     assert result.returncode == 2
     assert "timed out" in result.stderr
+
+
+@pytest.mark.parametrize("args, text, message", [
+    ((), "listen: ['127.0.0.1:5672']", "listen: not in cluster up's config: use --base-port"),
+    ((), "ha: {public: '127.0.0.1:5672'}", "ha.public: not in cluster up's config: use --public"),
+    ((), "ha: {password: secret}", "ha.password: not in cluster up's config: cluster up makes the HA peer user"),
+    ((), "http: {listen: '127.0.0.1:8000'}", "http.listen: not in cluster up's config: use --console-port"),
+    ((), "limits: {max_dept: 5}", "limits.max_dept: unknown key (known: max_connections,"),
+    ((), "users: {ha: pw}", "users.ha: is also ha.username, the HA peer user"),
+    (("--sync", "quorum_mem"), "ha: {sync: all_disk}",
+     "ha.sync: is 'all_disk' here, but --sync quorum_mem sets 'quorum_mem'"),
+    (("--console-port", "0"), "http: {allow_origins: ['https://ops.example']}",
+     "http: cluster up serves no console with --console-port 0"),
+    (("--shards", "2"), "replicas: 2", "replicas: not in cluster up's config: use --replicas"),
+    (("--shards", "2"), "anonymous: maybe", 'anonymous: must be true, false or a map {allow: {...}}, got "maybe"'),
+])
+def test_cluster_up_config_refused_naming_the_key(args: tuple[str, ...], text: str, message: str, tmp_path: Path,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    """cluster up --config: a key cluster up sets itself, one an option sets otherwise, or one the brokers would
+    refuse stops it at once, before it writes or starts anything."""
+    config = tmp_path / "local.yaml"
+    config.write_text(text + "\n")
+    directory = tmp_path / "cluster"
+    assert main(["cluster", "up", "--dir", str(directory), "--config", str(config), *args]) == 2
+    assert f"haqueue: {config}: {message}" in capsys.readouterr().err
+    assert not directory.exists()

@@ -1,0 +1,122 @@
+"""`haqueue cluster up --config FILE`: a broker config, as `haqueue broker --config` takes it, whose sections (users,
+anonymous, limits, store, queues, audit, http's tls, ha.sync...) every broker of the local cluster starts from.
+
+What `cluster up` sets itself (each broker's name, addresses and data, the HA peers and the peer user) is refused,
+naming the option to use instead; so is a key that an option (`--sync`, `--audit-dir`, `--tls`) sets to another
+value. Each broker's whole config is then checked as the broker checks it (config.py), before any broker starts
+(Supervisor.local, sharded_cluster_up), so a wrong key stops `cluster up` at once naming it. Relative paths in the
+file are the brokers' to read from the working directory, as `haqueue broker --config` does.
+"""
+from __future__ import annotations
+
+import os
+from typing import Any, NamedTuple
+
+from ..config import ConfigError, read_yaml
+
+TLS_FILES = {"ca_file": "ca.pem", "cert_file": "cert.pem", "key_file": "key.pem"}  # cluster up --tls DIR
+NO_FILE = "cluster up"  # what errors name when there is no --config
+_PEER_USER = "cluster up makes the HA peer user and its password (written in DIR/broker-0.yaml; DIR/cluster.yaml with " \
+             "--shards), which the supervisor and the brokers log in with; give clients users of their own"
+_COORDINATOR = "cluster up's supervisor promotes the brokers; under ZooKeeper run each one with `haqueue broker` " \
+               "(design/zookeeper.md)"
+_CONSOLE = "use --console-port (broker i's console on 127.0.0.1:PORT + i; with --shards, shard i's on its node's " \
+           "address, PORT + i)"
+# key -> how cluster up sets it; a sharded cluster file's own keys too, which --shards lays out
+OWNED = {
+    "name": "cluster up names the brokers (broker-i; n<k>.s<i> with --shards)",
+    "listen": "use --base-port (broker i listens on 127.0.0.1:base-port + i) and --public (the clients' address)",
+    "data_dir": "use --dir (each broker's data is under it)",
+    "tls": "cluster up's client listeners are plain AMQP: for TLS between the brokers use --tls DIR, for the "
+           "console's HTTPS http.tls",
+    "metrics": "its brokers would all bind metrics.listen; cluster up serves no metrics",
+    "ha.brokers": "use --size and --base-port",
+    "ha.public": "use --public",
+    "ha.username": _PEER_USER,
+    "ha.password": _PEER_USER,
+    "ha.coordinator": _COORDINATOR,
+    "ha.zookeeper": _COORDINATOR,
+    "http.listen": _CONSOLE,
+    "http.port": _CONSOLE,
+    "shards": "use --shards",
+    "replicas": "use --replicas",
+    "nodes": "use --size (nodes 127.0.0.1, 127.0.0.2, ...)",
+    "client_port": "use --public (every node's client address on its port)",
+    "peer_base": "use --base-port",
+    "shard_public": "use --base-port (shard i's direct address 127.0.0.1:base-port + K + i)",
+    "pacemaker": "cluster up runs and supervises the processes itself",
+}
+
+
+class _Setting(NamedTuple):
+    key: str  # dotted: ha.sync
+    value: Any
+    option: str  # the command line's words that set it
+    path: bool  # a file's path: the file's relative one is read from the working directory
+
+
+def cluster_settings(path: str | None, audit_dir: str | None, sync: str | None, tls_dir: str | None,
+                     console: bool) -> dict[str, Any]:
+    """The config every broker of `cluster up` starts from: the file's at `path`, with what the options set merged
+    in; `console`: cluster up serves consoles (--console-port is not 0). ConfigError names the file and the key."""
+    origin = path or NO_FILE
+    raw = _read(path) if path else {}
+    if "http" in raw and not console:
+        raise ConfigError(f"{origin}: http: cluster up serves no console with --console-port 0")
+    for setting in _options(audit_dir, sync, tls_dir):
+        _merge(raw, setting, origin)
+    return raw
+
+
+def _read(path: str) -> dict[str, Any]:
+    raw = read_yaml(path)
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: top level: must be a map of a broker config's keys (design/management.md)")
+    for key, how in OWNED.items():
+        if _present(raw, key):
+            raise ConfigError(f"{path}: {key}: not in cluster up's config: {how}")
+    for section in ("ha", "http"):  # cluster up adds its own keys to these
+        if not isinstance(raw.get(section, {}), dict):
+            raise ConfigError(f"{path}: {section}: must be a map")
+    return raw
+
+
+def _present(raw: dict[str, Any], key: str) -> bool:
+    node: Any = raw
+    for part in key.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return False
+        node = node[part]
+    return True
+
+
+def _options(audit_dir: str | None, sync: str | None, tls_dir: str | None) -> list[_Setting]:
+    settings = []
+    if audit_dir:
+        settings.append(_Setting("audit.dir", os.path.abspath(audit_dir), f"--audit-dir {audit_dir}", True))
+    if sync:
+        settings.append(_Setting("ha.sync", sync, f"--sync {sync}", False))
+    if tls_dir:
+        files = {key: os.path.abspath(os.path.join(tls_dir, name)) for key, name in TLS_FILES.items()}
+        missing = [file for file in files.values() if not os.path.isfile(file)]
+        if missing:
+            raise ConfigError(f"--tls {tls_dir}: no {', '.join(missing)}")
+        settings += [_Setting(f"ha.tls.{key}", file, f"--tls {tls_dir}", True) for key, file in files.items()]
+    return settings
+
+
+def _merge(raw: dict[str, Any], setting: _Setting, origin: str) -> None:
+    """Set the option's value in `raw`, unless the file gives that key another value."""
+    *sections, leaf = setting.key.split(".")
+    node = raw
+    for section in sections:
+        node = node.setdefault(section, {})
+        if not isinstance(node, dict):
+            return  # not a map: the brokers' check refuses it, naming it
+    if leaf in node:
+        given = node[leaf]
+        same = os.path.abspath(given) if setting.path and isinstance(given, str) else given
+        if same != setting.value:
+            raise ConfigError(f"{origin}: {setting.key}: is {given!r} here, but {setting.option} sets "
+                              f"{setting.value!r}: give it in one place, or the same in both")
+    node[leaf] = setting.value
