@@ -9,6 +9,7 @@ const TIMEOUT_MS = 3000;      // a read that takes longer counts as its broker n
 const ACTION_TIMEOUT_MS = 12000;  // an action may wait on the broker (a promotion waits up to 3 s): the API's 10 s, and some
 const PAGE_SIZES = [25, 50, 100, 250, 500];
 const CHART_MIN_SECONDS = 60;  // a rates chart spans at least this long
+const PRIMARY_TRIES = 3;      // overviews asked for the primary before a change a backup refused is shown refused
 
 const state = {
   base: "",                    // the console the API calls go to ("" = this page's own)
@@ -114,16 +115,19 @@ async function failOver() {
 }
 
 // What an overview of the console the page talks to says: shown (show); then, if that console is not the
-// primary's, the page talks to the primary's from then on, if it answers as the primary.
+// primary's, the page talks to the primary's from then on, if it answers as the primary. True if the page now talks
+// to the primary.
 async function learn(overview) {
   show(overview);
+  if (overview.broker.role === "primary") return true;
   const primary = state.brokers.find(b => b.role === "primary" && b.console);
-  if (!primary || overview.broker.role === "primary" || baseOf(primary.console) === state.base) return;
+  if (!primary || baseOf(primary.console) === state.base) return false;
   let there;
-  try { there = await call(baseOf(primary.console), "/api/overview"); } catch (e) { return; }
-  if (there.broker.role !== "primary") return;  // not yet, or no longer: the next overview tells
+  try { there = await call(baseOf(primary.console), "/api/overview"); } catch (e) { return false; }
+  if (there.broker.role !== "primary") return false;  // not yet, or no longer: the next overview tells
   state.base = baseOf(primary.console);
   show(there);
+  return true;
 }
 
 // An overview in the header and, on the Overview, its tables: all from one answer, which is one reading of the
@@ -140,11 +144,17 @@ function show(overview) {
 // A change a backup refused (409), which the page sends to the primary instead.
 function isBackup(e) { return e.status === 409 && !!e.body.backup; }
 
-// Moves the page to the primary's console, as the overview of the console it talks to names it; true if it did.
+// Moves the page to the primary's console, as the overview of the console it talks to names it; true if the page
+// talks to the primary. Asked again a second later while it names none that answers: a console whose first reading
+// of the cluster was not ready, or a failover under way.
 async function toPrimary() {
-  const before = state.base;
-  try { await learn(await api("/api/overview")); } catch (e) { return false; }
-  return state.base !== before;
+  for (let tries = 1; ; tries++) {
+    let overview;
+    try { overview = await api("/api/overview"); } catch (e) { return false; }
+    if (await learn(overview)) return true;
+    if (tries === PRIMARY_TRIES) return false;
+    await new Promise(resolve => setTimeout(resolve, REFRESH_MS));
+  }
 }
 
 // ---- small DOM helpers ---------------------------------------------------------------------------------
