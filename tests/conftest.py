@@ -9,6 +9,9 @@ A broker that exits while the test runs, without the test asking for it, fails t
 teardown (a crash is a bug). The broker's log is printed at teardown, so pytest shows it with
 any failing test.
 
+The tests and every process they start read no system CA bundle (SSL_CERT_FILE, below): it cost every proton client
+110 ms of CPU, and no test trusts the system's CAs.
+
 Every Spark JVM the tests start (the audit's, in the tests' process or in the commands they run) runs
 with SPARK_JVM_OPTIONS unless PYSPARK_SUBMIT_ARGS is already set.
 
@@ -30,6 +33,12 @@ import sys
 from pathlib import Path
 
 import pytest
+
+# Every proton Container (each client connection a test opens in its process, each `haqueue admin` it runs) makes
+# two SSL contexts, and OpenSSL reads the system's CA bundle into each: 55 ms of CPU apiece, which was half the CPU
+# of tests/ha/test_ha_basic.py. No test trusts the system's CAs (every TLS test names its own CA file), so the tests
+# and the processes they start read an empty bundle.
+os.environ.setdefault("SSL_CERT_FILE", os.devnull)
 
 TESTS = Path(__file__).resolve().parent
 sys.path[:0] = [str(TESTS), str(TESTS / "ha")]  # harness.py; ha_harness.py (clusters, clients) for every suite
