@@ -37,8 +37,8 @@ import pytest
 # Every proton Container (each client connection a test opens in its process, each `haqueue admin` it runs) makes
 # two SSL contexts, and OpenSSL reads the system's CA bundle into each: 55 ms of CPU apiece, which was half the CPU
 # of tests/ha/test_ha_basic.py. No test trusts the system's CAs (every TLS test names its own CA file), so the tests
-# and the processes they start read an empty bundle.
-os.environ.setdefault("SSL_CERT_FILE", os.devnull)
+# and the processes they start read an empty bundle, whatever the environment names (many set SSL_CERT_FILE).
+os.environ["SSL_CERT_FILE"] = os.devnull
 
 TESTS = Path(__file__).resolve().parent
 sys.path[:0] = [str(TESTS), str(TESTS / "ha")]  # harness.py; ha_harness.py (clusters, clients) for every suite
