@@ -20,11 +20,13 @@ ZooKeeper ensemble, Pacemaker or Spark, seconds each, so `pytest -m "not slow"` 
 the unit tests and the single-broker ones, the subset to run while working.
 
 `make test` runs the suite on two pytest-xdist workers (`-n 2 --dist loadgroup`), a module's tests on
-one worker in order (some share a module-scoped broker and build on each other). The tests of the
-directories in ONE_WORKER all run on one worker, one after another: Pacemaker's network namespaces
-and ZooKeeper's ensembles have fixed names and ports, the nemesis suite times partitions, and the
-Spark tests share one JVM per worker (`local_spark`). The other modules spread over both workers
-(ports are chosen free at run time, directories are per test).
+one worker in order (some share a module-scoped broker and build on each other). Two groups of
+directories (GROUPS) each run on one worker, one test after another: Pacemaker's network namespaces and
+ZooKeeper's ensembles have fixed names and ports and the nemesis suite times partitions (`coordination`);
+the Spark tests share one JVM (`spark`). The two are the longest units of work, 10-15 minutes each, so
+they are handed out first, one to each worker (xdist's own order, by number of tests, would start one
+of them late); the other modules fill in around them (ports are chosen free at run time, directories
+are per test).
 """
 from __future__ import annotations
 
@@ -52,17 +54,25 @@ LOG_TAIL_LINES = 150
 # parallel collector only repay on long jobs.
 SPARK_JVM_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
 CLUSTER_SUITES = ("audit", "console", "ha", "nemesis", "pacemaker", "shard", "upgrade", "zookeeper")
-ONE_WORKER = ("audit", "nemesis", "pacemaker", "zookeeper")
+GROUPS = {"audit": "spark", "nemesis": "coordination", "pacemaker": "coordination", "zookeeper": "coordination"}
+FIRST = ("spark", "coordination")  # handed out first, in this order
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.option.loadscopereorder = False  # xdist hands the groups out in the items' order (below)
 
 
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    groups = {}
     for item in items:
         path = Path(item.fspath).relative_to(TESTS)
         if path.parts[0] in CLUSTER_SUITES:
             item.add_marker(pytest.mark.slow)
         # a module's tests stay together, in order: some share a module-scoped broker and build on each other
-        item.add_marker(pytest.mark.xdist_group("one-worker" if path.parts[0] in ONE_WORKER else str(path)))
+        groups[item.nodeid] = GROUPS.get(path.parts[0], str(path))
+        item.add_marker(pytest.mark.xdist_group(groups[item.nodeid]))
+    items.sort(key=lambda item: FIRST.index(groups[item.nodeid]) if groups[item.nodeid] in FIRST else len(FIRST))
     if any("upgrade" in item.nodeid for item in items):  # the upgrade tests run the previous release (releases.py)
         PREVIOUS.build_soon()
 

@@ -26,7 +26,9 @@ def test_first_election(zk_cluster):
     assert status["coordinator"] == "zookeeper" and status["epoch"] == 1
     zk = status["zookeeper"]
     assert zk["session"] == "connected" and zk["primary"] == p.name and zk["zk_epoch"] == 1
-    assert set(zk["members"]) == {"b0", "b1", "b2"}
+    # the members as the primary's watch last saw them: a backup can be ready before its node's watch event is in
+    wait_for(lambda: set(c.status(p)["zookeeper"]["members"]) == {"b0", "b1", "b2"}, 10,
+             message="the primary seeing every member in ZooKeeper")
     assert len(c.primaries()) == 1
     # the CLI shows it too
     r = run_haqueue(["admin", "-b", p.address, "--user", HA_USER, "--password", c.password, "ha", "status"])
