@@ -64,7 +64,7 @@ def pytest_configure(config: pytest.Config) -> None:
 
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    groups = {}
+    groups: dict[str, str] = {}  # nodeid -> its xdist group
     for item in items:
         path = Path(item.fspath).relative_to(TESTS)
         if path.parts[0] in CLUSTER_SUITES:
