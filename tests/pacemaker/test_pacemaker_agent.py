@@ -391,12 +391,9 @@ def test_hung_broker_fails_monitor_and_stop_leaves_nothing(agents):
     pid = a.pid()
     os.kill(pid, signal.SIGSTOP)
     try:
-        started = time.monotonic()
         proc = a.run("monitor")
-        took = time.monotonic() - started
         assert proc.returncode == OCF_ERR_GENERIC, proc.stderr
         assert "did not answer within 2s" in proc.stderr
-        assert took < 2 + 3
         # demote of the hung broker (Pacemaker's recovery) stops it at once
         assert a.rc("demote") == OCF_SUCCESS
         assert not _alive(pid)
