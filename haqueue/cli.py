@@ -103,6 +103,9 @@ def _broker(args: argparse.Namespace) -> int:
             if config.shard is not None:  # one shard's process of a sharded cluster
                 from haqueue.shard.plugin import install
                 install(broker, ha, config.shard)
+        if config.mirror is not None:  # after HA: it mirrors from the primary alone
+            from haqueue.mirror import install as install_mirror
+            install_mirror(broker, ha, config.mirror)
         if config.audit is not None:  # after HA: it records HA's role, epoch and replication
             from haqueue.audit.events import AuditLog
             AuditLog(broker, config.audit, ha, config.shard.index if config.shard is not None else None)
@@ -185,6 +188,7 @@ def _add_admin(commands: Subparsers) -> None:
     _add_binding(actions)
     _add_connection(actions)
     _add_ha(actions)
+    _add_mirror(actions)
     _add_admin_cluster(actions)
     store = actions.add_parser("store", help="the broker's durable store")
     store_actions = store.add_subparsers(dest="store_command", metavar="COMMAND", required=True)
@@ -434,6 +438,22 @@ def _ha_promote(client: AdminClient, args: argparse.Namespace) -> None:
 
 def _ha_ping(client: AdminClient, args: argparse.Namespace) -> None:
     _call(client, "READ", "broker")
+
+
+def _add_mirror(actions: Subparsers) -> None:
+    p = actions.add_parser("mirror", help="the mirror to (or from) another cluster (design/mirroring.md)")
+    sub = p.add_subparsers(dest="mirror_command", metavar="COMMAND", required=True)
+    status = _add_action(sub, "status", _mirror_status, "print the mirror as JSON: on a source's primary each "
+                                                        "mirrored queue's state, lag (messages, seconds), last "
+                                                        "mirrored seq and bytes held back; on a standby each "
+                                                        "mirror queue held")
+    _add_watch_options(status)
+
+
+def _mirror_status(client: AdminClient, args: argparse.Namespace) -> None:
+    from haqueue.admin_stat import repeat
+    repeat(lambda: _print_json(_call(client, "READ", "mirror")), args.interval, _watching(args), args.count,
+           wait_first=False)
 
 
 def _add_admin_cluster(actions: Subparsers) -> None:

@@ -136,6 +136,22 @@ class HaConfig:
 
 
 @dataclass
+class MirrorConfig:
+    """The `mirror:` section (design/mirroring.md): this cluster's primary mirrors the queues matching `queues` to
+    a standby cluster at `to`, logging in there as `username`; and/or, as a standby, lets the users in
+    `accept_from` mirror into it."""
+
+    cluster: str = ""  # this cluster's name, the same on every broker of it: a standby keeps each source apart by it
+    to: list[tuple[str, int]] = field(default_factory=list)  # the standby's client address(es), tried in turn
+    username: str = ""
+    password: str = ""
+    tls: TlsConfig | None = None  # TLS to the standby: our certificate, and its CA
+    queues: list[str] = field(default_factory=list)  # globs of the queues mirrored; none by default
+    max_backlog_bytes: int = 0  # message data per queue the standby has not confirmed before the mirror says so; 0: none
+    accept_from: list[str] = field(default_factory=list)  # users of this cluster who may mirror into it
+
+
+@dataclass
 class AuditConfig:
     """The `audit:` section: write replication events as JSON lines (design/audit-events.md)."""
 
@@ -232,6 +248,7 @@ class BrokerConfig:
     metrics: MetricsConfig | None = None  # None: no metrics endpoint
     http: HttpConfig | None = None  # None: no web console
     shard: ShardConfig | None = None  # set for one shard's process of a sharded cluster
+    mirror: MirrorConfig | None = None  # None: no mirroring, in either role
 
 
 def parse_address(text: str) -> tuple[str, int]:
@@ -584,6 +601,34 @@ def _ha(value: Any, path: str) -> HaConfig:
     return HaConfig(**fields)
 
 
+_MIRROR: dict[str, Check] = {
+    "cluster": _name,
+    "to": _list_of(_address),
+    "username": _name,
+    "password": _secret,
+    "tls": lambda value, path: _tls(value, path, ("cert_file", "key_file", "ca_file")),
+    "queues": _list_of(_name),
+    "max_backlog_bytes": _int(0),
+    "accept_from": _list_of(_name),
+}
+
+
+def _mirror(value: Any, path: str) -> MirrorConfig:
+    """A source names the standby and how to log in there; a standby, who may mirror into it; a section may do both."""
+    fields = _fields(value, path, _MIRROR)
+    if fields.get("to"):
+        for key in ("cluster", "username", "password"):
+            if key not in fields:
+                raise _Bad(f"{path}.{key}", "missing (mirror.to names a standby: give this cluster's name and the "
+                                            "user this cluster logs in as there)")
+    for key in ("queues", "username", "password", "tls", "max_backlog_bytes"):
+        if key in fields and not fields.get("to"):
+            raise _Bad(f"{path}.{key}", "given but mirror.to names no standby to mirror to")
+    if not fields.get("to") and not fields.get("accept_from"):
+        raise _Bad(path, "names no standby (to) and accepts no mirror (accept_from): give either")
+    return MirrorConfig(**fields)
+
+
 _TOP: dict[str, Check] = {
     "name": _name,
     "listen": _list_of(_listener),
@@ -605,6 +650,7 @@ _TOP: dict[str, Check] = {
     "http": lambda value, path: _http(value, path),  # defined below
     "store": _record(StoreConfig, {"enabled": _bool, "segment_bytes": _int(4096), "compact_ratio": _ratio,
                                     "page_above": _int(0)}),
+    "mirror": _mirror,
 }
 
 
@@ -640,6 +686,15 @@ def _peer_user(ha: HaConfig | None, users: dict[str, UserConfig]) -> None:
         raise _Bad(f"users.{ha.username}", "is also ha.username, the HA peer user: its password is ha.password "
                                            "and it may only open HA links and run admin operations; give the "
                                            "user of your clients another name")
+
+
+def _mirror_users(mirror: MirrorConfig | None, users: dict[str, UserConfig]) -> None:
+    """Who may mirror into this cluster logs in as a user of its own `users`."""
+    for i, user in enumerate(mirror.accept_from if mirror is not None else ()):
+        if user not in users:
+            raise _Bad(f"mirror.accept_from[{i}]", f"names {_show(user)}, not one of this broker's users")
+
+
 def _check_client_certs(listener: ListenerConfig, tls: TlsConfig | None, path: str) -> None:
     if listener.require_client_cert and not listener.tls:
         raise _Bad(f"{path}.require_client_cert", "is true but the listener's tls is not")
@@ -675,6 +730,7 @@ def _broker(raw: Any) -> BrokerConfig:
     if "ha" in fields:
         _check_peer_tls(fields["ha"], fields["listen"])
     _peer_user(fields.get("ha"), fields.get("users", {}))
+    _mirror_users(fields.get("mirror"), fields.get("users", {}))
     _unique(fields.get("queues", []), "queues")
     _unique(fields.get("exchanges", []), "exchanges")
     fields.setdefault("name", socket.gethostname())

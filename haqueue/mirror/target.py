@@ -1,0 +1,129 @@
+"""MirrorTarget: a standby cluster's end of the mirror (design/mirroring.md), on its primary (or on a broker of no
+cluster). It serves `$mirror.state` and `$mirror.queue/<name>` to the users named in `mirror.accept_from`, creates
+each mirrored queue marked with the source's name (protocol.SOURCE_ARG, replicated and journalled with the rest
+of the standby's wiring), and keeps those queues read-only for clients: a client may browse one, not publish to
+it nor consume from it, until the standby is promoted.
+"""
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from ..broker.errors import NOT_ALLOWED, UNAUTHORIZED, BrokerError
+from ..broker.proton_adapter import Link, LinkHandler
+from ..broker.queue import Queue
+from ..broker.server import Broker
+from ..config import MirrorConfig
+from ..ha.ha_broker import HaBroker
+from ..ha.protocol import encode_map, flatten
+from . import protocol
+from .mirrored_queue import MirroredQueue, MirrorReceiver
+
+log = logging.getLogger("haqueue.mirror")
+
+
+def source_of(queue: Queue) -> str | None:
+    """The source cluster a queue here mirrors, None for a queue of this cluster's own."""
+    source = queue.args.get(protocol.SOURCE_ARG)
+    return str(source) if source is not None else None
+
+
+class MirrorTarget:
+    def __init__(self, broker: Broker, ha: HaBroker | None, config: MirrorConfig) -> None:
+        self.broker = broker
+        self.ha = ha
+        self.accept_from = frozenset(config.accept_from)
+        self.mirrored: dict[str, MirroredQueue] = {}  # by queue name, made when first needed
+        broker.endpoints[protocol.STATE] = self._state_endpoint
+        broker.endpoints[protocol.QUEUE] = self._queue_endpoint
+        broker.link_routes.append(self._read_only)
+
+    # -- clients ------------------------------------------------------------------------------------
+    def _read_only(self, link: Link) -> LinkHandler | None:
+        queue = self.broker.registry.lookup(link.address or "")
+        if not isinstance(queue, Queue) or link.browse:
+            return None
+        source = source_of(queue)
+        if source is not None:
+            verb = "consume from" if link.is_sender else "publish to"
+            raise BrokerError(NOT_ALLOWED, f"queue '{queue.name}' is a mirror of cluster '{source}': read-only on "
+                                           f"this standby until it is promoted; a client may browse it, not {verb} it")
+        return None
+
+    # -- the source's links ---------------------------------------------------------------------------
+    def _check(self, link: Link, sends: bool) -> str:
+        """The source cluster a `$mirror.*` link is from, once it may mirror here."""
+        user = link.conn.user
+        if user not in self.accept_from:
+            raise BrokerError(UNAUTHORIZED, f"user {user} may not mirror into {self.broker.name} (mirror.accept_from)")
+        if self.ha is not None and self.ha.primary is None:
+            raise BrokerError(NOT_ALLOWED, f"{self.broker.name} is not its cluster's primary")
+        if link.is_sender != sends:
+            raise BrokerError(NOT_ALLOWED, f"{link.address} only {'sends' if sends else 'receives'}")
+        props = link.properties
+        refusal = protocol.refusal(props.get(protocol.PROTOCOLS))
+        if refusal is not None:
+            raise BrokerError(NOT_ALLOWED, refusal)
+        source = props.get(protocol.CLUSTER)
+        if not isinstance(source, str) or not source:
+            raise BrokerError(NOT_ALLOWED, f"{link.address}: the source named no cluster ({protocol.CLUSTER})")
+        return source
+
+    def _state_endpoint(self, link: Link) -> LinkHandler:
+        source = self._check(link, sends=True)
+        queues = {}
+        for queue in self.broker.registry.queues():
+            if source_of(queue) == source:
+                queues[queue.name] = {"uid": queue.args.get(protocol.UID),
+                                      "have": flatten(self._mirrored(queue).holdings())}
+        log.info("mirror: source cluster %s connected from %s (user %s); it finds %d queues here", source,
+                 link.conn.peer, link.conn.user, len(queues))
+        return _StateSender(link, encode_map({"queues": queues}))
+
+    def _queue_endpoint(self, link: Link) -> LinkHandler:
+        source = self._check(link, sends=False)
+        name = (link.address or "")[len(protocol.QUEUE) + 1:]
+        props = link.properties
+        uid, args = props.get(protocol.UID), props.get(protocol.ARGS)
+        args = {str(k): v for k, v in args.items()} if isinstance(args, dict) else {}
+        registry = self.broker.registry
+        queue = registry.lookup(name)
+        if queue is not None and not (isinstance(queue, Queue) and source_of(queue) == source):
+            raise BrokerError(NOT_ALLOWED, f"'{name}' on {self.broker.name} is not a mirror of cluster '{source}': "
+                                           f"delete it here, or leave it out of the source's mirror.queues")
+        if isinstance(queue, Queue) and queue.args.get(protocol.UID) != uid:
+            log.warning("mirror: queue %s of cluster %s was deleted and made again there: its copy here is replaced",
+                        name, source)
+            registry.delete(name, "queue")
+            self.mirrored.pop(name, None)
+            queue = None
+        if queue is None:
+            queue = registry.declare_queue(name, {**args, protocol.SOURCE_ARG: source, protocol.UID: uid})[0]
+            log.info("mirror: queue %s made here, a mirror of cluster %s's", name, source)
+        assert isinstance(queue, Queue)
+        return MirrorReceiver(self._mirrored(queue), link)
+
+    def _mirrored(self, queue: Queue) -> MirroredQueue:
+        mirrored = self.mirrored.get(queue.name)
+        if mirrored is None or mirrored.queue is not queue:
+            mirrored = self.mirrored[queue.name] = MirroredQueue(queue)
+        return mirrored
+
+    def status(self) -> dict[str, Any]:
+        return {"accept_from": sorted(self.accept_from),
+                "queues": [self._mirrored(q).status() for q in sorted(self.broker.registry.queues(),
+                                                                       key=lambda q: q.name)
+                           if source_of(q) is not None]}
+
+
+class _StateSender(LinkHandler):
+    """The standby's end of `$mirror.state`: one message, sent once the source grants credit."""
+
+    def __init__(self, link: Link, state: bytes) -> None:
+        self.link = link
+        self.state: bytes | None = state
+
+    def on_credit(self) -> None:
+        if self.state is not None and self.link.credit():
+            self.link.send(self.state, settled=True)
+            self.state = None

@@ -1,0 +1,155 @@
+"""The mirror's first step (design/mirroring.md): a 2-broker source cluster mirrors chosen queues to a standby broker
+50 ms away (tests/mirror/delay_relay.py). What a user sees: after the lag drains the standby holds exactly the
+messages the source still holds, in the source's order, consumption included; unmirrored queues are not there; a
+cut and a heal of the site link lose nothing; clients cannot publish to or consume from a mirror; a bad `mirror:`
+section is refused naming the key.
+"""
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import pytest
+from proton import Message
+from proton.utils import LinkDetached
+
+from conftest import MIRROR_PASSWORD, MIRROR_USER, Sites
+from ha_harness import browse, connect, receive, send_all
+from harness import run_haqueue, wait_for
+
+from haqueue.admin import AdminClient
+from haqueue.config import ConfigError, broker_config
+
+MIRRORED = ["orders.0", "orders.1", "orders.2"]
+LAG_TIMEOUT = 30.0
+
+
+def mirror_status(address: str, user: str | None = None, password: str | None = None) -> dict[str, Any]:
+    with AdminClient(address, 5.0, user, password) as client:
+        code, description, answer = client.request("READ", "mirror")
+    assert code == 200, description
+    return answer
+
+
+def drained(site: Sites) -> dict[str, Any] | None:
+    """The source primary's mirror status once every mirrored queue is mirroring with nothing held back."""
+    status = mirror_status(site.primary.address, "ops", site.source.password)["source"]
+    queues = {q["queue"]: q for q in status["queues"]}
+    ok = status["connected"] and sorted(queues) == MIRRORED and all(
+        q["state"] == "mirroring" and q["lag_messages"] == 0 and q["bytes_held_back"] == 0 for q in queues.values())
+    return status if ok else None
+
+
+def publish(site: Sites, queue: str, first: int, n: int) -> None:
+    send_all(site.source.public, queue, [Message(id=f"{queue}-{i}", body=i, durable=True) for i in range(first, first + n)])
+
+
+def under_load(work: list[tuple[Any, ...]]) -> None:
+    """Each (function, args...) at once, in threads; every one must finish."""
+    errors: list[BaseException] = []
+
+    def run(fn: Any, *args: Any) -> None:
+        try:
+            fn(*args)
+        except BaseException as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+    threads = [threading.Thread(target=run, args=item) for item in work]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not errors, errors
+
+
+def consume(site: Sites, queue: str, n: int) -> None:
+    receive(site.source.public, queue, n)
+
+
+def assert_same(site: Sites) -> None:
+    """The standby holds what the source holds, queue by queue, in the same order, each with its source seq."""
+    for queue in MIRRORED:
+        here = site.source.browse(site.primary, queue)
+        there = browse(site.standby.address, queue, len(here)) if here else []
+        assert [m.id for m in there] == [m.id for m in here], queue
+        seqs = [m.annotations["x-opt-mirror-seq"] for m in there]
+        assert seqs == sorted(seqs) and len(set(seqs)) == len(seqs), queue
+    standby_queues = {q["queue"]: q for q in mirror_status(site.standby.address)["standby"]["queues"]}
+    assert {name: q["messages"] for name, q in standby_queues.items()} == {
+        queue: len(site.source.browse(site.primary, queue)) for queue in MIRRORED}
+
+
+def test_mirror_under_load_through_a_cut(sites) -> None:
+    site = sites(queues=["orders.*"])
+    # publishers on three mirrored queues and an unmirrored one, a consumer on two of them, all at once
+    under_load([(publish, site, q, 0, 400) for q in MIRRORED] + [(publish, site, "local.q", 0, 200)]
+               + [(consume, site, "orders.0", 150), (consume, site, "orders.1", 60)])
+    status = wait_for(lambda: drained(site), LAG_TIMEOUT, message="the mirror's lag drains")
+    assert {q["queue"]: q["last_mirrored_seq"] > 0 for q in status["queues"]} == {q: True for q in MIRRORED}
+    assert_same(site)
+    assert "local.q" not in {q["queue"] for q in mirror_status(site.standby.address)["standby"]["queues"]}
+    accepted = site.relay.accepted
+
+    # the site link cut: the source goes on serving; what it does meanwhile reaches the standby after the heal
+    site.relay.cut()
+    under_load([(publish, site, q, 400, 100) for q in MIRRORED] + [(consume, site, "orders.1", 120),
+                                                                    (consume, site, "orders.2", 30)])
+    cut = mirror_status(site.primary.address, "ops", site.source.password)["source"]
+    assert not cut["connected"] and cut["down"]
+    assert sum(q["lag_messages"] for q in cut["queues"]) > 0
+    site.relay.heal()
+    wait_for(lambda: drained(site), LAG_TIMEOUT, message="the mirror's lag drains after the heal")
+    assert site.relay.accepted > accepted
+    assert_same(site)
+
+
+def test_mirror_is_read_only_on_the_standby(sites) -> None:
+    site = sites(queues=["orders.*"])
+    publish(site, "orders.0", 0, 10)
+    wait_for(lambda: _drained_one(site, "orders.0"), LAG_TIMEOUT, message="orders.0 mirrored")
+    conn = connect(site.standby.address)
+    try:
+        with pytest.raises(LinkDetached) as sending:
+            conn.create_sender("orders.0")
+        assert "queue 'orders.0' is a mirror of cluster 'site-a': read-only on this standby" in str(sending.value)
+        assert "not publish to it" in str(sending.value)
+        with pytest.raises(LinkDetached, match="not consume from it"):
+            conn.create_receiver("orders.0")
+    finally:
+        conn.close()
+    assert [m.body for m in browse(site.standby.address, "orders.0", 10)] == list(range(10))
+    # the mirror user may do nothing but mirror
+    conn = connect(site.standby.address, user=MIRROR_USER, password=MIRROR_PASSWORD)
+    try:
+        with pytest.raises(LinkDetached, match="user 'mirror' may not send to 'orders.9'"):
+            conn.create_sender("orders.9")
+    finally:
+        conn.close()
+
+
+def _drained_one(site: Sites, queue: str) -> bool:
+    status = mirror_status(site.primary.address, "ops", site.source.password)["source"]
+    return any(q["queue"] == queue and q["state"] == "mirroring" and q["lag_messages"] == 0
+               for q in status["queues"])
+
+
+@pytest.mark.parametrize("section, line", [
+    ({"to": ["127.0.0.1:5672"]}, "f.yaml: mirror.cluster: missing"),
+    ({"queues": ["orders.*"]}, "f.yaml: mirror.queues: given but mirror.to names no standby"),
+    ({"accept_from": ["nobody"]}, "f.yaml: mirror.accept_from[0]: names \"nobody\", not one of this broker's users"),
+    ({"to": ["standby"], "cluster": "a", "username": "u", "password": "p"}, "f.yaml: mirror.to[0]: must be HOST:PORT"),
+    ({"to": ["h:1"], "cluster": "a", "username": "u", "password": "p", "queue": ["x"]},
+     "f.yaml: mirror.queue: unknown key"),
+    ({}, "f.yaml: mirror: names no standby (to) and accepts no mirror (accept_from)"),
+])
+def test_bad_mirror_config_refused(section: dict[str, Any], line: str) -> None:
+    with pytest.raises(ConfigError) as refused:
+        broker_config({"mirror": section}, "f.yaml")
+    assert str(refused.value).startswith(line), refused.value
+
+
+def test_broker_refuses_a_bad_mirror_section(tmp_path) -> None:
+    path = tmp_path / "broker.yaml"
+    path.write_text("mirror:\n  to: [\"127.0.0.1:5672\"]\n  queues: [\"orders.*\"]\n")
+    result = run_haqueue(["broker", "--config", str(path)])
+    assert result.returncode == 2
+    assert f"{path}: mirror.cluster: missing (mirror.to names a standby" in result.stderr
