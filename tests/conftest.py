@@ -53,7 +53,7 @@ LOG_TAIL_LINES = 150
 # (a cold analysis of the failover scenario: 34 -> 17 CPU s, the session's start 9.5 -> 4.9); C2 and the
 # parallel collector only repay on long jobs.
 SPARK_JVM_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
-CLUSTER_SUITES = ("audit", "console", "ha", "nemesis", "pacemaker", "shard", "upgrade", "zookeeper")
+CLUSTER_SUITES = ("audit", "console", "ha", "mirror", "nemesis", "pacemaker", "shard", "upgrade", "zookeeper")
 GROUPS = {"audit": "spark", "nemesis": "coordination", "pacemaker": "coordination", "zookeeper": "coordination"}
 FIRST = ("spark", "coordination")  # handed out first, in this order
 

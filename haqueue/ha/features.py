@@ -33,11 +33,15 @@ class Feature:
 
 
 DIVERGED_FILE_HEADER: Final = "diverged-file-header"  # quarantine.py writes format 2 once it is enabled
+MIRROR: Final = "mirror"  # a standby takes a mirror only once it is enabled (mirror/target.py)
 
 SUPPORTED: Final = {f.name: f for f in (
     Feature(DIVERGED_FILE_HEADER, "0.2.0",
             "diverged files (data_dir/diverged/) begin with a header naming their format; 0.1.0's `haqueue diverged` "
             "cannot read them"),
+    Feature(MIRROR, "0.2.0",
+            "a standby cluster takes a mirror of another cluster's queues (design/mirroring.md); a 0.1.0 member, "
+            "promoted, would serve those queues read-write and take no more of the mirror"),
 )}
 
 

@@ -14,6 +14,7 @@ from ..broker.proton_adapter import Link, LinkHandler
 from ..broker.queue import Queue
 from ..broker.server import Broker
 from ..config import MirrorConfig
+from ..ha.features import MIRROR, SUPPORTED
 from ..ha.ha_broker import HaBroker
 from ..ha.protocol import encode_map, flatten
 from . import protocol
@@ -58,6 +59,10 @@ class MirrorTarget:
             raise BrokerError(UNAUTHORIZED, f"user {user} may not mirror into {self.broker.name} (mirror.accept_from)")
         if self.ha is not None and self.ha.primary is None:
             raise BrokerError(NOT_ALLOWED, f"{self.broker.name} is not its cluster's primary")
+        if self.ha is not None and not self.ha.features.on(MIRROR):
+            raise BrokerError(NOT_ALLOWED, f"the feature flag {MIRROR} is not enabled in {self.broker.name}'s cluster: "
+                                           f"enable it once every member runs {SUPPORTED[MIRROR].since} or newer "
+                                           f"(haqueue admin cluster features enable {MIRROR})")
         if link.is_sender != sends:
             raise BrokerError(NOT_ALLOWED, f"{link.address} only {'sends' if sends else 'receives'}")
         props = link.properties

@@ -1,27 +1,42 @@
-"""Fixtures for the mirror tests: a standby broker behind a delaying relay (25 ms each way) and a source cluster
+"""Fixtures for the mirror tests: a standby behind a delaying relay (25 ms each way) and a source cluster
 mirroring to it through the relay, all stopped after the test.
 
-`sites`  ``sites(queues=["orders.*"])``: starts the standby (a broker of no cluster accepting the mirror user),
-         the relay in front of it, and a 2-broker source cluster whose `mirror:` section names the relay and the
-         globs; returns a `Sites` with the source cluster (`source`, its primary `primary`), `standby` and `relay`.
+`sites`  ``sites(queues=["orders.*"], standby_size=0, standby_features=None)``: starts the standby, the relay in
+         front of it, and a 2-broker source cluster whose `mirror:` section names the relay and the globs; returns a
+         `Sites` with the source cluster (`source`, its primary `primary`), the standby (`standby`, its primary if
+         it is a cluster, `standby_cluster`) and `relay`. With `standby_size` 0 the standby is a broker of no
+         cluster accepting the mirror user, else a cluster of that size (a pair confirms with one broker down) whose
+         public address the relay leads to; `standby_features`: the feature flags it knows enabled (as a cluster
+         upgraded from a release without the others).
 """
 from __future__ import annotations
 
-import sys
-from dataclasses import dataclass
+import json
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "ha"))
-
-from delay_relay import DelayRelay  # noqa: E402
-from ha_harness import HaCluster, cluster_factory  # noqa: E402
-from harness import BrokerProcess, unexpected_exits  # noqa: E402
+from delay_relay import DelayRelay
+from ha_harness import PAIR_GOES_ON, HaCluster, cluster_factory  # tests/conftest.py puts tests/ha on the path
+from harness import BrokerProcess, unexpected_exits
 
 MIRROR_USER, MIRROR_PASSWORD = "mirror", "mirror-secret"
 SITE_DELAY = 0.025  # seconds each way between the sites: 50 ms round trip
+
+
+class Ledger:
+    """The clients' record, per queue: the message ids confirmed at the source in the order sent, and those consumed
+    there. What a queue should hold is the first less the second, in that order."""
+
+    def __init__(self) -> None:
+        self.confirmed: dict[str, list[str]] = {}
+        self.consumed: dict[str, set[str]] = {}
+
+    def remaining(self, queue: str) -> list[str]:
+        gone = self.consumed.get(queue, set())
+        return [i for i in self.confirmed.get(queue, []) if i not in gone]
 
 
 @dataclass
@@ -29,7 +44,9 @@ class Sites:
     source: HaCluster
     primary: BrokerProcess
     standby: BrokerProcess
+    standby_cluster: HaCluster | None
     relay: DelayRelay
+    ledger: Ledger = field(default_factory=Ledger)
 
 
 def standby_config(**extra: Any) -> dict[str, Any]:
@@ -40,26 +57,41 @@ def standby_config(**extra: Any) -> dict[str, Any]:
 
 @pytest.fixture
 def sites(tmp_path: Path) -> Iterator[Callable[..., Sites]]:
-    made: list[Sites] = []
+    alone: list[BrokerProcess] = []  # standbys of no cluster
+    relays: list[DelayRelay] = []
     clusters = cluster_factory(HaCluster, tmp_path)
     make_cluster = next(clusters)
 
-    def make(queues: list[str]) -> Sites:
-        standby = BrokerProcess(tmp_path / "standby", standby_config(), name="standby").start()
-        host, port = standby.address.rsplit(":", 1)
+    def make(queues: list[str], standby_size: int = 0, standby_features: list[str] | None = None) -> Sites:
+        cluster = None
+        if standby_size == 0:
+            standby = BrokerProcess(tmp_path / "standby", standby_config(), name="standby").start()
+            alone.append(standby)
+            target = standby.address
+        else:
+            cluster = make_cluster(size=standby_size, extra=standby_config(), ha_extra=PAIR_GOES_ON)
+            if standby_features is not None:
+                for b in cluster:
+                    features = Path(b.config["data_dir"]) / "ha-features.json"
+                    features.parent.mkdir(parents=True, exist_ok=True)
+                    features.write_text(json.dumps({"format": 1, "enabled": standby_features}))
+            standby = cluster.start_cluster()
+            assert cluster.public is not None
+            target = cluster.public
+        host, port = target.rsplit(":", 1)
         relay = DelayRelay((host, int(port)), SITE_DELAY)
+        relays.append(relay)
         mirror = {"cluster": "site-a", "to": [relay.address], "username": MIRROR_USER, "password": MIRROR_PASSWORD,
                   "queues": queues}
         source = make_cluster(size=2, extra={"mirror": mirror})
-        site = Sites(source, source.start_cluster(), standby, relay)
-        made.append(site)
-        return site
+        return Sites(source, source.start_cluster(), standby, cluster, relay)
 
     yield make
-    for site in made:
-        site.relay.close()
-        crashed = unexpected_exits([site.standby])
-        site.standby.stop()
-        print(site.standby.log()[-4000:])
-        assert not crashed, crashed
-    next(clusters, None)  # stops the source clusters, prints their logs
+    for relay in relays:
+        relay.close()
+    crashed = unexpected_exits(alone)
+    for standby in alone:
+        standby.stop()
+        print(standby.log()[-4000:])
+    next(clusters, None)  # stops the clusters, prints their logs
+    assert not crashed, crashed

@@ -33,7 +33,7 @@ def mirror_status(address: str, user: str | None = None, password: str | None = 
 
 def drained(site: Sites) -> dict[str, Any] | None:
     """The source primary's mirror status once every mirrored queue is mirroring with nothing held back."""
-    status = mirror_status(site.primary.address, "ops", site.source.password)["source"]
+    status = source_status(site)
     queues = {q["queue"]: q for q in status["queues"]}
     ok = status["connected"] and sorted(queues) == MIRRORED and all(
         q["state"] == "mirroring" and q["lag_messages"] == 0 and q["bytes_held_back"] == 0 for q in queues.values())
@@ -41,7 +41,9 @@ def drained(site: Sites) -> dict[str, Any] | None:
 
 
 def publish(site: Sites, queue: str, first: int, n: int) -> None:
-    send_all(site.source.public, queue, [Message(id=f"{queue}-{i}", body=i, durable=True) for i in range(first, first + n)])
+    ids = [f"{queue}-{i}" for i in range(first, first + n)]
+    send_all(site.source.public, queue, [Message(id=i, body=int(i.rsplit("-", 1)[1]), durable=True) for i in ids])
+    site.ledger.confirmed.setdefault(queue, []).extend(ids)  # send_all returns once every one is confirmed
 
 
 def under_load(work: list[tuple[Any, ...]]) -> None:
@@ -58,24 +60,26 @@ def under_load(work: list[tuple[Any, ...]]) -> None:
         t.start()
     for t in threads:
         t.join(60)
-    assert not errors, errors
+    assert not errors and not any(t.is_alive() for t in threads), errors
 
 
 def consume(site: Sites, queue: str, n: int) -> None:
-    receive(site.source.public, queue, n)
+    site.ledger.consumed.setdefault(queue, set()).update(m.id for m in receive(site.source.public, queue, n))
 
 
 def assert_same(site: Sites) -> None:
-    """The standby holds what the source holds, queue by queue, in the same order, each with its source seq."""
+    """The standby holds what the clients' ledger says the source holds, queue by queue, in the same order (and so
+    does the source), each with its source seq."""
     for queue in MIRRORED:
-        here = site.source.browse(site.primary, queue)
-        there = browse(site.standby.address, queue, len(here)) if here else []
-        assert [m.id for m in there] == [m.id for m in here], queue
+        expected = site.ledger.remaining(queue)
+        assert [m.id for m in site.source.browse(site.primary, queue)] == expected, queue
+        there = browse(site.standby.address, queue, len(expected)) if expected else []
+        assert [m.id for m in there] == expected, queue
         seqs = [m.annotations["x-opt-mirror-seq"] for m in there]
         assert seqs == sorted(seqs) and len(set(seqs)) == len(seqs), queue
     standby_queues = {q["queue"]: q for q in mirror_status(site.standby.address)["standby"]["queues"]}
     assert {name: q["messages"] for name, q in standby_queues.items()} == {
-        queue: len(site.source.browse(site.primary, queue)) for queue in MIRRORED}
+        queue: len(site.ledger.remaining(queue)) for queue in MIRRORED}
 
 
 def test_mirror_under_load_through_a_cut(sites) -> None:
@@ -93,13 +97,51 @@ def test_mirror_under_load_through_a_cut(sites) -> None:
     site.relay.cut()
     under_load([(publish, site, q, 400, 100) for q in MIRRORED] + [(consume, site, "orders.1", 120),
                                                                     (consume, site, "orders.2", 30)])
-    cut = mirror_status(site.primary.address, "ops", site.source.password)["source"]
+    cut = source_status(site)
     assert not cut["connected"] and cut["down"]
     assert sum(q["lag_messages"] for q in cut["queues"]) > 0
     site.relay.heal()
     wait_for(lambda: drained(site), LAG_TIMEOUT, message="the mirror's lag drains after the heal")
     assert site.relay.accepted > accepted
     assert_same(site)
+
+
+def test_a_new_source_primary_resumes_the_mirror(sites) -> None:
+    """The source's primary is killed while the site link is cut and the standby lags (messages published and
+    consumed meanwhile); the backup promoted in its place resumes from what the standby holds: nothing skipped."""
+    site = sites(queues=["orders.*"])
+    under_load([(publish, site, q, 0, 200) for q in MIRRORED] + [(consume, site, "orders.0", 50)])
+    wait_for(lambda: drained(site), LAG_TIMEOUT, message="the mirror's lag drains")
+    site.relay.cut()
+    under_load([(publish, site, q, 200, 100) for q in MIRRORED] + [(consume, site, "orders.1", 80)])
+    site.source.kill(site.primary)
+    site.primary = site.source[1]
+    site.source.promote(site.primary)
+    site.relay.heal()
+    status = wait_for(lambda: drained(site), LAG_TIMEOUT, message="the new primary's mirror drains")
+    assert status["active"]
+    assert_same(site)
+
+
+def test_a_new_standby_primary_takes_the_mirror_over(sites) -> None:
+    """The standby is a pair; its primary is killed and its backup promoted: the new standby primary learns what it
+    holds of each source queue from the messages themselves, keeps the queues read-only, and takes the mirror on."""
+    site = sites(queues=["orders.*"], standby_size=2)
+    under_load([(publish, site, q, 0, 200) for q in MIRRORED] + [(consume, site, "orders.0", 50)])
+    wait_for(lambda: drained(site), LAG_TIMEOUT, message="the mirror's lag drains")
+    assert site.standby_cluster is not None
+    site.standby_cluster.kill(site.standby)
+    site.standby = site.standby_cluster[1]
+    site.standby_cluster.promote(site.standby)
+    under_load([(publish, site, q, 200, 100) for q in MIRRORED] + [(consume, site, "orders.1", 70)])
+    wait_for(lambda: drained(site), LAG_TIMEOUT, message="the mirror's lag drains at the new standby primary")
+    assert_same(site)
+    conn = connect(site.standby.address)
+    try:
+        with pytest.raises(LinkDetached, match="read-only on this standby"):
+            conn.create_sender("orders.2")
+    finally:
+        conn.close()
 
 
 def test_mirror_is_read_only_on_the_standby(sites) -> None:
@@ -126,8 +168,33 @@ def test_mirror_is_read_only_on_the_standby(sites) -> None:
         conn.close()
 
 
+def test_a_standby_cluster_takes_the_mirror_once_its_feature_flag_is_on(sites) -> None:
+    """A standby cluster that does not have the flag `mirror` enabled (upgraded from a release without it) refuses
+    the mirror, naming the flag; the source says why in its status, keeps the lag, and mirrors once it is enabled."""
+    site = sites(queues=["orders.*"], standby_size=1, standby_features=["diverged-file-header"])
+    publish(site, "orders.0", 0, 10)
+    refusal = "the feature flag mirror is not enabled in b0's cluster: enable it once every member runs 0.2.0"
+    status = wait_for(lambda: refused(site, refusal), LAG_TIMEOUT, message="the source naming the standby's refusal")
+    assert not status["connected"] and status["queues"][0]["lag_messages"] == 10, status
+    enabled = run_haqueue(["admin", "-b", site.standby.address, "--user", "ops", "--password",
+                           site.standby.config["users"]["ops"]["password"], "cluster", "features", "enable", "mirror"])
+    assert enabled.returncode == 0, enabled.stderr
+    wait_for(lambda: _drained_one(site, "orders.0"), LAG_TIMEOUT, message="orders.0 mirrored once the flag is on")
+    assert [m.body for m in browse(site.standby.address, "orders.0", 10)] == list(range(10))
+
+
+def refused(site: Sites, reason: str) -> dict[str, Any] | None:
+    """The source's status once it says the standby refuses it for `reason`."""
+    status = source_status(site)
+    return status if reason in (status["down"] or "") else None
+
+
+def source_status(site: Sites) -> dict[str, Any]:
+    return mirror_status(site.primary.address, "ops", site.source.password)["source"]
+
+
 def _drained_one(site: Sites, queue: str) -> bool:
-    status = mirror_status(site.primary.address, "ops", site.source.password)["source"]
+    status = source_status(site)
     return any(q["queue"] == queue and q["state"] == "mirroring" and q["lag_messages"] == 0
                for q in status["queues"])
 

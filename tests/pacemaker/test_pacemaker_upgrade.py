@@ -28,7 +28,7 @@ from haqueue import __version__
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]  # the first run builds the previous release (minutes)
 
-FEATURE = "diverged-file-header"  # the one feature flag of 0.2.0
+FEATURES = ["diverged-file-header", "mirror"]  # the feature flags of 0.2.0
 RELEASE_LINK = Path("/etc/haqueue/release")  # on a node: the install it runs
 
 
@@ -120,10 +120,10 @@ def test_rolling_upgrade_through_standby_and_move_loses_nothing(upgradable):
 
         outages[f"upgrade {primary.name}"] = load.step(lambda: c.upgrade(primary))
         assert c.primary_node() is new
-        enable_new_features(lambda *args: c.cli(new, *args, check=False), [FEATURE])
+        enable_new_features(lambda *args: c.cli(new, *args, check=False), FEATURES)
         for node in c.nodes:
-            wait_for(lambda: features_enabled(node.dir("lib-haqueue")) == [FEATURE], 10,
-                     message=f"{node.name} knowing {FEATURE} is enabled")
+            wait_for(lambda: features_enabled(node.dir("lib-haqueue")) == FEATURES, 10,
+                     message=f"{node.name} knowing {FEATURES} are enabled")
         load.wait_confirmed(200, 30)
     finally:
         load.stop()

@@ -22,12 +22,12 @@ from test_sharded_cluster_up import node_pids
 
 def test_cluster_up_rolling_upgrade_under_load(tmp_path, previous):
     # no loss, duplicates within what was in flight; then the new feature enabled and kept by every broker
-    outcome = rolling.cluster_up(tmp_path, previous.tree, REPO_ROOT, features=(FEATURE,))
+    outcome = rolling.cluster_up(tmp_path, previous.tree, REPO_ROOT, features=FEATURES)
     print(summary(previous.version, __version__, outcome.report, outcome.steps), outcome)
     assert outcome.before == {previous.version} and outcome.after == {__version__}, outcome
 
 
-FEATURE = "diverged-file-header"  # the one feature flag of 0.2.0
+FEATURES = ("diverged-file-header", "mirror")  # the feature flags of 0.2.0
 SHARDS = 2  # each node holds a replica of both: the relays cross nodes, and 6 processes restart instead of 9
 
 

@@ -15,7 +15,8 @@ from harness import BrokerProcess, wait_for
 from haqueue import __version__
 from haqueue.ha.protocol import OLDEST_PROTOCOL, PROTOCOL
 
-FEATURE = "diverged-file-header"  # the one feature flag of 0.2.0
+FEATURES = ["diverged-file-header", "mirror"]  # the feature flags of 0.2.0
+FEATURE = FEATURES[0]
 
 pytestmark = pytest.mark.usefixtures("previous")
 
@@ -102,11 +103,11 @@ def test_a_new_cluster_starts_with_every_feature_and_refuses_a_member_without_it
     c.promote(p)
     c.wait_ready(c[1])
     features = json.loads(c.cli(p, "cluster", "features").stdout)
-    assert [(f["name"], f["enabled"]) for f in features["features"]] == [(FEATURE, True)], features
+    assert [(f["name"], f["enabled"]) for f in features["features"]] == [(name, True) for name in FEATURES], features
     assert features["features"][0]["supported_by"] == {"b0": True, "b1": True} and features["members_absent"] == 1
-    assert features_enabled(Path(c[1].config["data_dir"])) == [FEATURE]
+    assert features_enabled(Path(c[1].config["data_dir"])) == FEATURES
     c.start(2)
-    expected = f"backup b2 (0.1.0) lacks feature {FEATURE}, enabled in this cluster: upgrade b2"
+    expected = f"backup b2 (0.1.0) lacks feature {', '.join(FEATURES)}, enabled in this cluster: upgrade b2"
     wait_for(lambda: c.status(p)["protocol_refusals"].get("b2") == expected, 10,
              message=f"b0 refusing b2 ({c.status(p)['protocol_refusals']})")
     check = c.cli(p, "cluster", "upgrade-check")

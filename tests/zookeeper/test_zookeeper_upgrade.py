@@ -16,7 +16,7 @@ from zk_cluster import Load, ZkCluster
 
 from haqueue import __version__
 
-FEATURE = "diverged-file-header"  # the one feature flag of 0.2.0
+FEATURES = ["diverged-file-header", "mirror"]  # the feature flags of 0.2.0
 
 
 def release(c: ZkCluster, b: BrokerProcess) -> str:
@@ -50,10 +50,10 @@ def test_rolling_upgrade_under_zookeeper_loses_nothing(zk_cluster):
         load.wait_confirmed(200, 30)
         for b in [b for b in c if b is not primary] + [primary]:  # the backups one at a time, the primary last
             outages[b.name] = load.step(lambda: upgrade(b))
-        enable_new_features(lambda *args: c.cli(primary, *args), [FEATURE])
+        enable_new_features(lambda *args: c.cli(primary, *args), FEATURES)
         for b in c:
-            wait_for(lambda: features_enabled(Path(b.config["data_dir"])) == [FEATURE], 10,
-                     message=f"{b.name} knowing {FEATURE} is enabled")
+            wait_for(lambda: features_enabled(Path(b.config["data_dir"])) == FEATURES, 10,
+                     message=f"{b.name} knowing {FEATURES} are enabled")
         load.wait_confirmed(200, 30)
         load.drain()
     finally:
