@@ -11,6 +11,7 @@ from proton import Message, ProtonException, SSLDomain, Timeout, symbol
 from proton.utils import BlockingConnection
 
 from .config import TlsConfig
+from .plain_container import PlainContainer
 
 MANAGEMENT_ADDRESS = "$management"
 # A connection property that says "an admin tool": a backup, which refuses clients, lets it in if its user
@@ -58,7 +59,8 @@ class AdminClient:
         self._unresponsive = False
         try:
             self._conn = BlockingConnection(f"{'amqps' if tls else 'amqp'}://{address}", timeout=timeout,
-                                            properties={symbol(ADMIN_TOOL): True}, **auth)
+                                            container=PlainContainer(), properties={symbol(ADMIN_TOOL): True},
+                                            **auth)
             self._sender = self._conn.create_sender(MANAGEMENT_ADDRESS)
             self._receiver = self._conn.create_receiver(None, dynamic=True)
         except (ProtonException, OSError, ValueError) as e:

@@ -9,6 +9,7 @@ from proton import Message, ProtonException
 from proton.utils import BlockingConnection, SendException
 
 from .ha.quarantine import DONE_SUFFIX, diverged_files, file_format, file_queue, read_messages
+from .plain_container import PlainContainer
 
 
 def describe(data_dir: str) -> list[dict[str, Any]]:
@@ -33,7 +34,7 @@ def republish(data_dir: str, address: str, user: str | None, password: str | Non
                             {"allowed_mechs": "PLAIN", "user": user, "password": password or ""})
     done = []
     try:
-        conn = BlockingConnection(f"amqp://{address}", timeout=timeout, **auth)
+        conn = BlockingConnection(f"amqp://{address}", timeout=timeout, container=PlainContainer(), **auth)
     except (ProtonException, OSError) as e:
         raise RuntimeError(f"cannot connect to {address}: {e}") from e
     try:
