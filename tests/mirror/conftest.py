@@ -1,13 +1,14 @@
 """Fixtures for the mirror tests: a standby behind a delaying relay (25 ms each way) and a source cluster
 mirroring to it through the relay, all stopped after the test.
 
-`sites`  ``sites(queues=["orders.*"], standby_size=0, standby_features=None)``: starts the standby, the relay in
+`sites`  ``sites(queues=["orders.*"], standby_size=0, standby_features=None, tls=False)``: starts the standby, the relay in
          front of it, and a 2-broker source cluster whose `mirror:` section names the relay and the globs; returns a
          `Sites` with the source cluster (`source`, its primary `primary`), the standby (`standby`, its primary if
          it is a cluster, `standby_cluster`) and `relay`. With `standby_size` 0 the standby is a broker of no
          cluster accepting the mirror user, else a cluster of that size (a pair confirms with one broker down) whose
          public address the relay leads to; `standby_features`: the feature flags it knows enabled (as a cluster
-         upgraded from a release without the others).
+         upgraded from a release without the others). With `tls`, the relay leads to a TLS listener of the standby's
+         (a second one: its first, plain, serves the test's clients) and the source mirrors over TLS.
 """
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ import pytest
 from delay_relay import DelayRelay
 from ha_harness import PAIR_GOES_ON, HaCluster, cluster_factory  # tests/conftest.py puts tests/ha on the path
 from harness import BrokerProcess, unexpected_exits
+from tls_certs import CertificateAuthority
 
 MIRROR_USER, MIRROR_PASSWORD = "mirror", "mirror-secret"
 SITE_DELAY = 0.025  # seconds each way between the sites: 50 ms round trip
@@ -62,12 +64,21 @@ def sites(tmp_path: Path) -> Iterator[Callable[..., Sites]]:
     clusters = cluster_factory(HaCluster, tmp_path)
     make_cluster = next(clusters)
 
-    def make(queues: list[str], standby_size: int = 0, standby_features: list[str] | None = None) -> Sites:
+    def make(queues: list[str], standby_size: int = 0, standby_features: list[str] | None = None,
+             tls: bool = False) -> Sites:
         cluster = None
+        mirror: dict[str, Any] = {"cluster": "site-a", "username": MIRROR_USER, "password": MIRROR_PASSWORD,
+                                  "queues": queues}
         if standby_size == 0:
-            standby = BrokerProcess(tmp_path / "standby", standby_config(), name="standby").start()
+            extra: dict[str, Any] = {}
+            if tls:
+                ca = CertificateAuthority(tmp_path / "ca", "ca")
+                extra = {"listen": ["127.0.0.1:0", {"address": "127.0.0.1:0", "tls": True}],
+                         "tls": ca.issue("standby").config()}
+                mirror["tls"] = ca.issue("site-a").config()
+            standby = BrokerProcess(tmp_path / "standby", standby_config(**extra), name="standby").start()
             alone.append(standby)
-            target = standby.address
+            target = standby.addresses[-1]
         else:
             cluster = make_cluster(size=standby_size, extra=standby_config(), ha_extra=PAIR_GOES_ON)
             if standby_features is not None:
@@ -81,8 +92,7 @@ def sites(tmp_path: Path) -> Iterator[Callable[..., Sites]]:
         host, port = target.rsplit(":", 1)
         relay = DelayRelay((host, int(port)), SITE_DELAY)
         relays.append(relay)
-        mirror = {"cluster": "site-a", "to": [relay.address], "username": MIRROR_USER, "password": MIRROR_PASSWORD,
-                  "queues": queues}
+        mirror["to"] = [relay.address]
         source = make_cluster(size=2, extra={"mirror": mirror})
         return Sites(source, source.start_cluster(), standby, cluster, relay)
 

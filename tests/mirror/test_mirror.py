@@ -144,6 +144,14 @@ def test_a_new_standby_primary_takes_the_mirror_over(sites) -> None:
         conn.close()
 
 
+def test_mirror_over_tls(sites) -> None:
+    """mirror.tls: the source reaches the standby's TLS listener with its certificate, trusting the standby's CA."""
+    site = sites(queues=["orders.*"], tls=True)
+    publish(site, "orders.0", 0, 20)
+    wait_for(lambda: _drained_one(site, "orders.0"), LAG_TIMEOUT, message="orders.0 mirrored over TLS")
+    assert [m.id for m in browse(site.standby.address, "orders.0", 20)] == site.ledger.remaining("orders.0")
+
+
 def test_mirror_is_read_only_on_the_standby(sites) -> None:
     site = sites(queues=["orders.*"])
     publish(site, "orders.0", 0, 10)
