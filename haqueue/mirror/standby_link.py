@@ -5,7 +5,8 @@ each queue's mirror attach, resuming from there. When the connection drops, ever
 is made again every RETRY_INTERVAL, to the next address.
 
 As the shard relay's connections, it has AMQP heartbeats (HEARTBEAT), and one that has not opened within
-HEARTBEAT is given up: a standby site that went silent is noticed, not waited on.
+HEARTBEAT is given up: a standby site that went silent is noticed, not waited on. (The standby's state may take
+longer: it is waited for as long as the heartbeats say the standby is there.)
 """
 from __future__ import annotations
 
@@ -42,6 +43,7 @@ class StandbyLink:
         self.config = config
         self.tls = tls
         self.conn: Connection | None = None
+        self.opened = False
         self.held: dict[str, dict[str, Any]] | None = None  # the standby's state, once read on this connection
         self.mirrors: list[Mirrored] = []
         self.attempt = 0  # which of mirror.to is tried next
@@ -74,13 +76,14 @@ class StandbyLink:
         self.engine.call_later(HEARTBEAT, lambda: self._open_timeout(conn))
 
     def _open_timeout(self, conn: Connection) -> None:
-        if conn is self.conn and self.held is None and not conn.closed:
+        if conn is self.conn and not self.opened and not conn.closed:
             conn.abort()  # on_closed follows
 
     # -- ConnectionHandler ------------------------------------------------------------------------
     def on_open(self, conn: Connection) -> None:
         if conn is not self.conn:
             return
+        self.opened = True
         reader = _StateReader(self, conn)
         reader.link = conn.open_link(False, protocol.STATE, f"{protocol.STATE}/{self.config.cluster}", reader,
                                      properties=self.link_properties(), credit=1)
@@ -113,7 +116,7 @@ class StandbyLink:
     def on_closed(self, conn: Connection, reason: str) -> None:
         if conn is not self.conn:
             return
-        self.conn, self.held = None, None
+        self.conn, self.opened, self.held = None, False, None
         for mirror in list(self.mirrors):
             mirror.lost()
         if self.down_reason is None and self.refusal is None:
