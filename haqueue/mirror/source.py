@@ -11,7 +11,9 @@ import re
 import time
 from typing import Any, Callable
 
+from ..broker.exchange import Binding
 from ..broker.queue import Queue
+from ..broker.registry import Node
 from ..broker.server import Broker
 from ..broker.tls import client_context
 from ..config import MirrorConfig
@@ -35,6 +37,7 @@ class MirrorSource:
         if self.pattern is None:
             return  # mirrors nothing
         broker.registry.queue_hooks.append(self._declared)
+        broker.registry.observers.append(self)
         if ha is not None:
             ha.promotion_hooks.append(self._promoted)
 
@@ -52,6 +55,15 @@ class MirrorSource:
     def _promoted(self) -> None:
         for queue in self.broker.registry.queues():
             self._declared(queue)
+
+    # -- the registry's observer: a mirrored queue deleted (its mirror may be between links, not browsing it) ----
+    def declared(self, node: Node | Binding) -> None:
+        pass
+
+    def deleted(self, node: Node | Binding) -> None:
+        mirror = self.mirrors.get(node.name) if isinstance(node, Queue) else None
+        if mirror is not None and mirror.queue is node:
+            mirror.stop()
 
     def stopped(self, mirror: QueueMirror) -> None:
         if self.mirrors.get(mirror.name) is mirror:
