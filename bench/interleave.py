@@ -241,7 +241,7 @@ def turn(broker: R.Broker, args) -> dict:
             f"calibration {sat['calibration_ms']:.1f} ms, out of order {sat['out_of_order']}")
         log("    " + explain(sat))
     if args.latency and broker.alive():
-        lat = R.latency(broker, args.size, args)
+        lat = R.latency(broker, args.size, args, clients=args.clients)
         out["latency"] = lat
         if "error" in lat:
             log(f"  {broker.label}: latency FAILED: {lat['error']}")
@@ -587,8 +587,8 @@ def main(argv: list[str] | None = None) -> int:
                                                          "its own producer and consumer process (default 1)")
     ap.add_argument("--no-latency", dest="latency", action="store_false", help="saturation runs only")
     ap.add_argument("--clients", choices=["rhea", "c"], default="rhea",
-                    help="the saturation runs' clients: rhea (bench/js), or the C clients (bench/c_clients), "
-                         "whose CPU per message is a few percent of rhea's, for set-ups bounded by the clients")
+                    help="the clients of every run: rhea (bench/js), or the C clients (bench/c_clients), whose CPU "
+                         "per message is a few percent of rhea's, for set-ups bounded by the clients")
     ap.add_argument("--rate", type=float, default=1000, help="msg/s of the latency run (default 1000)")
     ap.add_argument("--duration", type=float, default=10, help="seconds of the latency run (default 10)")
     ap.add_argument("--inflight", type=int, default=1000)

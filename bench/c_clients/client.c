@@ -3,17 +3,21 @@
  * the cores (bench/run.py --clients c; design/sharding.md, "What one machine shows").
  *
  *   client producer --port P --address A --messages N [--size S] [--inflight W] [--seq-base B] [--durable]
- *                   [--priorities K]
+ *                   [--priorities K] [--rate R --duration D]
  *   client consumer --port P --address A --messages N [--credit C] [--seq-base B] [--subscription NAME]
- *   (both: --host 127.0.0.1 --username U --password X --timeout T --container-id ID; --warmup and --stall
- *    are accepted and ignored)
+ *                   [--warmup M]
+ *   (both: --host 127.0.0.1 --username U --password X --timeout T --container-id ID; --stall is accepted
+ *    and ignored)
  *
  * At-least-once like the rhea clients: the producer sends unsettled transfers, at most W unsettled, within
  * the link's credit and the session's window, and counts the broker's settlements; the consumer grants C
  * credit, accepts and settles what each read brought in one disposition, and grants again. The body
  * is a data section whose bytes 0-7 hold the send time (µs, CLOCK_MONOTONIC, a little-endian double) and
  * 8-11 the sequence number (little-endian), as bench/js/common.js lays them out. SASL PLAIN when a username
- * is given, no SASL layer otherwise. Saturation only: --rate is refused. --priorities K: the header's priority
+ * is given, no SASL layer otherwise. --rate R paces the producer at R msg/s (message i is not sent before
+ * i / R s after the first; R × D messages with --duration D), as bench/js/producer.js does for the fixed-rate
+ * latency run; the consumer's `latency` then leaves out the first M messages by sequence (--warmup M), its
+ * `latency_all` keeps them. --priorities K: the header's priority
  * of the i-th message sent is i % K (a priority queue's load; the consumer counts the reordering in
  * out_of_order, which is no failure). --subscription NAME: the consumer's link is named NAME and its source is
  * durable (unsettled-state) with expiry-policy never, a durable subscription when A is an exchange: with the same
@@ -52,7 +56,8 @@ enum { IN_SIZE = 1 << 20, MAX_FRAME = 65536 }; /* our max-frame-size: the broker
 static struct {
     const char *role, *host, *address, *username, *password, *container_id, *subscription;
     int port, size, inflight, credit, timeout, priorities;
-    long messages, seq_base;
+    long messages, seq_base, warmup;
+    double rate, duration;
     bool durable;
 } opt = {.host = "127.0.0.1", .address = "bench", .username = "", .password = "", .port = 5672, .size = 100,
          .inflight = 1000, .credit = 1000, .timeout = 120, .messages = 100000};
@@ -360,7 +365,8 @@ typedef struct {
     long received, duplicates, out_of_order, stray, bad_body, redelivered, last_seq;
     double first_recv, last_recv;
     uint8_t *seen;
-    double *latency;
+    double *latency, *steady; /* every message's latency; those after the warm-up */
+    long steady_n;
 } Consumer;
 
 static Producer P;
@@ -400,11 +406,11 @@ static void emit(int code)
     double cpu = cpu_us() - cpu0;
     if (is_producer) {
         double elapsed = (P.last_settle ? P.last_settle : now_us()) - P.first_send;
-        printf("{\"role\":\"producer\",\"ok\":%s,\"timed_out\":%s,\"target\":%ld,\"size\":%d,\"rate_target\":0,"
+        printf("{\"role\":\"producer\",\"ok\":%s,\"timed_out\":%s,\"target\":%ld,\"size\":%d,\"rate_target\":%.1f,"
                "\"sent\":%ld,\"settled\":%ld,\"accepted\":%ld,\"released\":%ld,\"rejected\":%ld,\"modified\":%ld,"
                "\"other_outcome\":%ld,\"first_send_us\":%.1f,\"last_send_us\":%.1f,\"last_settle_us\":%.1f,"
                "\"send_rate\":%.1f,\"settle_rate\":%.1f,\"client_cpu_us\":%.0f,\"errors\":[",
-               code == 0 ? "true" : "false", code == 2 ? "true" : "false", opt.messages, opt.size, P.sent,
+               code == 0 ? "true" : "false", code == 2 ? "true" : "false", opt.messages, opt.size, opt.rate, P.sent,
                P.settled, P.accepted, P.released, P.rejected, P.modified, P.other, P.first_send, P.last_send,
                P.last_settle, P.sent > 1 ? (P.sent - 1) / ((P.last_send - P.first_send) / 1e6) : 0,
                P.settled > 0 && elapsed > 0 ? P.settled / (elapsed / 1e6) : 0, cpu);
@@ -415,16 +421,13 @@ static void emit(int code)
         printf("{\"role\":\"consumer\",\"ok\":%s,\"timed_out\":%s,\"expected\":%ld,\"received\":%ld,\"missing\":%ld,"
                "\"duplicates\":%ld,\"out_of_order\":%ld,\"stray\":%ld,\"bad_body\":%ld,\"redelivered\":%ld,"
                "\"attach_us\":%.1f,\"first_recv_us\":%.1f,\"last_recv_us\":%.1f,\"recv_rate\":%.1f,"
-               "\"warmup_messages\":0,",
+               "\"warmup_messages\":%ld,",
                code == 0 ? "true" : "false", code == 2 ? "true" : "false", opt.messages, C.received, missing,
                C.duplicates, C.out_of_order, C.stray, C.bad_body, C.redelivered, attach_us, C.first_recv, C.last_recv,
-               C.received > 1 ? (C.received - 1) / ((C.last_recv - C.first_recv) / 1e6) : 0);
-        double *copy = malloc(sizeof(double) * (size_t)(n ? n : 1));
-        memcpy(copy, C.latency, sizeof(double) * (size_t)n);
-        latency_summary("latency", C.latency, n);
+               C.received > 1 ? (C.received - 1) / ((C.last_recv - C.first_recv) / 1e6) : 0, opt.warmup);
+        latency_summary("latency", C.steady, C.steady_n);
         putchar(',');
-        latency_summary("latency_all", copy, n);
-        free(copy);
+        latency_summary("latency_all", C.latency, n);
         printf(",\"client_cpu_us\":%.0f,\"errors\":[", cpu);
     }
     if (*error_text) json_string(error_text);
@@ -554,6 +557,7 @@ static void on_message(Cursor payload)
         if (seq < C.last_seq) C.out_of_order++;
         C.last_seq = seq;
         if (C.received < opt.messages) C.latency[C.received] = t - sent_at;
+        if (seq >= opt.warmup) C.steady[C.steady_n++] = t - sent_at;
     }
     if (C.received == 0) C.first_recv = t;
     C.last_recv = t;
@@ -734,15 +738,26 @@ static void build_template(void)
     memset(p, 'x', (size_t)opt.size);
 }
 
-/* Transfers while credit, the session window (counted in frames), the in-flight limit and the output
- * buffer allow; a message larger than the broker's max-frame-size goes in several frames. */
+static double paced_from; /* with --rate: when the first message was due */
+
+/* With --rate, how many messages are due by now (all of them without). */
+static long due(void)
+{
+    if (opt.rate <= 0) return opt.messages;
+    if (!paced_from) paced_from = now_us();
+    return (long)((now_us() - paced_from) * opt.rate / 1e6) + 1;
+}
+
+/* Transfers while credit, the session window (counted in frames), the in-flight limit, the output
+ * buffer and the rate allow; a message larger than the broker's max-frame-size goes in several frames. */
 static void send_what_is_allowed(void)
 {
     static uint64_t frames_sent; /* our next transfer-id */
     enum { PERFORMATIVE = 30 };
     size_t chunk = (size_t)(peer_max_frame < MAX_FRAME ? peer_max_frame : MAX_FRAME) - 8 - PERFORMATIVE;
     uint64_t frames = (template_len + chunk - 1) / chunk;
-    while (attached && P.sent < opt.messages && (uint64_t)P.sent < credit_limit
+    long allowed = attached ? due() : 0;
+    while (attached && P.sent < opt.messages && P.sent < allowed && (uint64_t)P.sent < credit_limit
            && frames_sent + frames <= peer_next_in + peer_in_window && P.sent - P.settled < opt.inflight
            && out_len + template_len + frames * (8 + PERFORMATIVE) < out_cap / 2) {
         double t = now_us();
@@ -800,7 +815,13 @@ static void run(void)
             finish(2);
         }
         struct pollfd p = {.fd = fd, .events = POLLIN | (out_len ? POLLOUT : 0)};
-        if (poll(&p, 1, 250) > 0 && (p.revents & (POLLIN | POLLHUP | POLLERR))) read_input();
+        double wait_us = 250e3;
+        if (is_producer && opt.rate > 0 && paced_from && P.sent < opt.messages) { /* until the next is due */
+            double next = paced_from + P.sent * 1e6 / opt.rate - now_us();
+            wait_us = next < 0 ? 0 : next < wait_us ? next : wait_us;
+        }
+        struct timespec ts = {.tv_sec = (time_t)(wait_us / 1e6), .tv_nsec = (long)(fmod(wait_us, 1e6) * 1e3)};
+        if (ppoll(&p, 1, &ts, NULL) > 0 && (p.revents & (POLLIN | POLLHUP | POLLERR))) read_input();
     }
 }
 
@@ -832,10 +853,13 @@ int main(int argc, char **argv)
         else if (!strcmp(a, "--password")) opt.password = v;
         else if (!strcmp(a, "--container-id") && strlen(v) < 256) opt.container_id = v;
         else if (!strcmp(a, "--subscription") && strlen(v) < 256) opt.subscription = v;
-        else if (!strcmp(a, "--warmup") || !strcmp(a, "--stall")) continue;
-        else if (!strcmp(a, "--rate") && atof(v) == 0) continue;
-        else { fprintf(stderr, "unknown or unsupported option %s %s (saturation runs only)\n", a, v); return 2; }
+        else if (!strcmp(a, "--warmup")) opt.warmup = atol(v);
+        else if (!strcmp(a, "--rate")) opt.rate = atof(v);
+        else if (!strcmp(a, "--duration")) opt.duration = atof(v);
+        else if (!strcmp(a, "--stall")) continue;
+        else { fprintf(stderr, "unknown option %s %s\n", a, v); return 2; }
     }
+    if (opt.rate > 0 && opt.duration > 0) opt.messages = lround(opt.rate * opt.duration);
     if (strcmp(opt.host, "127.0.0.1") && strcmp(opt.host, "localhost")) {
         fprintf(stderr, "this benchmark only talks to the loopback address\n");
         return 2;
@@ -851,6 +875,7 @@ int main(int argc, char **argv)
     else {
         C.seen = calloc((size_t)opt.messages, 1);
         C.latency = malloc(sizeof(double) * (size_t)opt.messages);
+        C.steady = malloc(sizeof(double) * (size_t)opt.messages);
         C.last_seq = -1;
     }
     connect_to_broker();
