@@ -285,7 +285,7 @@ def compiled(source: Path, name: str) -> Path:
 
 
 def start_client(kind: str, role: str, args: list[str], stderr_path: Path) -> subprocess.Popen:
-    """kind 'rhea': bench/js/{role}.js under node; 'c': bench/c_clients/client.c (saturation runs only);
+    """kind 'rhea': bench/js/{role}.js under node; 'c': bench/c_clients/client.c;
     'proton': bench/py_clients.py {role} in the venv."""
     if kind == "rhea":
         cmd = ["node", str(JS / f"{role}.js"), *args]
