@@ -35,6 +35,8 @@ class MirrorTarget:
         self.ha = ha
         self.accept_from = frozenset(config.accept_from)
         self.mirrored: dict[str, MirroredQueue] = {}  # by queue name, made when first needed
+        # A source's connection holds a link per mirrored queue: no client limit applies to it, as to HA's peers.
+        broker.engine.connection_limits.exempt_users.update(self.accept_from)
         broker.endpoints[protocol.STATE] = self._state_endpoint
         broker.endpoints[protocol.QUEUE] = self._queue_endpoint
         broker.link_routes.append(self._read_only)

@@ -52,9 +52,10 @@ class Sites:
 
 
 def standby_config(**extra: Any) -> dict[str, Any]:
-    """A standby broker's config: the mirror user, which may do nothing but mirror, accepted."""
+    """A standby broker's config: the mirror user, which may do nothing but mirror, accepted. Its clients may have
+    2 links a connection: the source's connection, with a link per mirrored queue, is held to no client limit."""
     return {"listen": ["127.0.0.1:0"], "users": {MIRROR_USER: {"password": MIRROR_PASSWORD, "allow": {}}},
-            "mirror": {"accept_from": [MIRROR_USER]}, **extra}
+            "mirror": {"accept_from": [MIRROR_USER]}, "limits": {"max_links_per_connection": 2}, **extra}
 
 
 @pytest.fixture
