@@ -40,6 +40,10 @@ Set-ups (--setups, comma-separated):
                     every set-up, so a plain queue beside it gets the same messages) sends header priorities
                     0-9 in turn; the consumers count the reordering (out of order), which is no failure
 
+--floor single|cluster also runs, in each round's rotation, bench/floor/relay.c at the fixed rate: per message
+only the system calls a broker cannot avoid (alone, or as a primary with two backups), with nothing else; the
+report gives each set-up's CPU per message at that rate as a multiple of the floor measured in the same round.
+
 --recovery N instead measures a restart: a single durable haqueue broker is filled with N durable
 messages (the rhea producer, no consumer), killed with SIGKILL and started again, --recovery-reps
 times: time from the process start to the port accepting connections and to the queue showing depth N.
@@ -55,6 +59,7 @@ times: time from the process start to the port accepting connections and to the 
     python bench/interleave.py --setups shards:2:relay,shards:2 --no-latency      # the relay's cost
     python bench/interleave.py --setups shards:2,shards:1 --no-latency --clients c  # clients that leave the cores
     python bench/interleave.py --setups single+prio10,single,rabbit-classic+prio10 --baseline rabbit-classic+prio10
+    python bench/interleave.py --setups single,rabbit-classic --clients c --floor single   # haqueue against the floor
     python bench/interleave.py --recovery 1000000
 """
 from __future__ import annotations
@@ -89,6 +94,11 @@ PRIO_KINDS = ("single", "old", "rabbit-classic")  # the set-ups that take +prioN
 HEADER_PRIORITIES = 10  # the producers of a run with a +prioN set-up send header priorities 0-9 in turn
 # +console: the same broker serving its web console, no page open; +page: and a page open (bench/console_page.py)
 CONSOLE, PAGE = "+console", "+page"
+# --floor: the relay's backups, and what it stands for
+FLOOR = "floor"
+FLOOR_BACKUPS = {"single": 0, "cluster": 2}
+FLOOR_WHAT = {"single": "two wake-ups, two recvs and two sends per message, a single broker's system calls",
+              "cluster": "a primary's system calls with two backups, each acknowledging every message, and the backups'"}
 CONSOLE_CMD = ("sh -c 'printf \"name: %s\\nlisten:\\n  - 127.0.0.1:%s\\ndata_dir: %s\\nhttp:\\n  listen: 127.0.0.1:{http}\\n\" "
                "{{name}} {{port}} {{data_dir}} > {{data_dir}}/b.yaml && exec {{python}} -m haqueue broker --config "
                "{{data_dir}}/b.yaml'")
@@ -270,15 +280,31 @@ def explain(sat: dict) -> str:
 
 
 def interleave(brokers: dict[str, R.Broker], args) -> dict[str, list[dict]]:
-    specs = list(brokers)
+    """Every set-up's turns, round by round; with --floor, the floor's runs under FLOOR, in the rotation."""
+    specs = list(brokers) + ([FLOOR] if args.floor else [])
     results: dict[str, list[dict]] = {s: [] for s in specs}
     for i in range(args.rounds):
         order = R.rotated(specs, i)
         log(f"round {i + 1}/{args.rounds}: {', '.join(order)} (load average {R.loadavg()})")
         for spec in order:
-            results[spec].append(turn(brokers[spec], args) if brokers[spec].alive()
-                                 else {"saturation": {"error": "set-up gone"}})
+            if spec == FLOOR:
+                results[spec].append({"latency": floor_turn(args)})
+            else:
+                results[spec].append(turn(brokers[spec], args) if brokers[spec].alive()
+                                     else {"saturation": {"error": "set-up gone"}})
     return results
+
+
+def floor_turn(args) -> dict:
+    """The floor's share of a round: bench/floor/relay.c at --rate for --duration."""
+    if args.quiet_wait > 0:
+        R.wait_quiet(args.quiet_wait)
+    try:
+        floor = S.floor_run(FLOOR_BACKUPS[args.floor], args.rate, args.duration)
+    except (RuntimeError, subprocess.TimeoutExpired) as e:
+        return {"error": str(e)}
+    log(f"  floor ({args.floor}): {floor['cpu_us_per_msg']:.1f} µs/msg ({floor['sys_us_per_msg']:.1f} in the kernel)")
+    return floor
 
 
 # ---------------------------------------------------------------- figures
@@ -348,7 +374,7 @@ def markdown(run: dict, args) -> str:
     """The section for RESULTS.md from a run as saved in bench/out (results, labels, command, date, load)."""
     results, command, load = run["results"], run["command"], run.get("load") or ("not recorded", "not recorded")
     labels = {spec: run.get("labels", {}).get(spec) or default_label(spec) for spec in results}
-    specs = list(results)
+    specs = [spec for spec in results if spec != FLOOR]
     base = args.baseline or specs[-1]
     lines = [f"## Interleaved: {' vs '.join(specs)} (bench/interleave.py), {run['date']}", "",
              "```", command, "```", "", machine_line(args, run.get("commit", "not recorded")),
@@ -409,6 +435,7 @@ def markdown(run: dict, args) -> str:
             targets.append(f"| `{spec}` p99 ≤ {args.target_p99:g} ms at {args.rate:g} msg/s | {med_range(p, 2)} ms | "
                            f"{verdict(p, args.target_p99, False)} | "
                            + " ".join(f"{x['p99_ms']:.1f} ({x['other_load_cores']:.1f})" for x in lat) + " |")
+    lines += floor_multiples(results, specs, args)
     lines += audit_cost(results, specs)
     if targets:
         lines += ["Targets (met = in every round; the range is what a slow minute gives):", "",
@@ -426,6 +453,27 @@ def markdown(run: dict, args) -> str:
     if problems:
         lines += ["Problems seen:", "", *("- " + p.replace("\n", " / ") for p in problems), ""]
     return "\n".join(lines) + "\n"
+
+
+def floor_multiples(results: dict[str, list[dict]], specs: list[str], args) -> list[str]:
+    """With --floor: the floor's own figures and each set-up's CPU at the fixed rate as a multiple of the floor
+    measured in the same round."""
+    if FLOOR not in results:
+        return []
+    floors = ok_runs(results[FLOOR], "latency")
+    get = lambda k: [f[k] if f else None for f in floors]  # noqa: E731
+    lines = [f"Against the floor (`--floor {args.floor}`: bench/floor/relay.c, {FLOOR_WHAT[args.floor]}, the same "
+             f"{args.rate:g} msg/s of 100-byte messages in each round): {med_range(get('cpu_us_per_msg'), 1)} µs/msg, "
+             f"{med_range(get('sys_us_per_msg'), 1)} in the kernel. Each set-up's broker CPU per message at "
+             f"{args.rate:g} msg/s as a multiple of its round's floor (median, min–max, each round's value):", "",
+             "| set-up | × floor | µs/msg above the floor | per round |", "|---|---|---|---|"]
+    for spec in specs:
+        pairs = [(a["broker_cpu_us_per_msg"], f["cpu_us_per_msg"])
+                 for a, f in zip(ok_runs(results[spec], "latency"), floors) if a and f and f["cpu_us_per_msg"]]
+        multiples = [a / f for a, f in pairs]
+        lines.append(f"| `{spec}` | {med_range(multiples, 2)} | {med_range([a - f for a, f in pairs], 1)} | "
+                     + " ".join(f"{x:.2f}" for x in multiples) + " |")
+    return lines + [""]
 
 
 def audit_cost(results: dict[str, list[dict]], specs: list[str]) -> list[str]:
@@ -593,6 +641,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--duration", type=float, default=10, help="seconds of the latency run (default 10)")
     ap.add_argument("--inflight", type=int, default=1000)
     ap.add_argument("--credit", type=int, default=1000)
+    ap.add_argument("--floor", choices=sorted(FLOOR_BACKUPS), help="each round also runs bench/floor/relay.c at --rate "
+                    "(alone, or with two backups), and the report gives every set-up's CPU at that rate as a multiple "
+                    "of the floor's in the same round (100-byte bodies)")
     ap.add_argument("--target-ratio", type=float, help="report whether msg/s ≥ this × the baseline's")
     ap.add_argument("--target-p99", type=float, help="report whether p99 (ms) at --rate ≤ this, for non-baselines")
     ap.add_argument("--recovery", type=int, metavar="N", help="measure the recovery of N queued messages instead")
@@ -613,6 +664,8 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("name at least two --setups (or --recovery N)")
     if args.baseline and args.baseline not in specs:
         ap.error("--baseline must be one of --setups")
+    if args.floor and (not args.latency or args.size != 100 or args.recovery):
+        ap.error("--floor compares the fixed-rate runs of 100-byte messages: not with --no-latency, --size or --recovery")
     if not (R.JS / "node_modules" / "rhea").exists():
         R.run_cmd(["npm", "install", "--no-audit", "--no-fund"], timeout=300, cwd=R.JS)
     command = "python bench/interleave.py " + " ".join(shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:]))

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Replicated broker set-ups for the benchmarks, each a bench/run.py Broker (start, stop, queues, CPU
 groups, counters): a haqueue cluster (`haqueue cluster up`, optionally with an `ha.sync` mode) and a
-3-node RabbitMQ cluster with quorum queues. Used by bench/interleave.py and bench/ha_run.py."""
+3-node RabbitMQ cluster with quorum queues; and the floor under them (`floor_run`, bench/floor/relay.c). Used by
+bench/interleave.py and bench/ha_run.py."""
 from __future__ import annotations
 
 import json
@@ -32,6 +33,38 @@ HOST = R.HOST
 OUT = R.OUT
 VENV_PY = R.VENV_PY
 log = R.log
+
+
+# ---------------------------------------------------------------- the floor
+
+def floor_run(backups: int, rate: float, duration: float) -> dict:
+    """bench/floor/relay.c at `rate` msg/s for `duration` s: the system calls a broker cannot avoid for a lone
+    100-byte message (with `backups`, a primary's to them too), with nothing else. CPU per message (total and
+    in the kernel) of the relay and its backups."""
+    binary = R.compiled(BENCH / "floor" / "relay.c", "floor-relay")
+    n = int(rate * duration)
+    port = R.free_port()
+    relay = subprocess.Popen([str(binary), "relay", str(port), str(backups)], stdout=subprocess.PIPE, text=True)
+    peers = [relay]
+    try:
+        if relay.stdout is None or relay.stdout.readline().strip() != "ready":
+            raise RuntimeError("the floor relay did not start")
+        peers += [subprocess.Popen([str(binary), "backup", str(port)]) for _ in range(backups)]
+        producer = subprocess.Popen([str(binary), "producer", str(port), str(rate), str(n)])
+        consumer = subprocess.Popen([str(binary), "consumer", str(port), str(n)])
+        before = R.cpu_ticks([p.pid for p in peers])
+        for client in (producer, consumer):
+            if client.wait(timeout=duration + 60) != 0:
+                raise RuntimeError("a floor client failed")
+        after = R.cpu_ticks([p.pid for p in peers])
+    finally:
+        for p in peers:
+            p.kill()
+            p.wait()
+    tick_us = 1e6 / R.CLK_TCK
+    total = sum(after[p][0] - before[p][0] for p in before)
+    kernel = sum(after[p][1] - before[p][1] for p in before)
+    return {"cpu_us_per_msg": total * tick_us / n, "sys_us_per_msg": kernel * tick_us / n}
 
 
 # ---------------------------------------------------------------- ports, processes
