@@ -11,6 +11,11 @@ from ..config import ListenerConfig
 
 log = logging.getLogger("haqueue.engine")
 
+# Connections the kernel completes and queues before the broker accepts them. A storm of clients (every one
+# reconnecting after a failover) fills a queue of 1,024 in milliseconds; the kernel then drops their SYNs and
+# each client waits out a retransmit (1 s, then 3 s, 7 s...). The kernel caps this at net.core.somaxconn.
+LISTEN_BACKLOG = 65535
+
 
 class Listener:
     def __init__(self, options: ListenerConfig, tls_context: ssl.SSLContext | None) -> None:
@@ -25,7 +30,7 @@ class Listener:
         except OSError as e:
             self.sock.close()
             raise OSError(e.errno, f"cannot listen on {options.host}:{options.port}: {e.strerror}") from None
-        self.sock.listen(1024)
+        self.sock.listen(LISTEN_BACKLOG)
         self.sock.setblocking(False)
 
     def mechanisms(self, anonymous: bool) -> list[str]:

@@ -230,6 +230,25 @@ def test_peers_count_against_no_client_limit(ha_cluster):
     assert "not replicated" not in backup.log()
 
 
+STORM = 500  # connections opened at once; bench/scale.py --storm measures 10,000, and how long they take
+
+
+def test_a_storm_of_clients_is_admitted_and_again_after_a_failover(ha_cluster):
+    """Clients opening at once, as every client does when its primary fails: each connection of a storm (every one
+    opened before any is answered) is admitted; the primary killed, every one is dropped, and the same storm at the
+    new primary is admitted whole."""
+    c = ha_cluster(size=2)
+    p = c.start_cluster()
+    with IdleConnections(*split_address(c.public), concurrency=STORM) as crowd:
+        opened = crowd.open(STORM)
+        assert (opened.admitted, opened.refused) == (STORM, {}), opened
+        c.kill(p)
+        c.promote(wait_for(lambda: c.best_backup(exclude=[p]), 10, message="a ready backup"))
+        wait_for(lambda: len(crowd) == 0, 10, message="every client dropped with the primary")
+        opened = crowd.open(STORM)
+        assert (opened.admitted, opened.refused) == (STORM, {}), opened
+
+
 def _peer_sessions_and_links(address: str, password: str, sessions: int, links: int) -> None:
     """As the ha user: more sessions and links than a client may have, all opened."""
     peer = connect(address, user=HA_USER, password=password)
