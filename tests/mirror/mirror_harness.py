@@ -1,14 +1,17 @@
-"""Fixtures for the mirror tests: a standby behind a delaying relay (25 ms each way) and a source cluster
-mirroring to it through the relay, all stopped after the test.
+"""Helpers for the mirror tests: a standby behind a delaying relay (25 ms each way, delay_relay.py) and a source
+cluster mirroring to it through the relay, and the clients' ledger.
 
-`sites`  ``sites(queues=["orders.*"], standby_size=0, standby_features=None, tls=False)``: starts the standby, the relay in
-         front of it, and a 2-broker source cluster whose `mirror:` section names the relay and the globs; returns a
-         `Sites` with the source cluster (`source`, its primary `primary`), the standby (`standby`, its primary if
-         it is a cluster, `standby_cluster`) and `relay`. With `standby_size` 0 the standby is a broker of no
-         cluster accepting the mirror user, else a cluster of that size (a pair confirms with one broker down) whose
-         public address the relay leads to; `standby_features`: the feature flags it knows enabled (as a cluster
-         upgraded from a release without the others). With `tls`, the relay leads to a TLS listener of the standby's
-         (a second one: its first, plain, serves the test's clients) and the source mirrors over TLS.
+`sites_factory`  the body of the `sites` fixture (conftest.py), which yields
+                 ``sites(queues=["orders.*"], standby_size=0, standby_features=None, tls=False)``: it starts the
+                 standby, the relay in front of it, and a 2-broker source cluster whose `mirror:` section names the
+                 relay and the globs, and returns a `Sites` with the source cluster (`source`, its primary
+                 `primary`), the standby (`standby`, its primary if it is a cluster, `standby_cluster`), `relay`
+                 and `ledger`. With `standby_size` 0 the standby is a broker of no cluster accepting the mirror
+                 user, else a cluster of that size (a pair confirms with one broker down) whose public address the
+                 relay leads to; `standby_features`: the feature flags it knows enabled (as a cluster upgraded from
+                 a release without the others). With `tls`, the relay leads to a TLS listener of the standby's (a
+                 second one: its first, plain, serves the test's clients) and the source mirrors over TLS.
+                 Everything is stopped after the test.
 """
 from __future__ import annotations
 
@@ -16,8 +19,6 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator
-
-import pytest
 
 from delay_relay import DelayRelay
 from ha_harness import PAIR_GOES_ON, HaCluster, cluster_factory  # tests/conftest.py puts tests/ha on the path
@@ -58,8 +59,7 @@ def standby_config(**extra: Any) -> dict[str, Any]:
             "mirror": {"accept_from": [MIRROR_USER]}, "limits": {"max_links_per_connection": 2}, **extra}
 
 
-@pytest.fixture
-def sites(tmp_path: Path) -> Iterator[Callable[..., Sites]]:
+def sites_factory(tmp_path: Path) -> Iterator[Callable[..., Sites]]:
     alone: list[BrokerProcess] = []  # standbys of no cluster
     relays: list[DelayRelay] = []
     clusters = cluster_factory(HaCluster, tmp_path)

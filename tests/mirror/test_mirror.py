@@ -14,7 +14,7 @@ import pytest
 from proton import Message
 from proton.utils import LinkDetached
 
-from conftest import MIRROR_PASSWORD, MIRROR_USER, Sites
+from mirror_harness import MIRROR_PASSWORD, MIRROR_USER, Sites
 from ha_harness import browse, connect, receive, send_all
 from harness import run_haqueue, wait_for
 
