@@ -42,7 +42,8 @@ def start(setup: str, audit: bool) -> run.CommandBroker:
 
 
 def audit_lines(broker: run.CommandBroker) -> int:
-    return sum(f.read_bytes().count(b"\n") for f in Path(broker.data_dir, "audit").glob("*.jsonl"))
+    # rglob: under cluster up each broker writes in a directory of its own (audit/broker-N)
+    return sum(f.read_bytes().count(b"\n") for f in Path(broker.data_dir, "audit").rglob("*.jsonl"))
 
 
 def main() -> int:

@@ -562,8 +562,8 @@ def _add_cluster(commands: Subparsers) -> None:
                                                      "queues, audit, http.tls, ha.sync...; what cluster up sets "
                                                      "itself (name, listen, data_dir, ha.brokers, ha.public, the HA "
                                                      "peer user, http.listen) is refused, naming the option to use")
-    up.add_argument("--audit-dir", metavar="DIR", help="every broker writes audit events to its own files here "
-                                                       "(design/audit-events.md)")
+    up.add_argument("--audit-dir", metavar="DIR", help="each broker writes audit events in a directory of its own "
+                                                       "here, DIR/NAME (design/audit-events.md)")
     up.add_argument("--sync", choices=SYNC_MODES,
                     help="ha.sync of every broker: when a publish is confirmed (design/store.md; default all)")
     up.add_argument("--tls", metavar="DIR", help="brokers talk to each other (and the supervisor to them) over TLS "

@@ -185,6 +185,19 @@ class Round:
     files: int = 0
     bytes: int = 0
     failures: list[str] = field(default_factory=list)  # one line each
+    earlier: int = 0  # event files shipped by an earlier round or run
+    open: int = 0  # event files a writer still holds
+
+    def nothing(self) -> str:
+        """Why a round that shipped and failed nothing did so."""
+        if not self.earlier and not self.open:
+            return "no event files there (is it the broker's audit.dir?)"
+        return (f"{_files(self.earlier)} shipped before, {_files(self.open)} still open (shipped once the broker "
+                "closes it)")
+
+
+def _files(n: int) -> str:
+    return f"{n:,} file{'' if n == 1 else 's'}"
 
 
 class Ship:
@@ -205,10 +218,13 @@ class Ship:
             done.failures.append(str(e))
             return done
         for name in sorted(os.listdir(self.source)):
-            if parts.PART.match(name) and name not in self.shipped.names:
+            if parts.PART.match(name) and name in self.shipped.names:
+                done.earlier += 1
+            elif parts.PART.match(name):
                 path = os.path.join(self.source, name)
                 try:
                     if not parts.closed(path):
+                        done.open += 1
                         continue
                 except FileNotFoundError:
                     done.failures.append(f"{name} vanished from {self.source} before it was shipped")
@@ -254,27 +270,31 @@ def add_ship_arguments(ship: argparse.ArgumentParser) -> None:
 
 
 def run_ship(args: argparse.Namespace) -> int:
-    """Exit 0 when every file closed so far is shipped (--once) or when interrupted; 2 on a usage error
+    """Exit 0 when every file closed so far is shipped (--once) or when interrupted, a first round that finds
+    nothing to ship saying so and why (no event files: not the broker's audit.dir?); 2 on a usage error
     (a missing source, a destination not there); 4 if a file could not be shipped (--once; running, a
     round's failures are told and tried again the next round); EXIT_NEWER_FORMAT if --parquet finds a file of
     a format this build does not read (a copy reads no line: it ships any)."""
     try:
         ship = Ship(args.source or _audit_dir(args.config), args.to, parquet() if args.parquet else JSONL)
+        first = True
         while True:
             done = ship.round()
             if done.files:
-                print(f"haqueue audit ship: {done.files:,} file{'s' if done.files > 1 else ''} "
-                      f"({done.bytes / 1e6:,.1f} MB) to {args.to}", flush=True)
+                print(f"haqueue audit ship: {_files(done.files)} ({done.bytes / 1e6:,.1f} MB) to {args.to}", flush=True)
+            elif first and not done.failures:  # later rounds that ship nothing are the usual wait for a rotation
+                print(f"haqueue audit ship: nothing to ship from {ship.source}: {done.nothing()}", flush=True)
+            first = False
             for failure in done.failures:
                 print(f"haqueue audit ship: {failure}", file=sys.stderr, flush=True)
             if args.once:
                 return EXIT_JOB_FAILED if done.failures else EXIT_OK
             time.sleep(args.interval.total_seconds())
     except UsageError as e:
-        print(f"haqueue: audit ship: {e}", file=sys.stderr)
+        print(f"haqueue audit ship: {e}", file=sys.stderr)
         return EXIT_USAGE
     except NewerFormat as e:  # --parquet: a file whose lines it cannot convert
-        print(f"haqueue: audit ship: {e}", file=sys.stderr)
+        print(f"haqueue audit ship: {e}", file=sys.stderr)
         return EXIT_NEWER_FORMAT
     except KeyboardInterrupt:
         return EXIT_OK

@@ -26,7 +26,7 @@ import yaml
 from ..admin import AdminClient, AdminError
 from ..config import TlsConfig, broker_config
 from .liveness import Liveness
-from .up_config import NO_FILE
+from .up_config import NO_FILE, broker_audit
 
 log = logging.getLogger("haqueue.cluster")
 
@@ -89,7 +89,8 @@ class Supervisor:
         configs = []
         for i in range(size):
             config = {**extra, "name": f"broker-{i}", "listen": [f"{host}:{base_port + i}"],
-                      "data_dir": os.path.join(directory, f"broker-{i}"), "ha": ha}
+                      "data_dir": os.path.join(directory, f"broker-{i}"), "ha": ha,
+                      **broker_audit(extra, f"broker-{i}")}
             if console_port:
                 config["http"] = {**extra.get("http", {}), "listen": f"{host}:{console_port + i}"}
             configs.append(config)

@@ -68,6 +68,16 @@ def cluster_settings(path: str | None, audit_dir: str | None, sync: str | None, 
     return raw
 
 
+def broker_audit(extra: dict[str, Any], name: str) -> dict[str, Any]:
+    """Broker `name`'s share of `extra`'s audit section (`--audit-dir`, or the file's): a directory of its own,
+    audit.dir/NAME, as a broker on a machine of its own has, so that `audit ship --config` ships its files alone;
+    the audit reads the event files under audit.dir at any depth. Nothing without an audit.dir to divide."""
+    audit = extra.get("audit")
+    if not isinstance(audit, dict) or not isinstance(audit.get("dir"), str):
+        return {}  # none, or one the brokers' check refuses
+    return {"audit": {**audit, "dir": os.path.join(audit["dir"], name)}}
+
+
 def _read(path: str) -> dict[str, Any]:
     raw = read_yaml(path)
     if not isinstance(raw, dict):

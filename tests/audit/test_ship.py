@@ -73,7 +73,9 @@ def test_closed_files_are_shipped_once_and_a_ship_killed_mid_copy_resumes(tmp_pa
     assert same_files(source, to, ["b0~f1-000001.jsonl", "b0~f1-000002.jsonl"])  # the open part waits
     before = shipped(to)
     again = ship(source, to)
-    assert (again.returncode, again.stdout, again.stderr) == (0, "", "")
+    assert (again.returncode, again.stdout, again.stderr) == (0, f"haqueue audit ship: nothing to ship from {source}: "
+                                                                 "2 files shipped before, 1 file still open (shipped "
+                                                                 "once the broker closes it)\n", "")
     assert shipped(to) == before  # nothing copied twice
 
     writer.close()  # part 3 is closed: the next ship copies it; kill -9 that ship mid-copy
@@ -92,7 +94,12 @@ def test_closed_files_are_shipped_once_and_a_ship_killed_mid_copy_resumes(tmp_pa
     assert same_files(source, to, ["b0~f1-000001.jsonl", "b0~f1-000002.jsonl", "b0~f1-000003.jsonl"])
     assert {name: ino for name, (ino, _) in shipped(to).items() if name in before} == {
         name: ino for name, (ino, _) in before.items()}
-    assert ship(source, to).stdout == ""
+    assert ship(source, to).stdout == f"haqueue audit ship: nothing to ship from {source}: 3 files shipped before, " \
+                                      "0 files still open (shipped once the broker closes it)\n"
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert (ship(empty, to).returncode, ship(empty, to).stdout) == (
+        0, f"haqueue audit ship: nothing to ship from {empty}: no event files there (is it the broker's audit.dir?)\n")
 
 
 def test_a_broker_killed_with_kill_9_leaves_its_last_file_closed_and_it_is_shipped(broker_factory, tmp_path):
@@ -135,7 +142,7 @@ def test_bad_input_is_one_line_and_its_exit_code(tmp_path):
              "(s3a:// is not supported: ship runs beside a broker without a JVM; mount the store, e.g. through an "
              "NFS gateway, or copy from the shared directory)")]:
         result = run_haqueue(["audit", "ship", *args, "--once"])
-        assert (result.returncode, result.stderr) == (2, f"haqueue: audit ship: {error}\n")
+        assert (result.returncode, result.stderr) == (2, f"haqueue audit ship: {error}\n")
 
     pipe = plant_pipe(to, "b0~f1-000001.jsonl")
     failing = start_ship(source, to)
@@ -190,5 +197,5 @@ def test_parquet_ships_each_closed_file_converted_once(tmp_path):
     assert (again.returncode, again.stdout, again.stderr) == (0, f"haqueue audit ship: 1 file ({size / 1e6:.1f} MB) "
                                                                  f"to {to}\n", "")
     assert shipped(to) == before  # noted, not written again
-    assert ship(source, to, "--parquet").stdout == ""
+    assert ship(source, to, "--parquet").stdout.startswith(f"haqueue audit ship: nothing to ship from {source}: 2 ")
     writer.close()

@@ -18,7 +18,7 @@ from proton.utils import BlockingConnection
 
 from ha_harness import (HA_USER, AdminClient, AdminError, Load, can_connect, free_port, receive, send_all,
                         split_address, wait_for)
-from harness import REPO_ROOT, process_state
+from harness import REPO_ROOT, process_state, run_haqueue
 from haqueue.config import TlsConfig
 from tls_certs import CertificateAuthority
 
@@ -182,11 +182,12 @@ def supervised(tmp_path):
 def test_cluster_up_prints_addresses_and_exits_on_sigterm(supervised, tmp_path):
     """With --config FILE: the file's users and `anonymous: false` in every broker, so clients log in, while the
     supervisor (it promotes and pings) and the backups still get in as the HA peer user that cluster up makes; the
-    file's ha.sync beside cluster up's own ha keys."""
-    config = tmp_path / "users.yaml"
+    file's ha.sync beside cluster up's own ha keys. With --audit-dir DIR each broker writes its events in DIR/NAME,
+    a directory of its own, so `audit ship --config` of each ships that broker's files alone."""
+    config, audit = tmp_path / "users.yaml", tmp_path / "audit"
     config.write_text(yaml.safe_dump({"anonymous": False, "users": {APP: {"password": APP_PASSWORD, "allow": {
         "send": ["s*"], "receive": ["s*"]}}}, "ha": {"sync": "quorum_mem"}}))
-    s = supervised(3, args=("--config", str(config)))
+    s = supervised(3, args=("--config", str(config), "--audit-dir", str(audit)))
     lines = s.read_until("public ", 40)
     brokers = [line for line in lines if line.startswith("broker-")]
     assert len(brokers) == 3, lines
@@ -208,6 +209,16 @@ def test_cluster_up_prints_addresses_and_exits_on_sigterm(supervised, tmp_path):
     assert s.proc.wait(timeout=20) == 0, s.stderr()
     wait_for(lambda: not any(_alive(p) for p in pids), 10, message="brokers gone after SIGTERM")
     assert not can_connect(*split_address(s.public))
+    assert sorted(p.name for p in audit.iterdir()) == ["broker-0", "broker-1", "broker-2"]
+    for i in range(3):  # each broker's files closed as it stopped
+        to, broker = tmp_path / f"shared-{i}", ["--config", str(s.directory / f"broker-{i}.yaml")]
+        to.mkdir()
+        shipped = run_haqueue(["audit", "ship", *broker, "--to", str(to), "--once"])
+        assert (shipped.returncode, shipped.stderr) == (0, ""), shipped.stderr
+        assert shipped.stdout.startswith("haqueue audit ship: ") and " to " in shipped.stdout
+        assert {p.name.split("~")[0] for p in to.iterdir()} == {f"broker-{i}"}, list(to.iterdir())
+        again = run_haqueue(["audit", "ship", *broker, "--to", str(to), "--once"])
+        assert again.stdout.startswith(f"haqueue audit ship: nothing to ship from {audit / f'broker-{i}'}: "), again
 
 
 def test_cluster_up_fails_over_on_kill9_without_losing_confirmed(supervised):

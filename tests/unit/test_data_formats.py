@@ -182,7 +182,7 @@ def test_event_readers_take_both_names_and_refuse_a_newer_format(tmp_path: Path,
     assert str(raised.value) == refused(newer, 2, "1")
     ship = ["audit", "ship", "--from", str(events), "--to", str(to), "--once"]
     assert main([*ship, "--parquet"]) == EXIT_NEWER_FORMAT  # converting reads the lines
-    assert capsys.readouterr().err.splitlines()[-1] == f"haqueue: audit ship: {refused(newer, 2, '1')}"
+    assert capsys.readouterr().err.splitlines()[-1] == f"haqueue audit ship: {refused(newer, 2, '1')}"
     assert main(ship) == 0  # a copy reads none
     assert (to / newer.name).read_bytes() == newer.read_bytes()
 
