@@ -19,7 +19,9 @@ from haqueue.formats import EXIT_NEWER_FORMAT, NewerFormat
 
 def add_lag_arguments(lag: argparse.ArgumentParser) -> None:
     lag.add_argument("--events", metavar="DIR", required=True,
-                     help="the audit directory (files *.jsonl): a path, or a URI Spark reads (hdfs://, s3a://...)")
+                     help="the events: every *.jsonl and *.parquet file under DIR, at any depth (cluster up "
+                          "--audit-dir's DIR: each broker's directory in it); a path, or a URI Spark reads (hdfs://, "
+                          "s3a://...)")
     lag.add_argument("--out", metavar="DIR", required=True, help="where the tables and the chart go (a path or URI)")
     lag.add_argument("--ledger", metavar="FILE", nargs="+", action="extend", default=[],
                      help="client ledgers (JSON lines: client, queue, id, op confirmed|received, t); "
@@ -42,7 +44,8 @@ def add_lag_arguments(lag: argparse.ArgumentParser) -> None:
 
 def add_watch_arguments(watch: argparse.ArgumentParser) -> None:
     watch.add_argument("--events", metavar="DIR", required=True,
-                       help="the audit directory (files *.jsonl), on the driver's file system (a path or file://)")
+                       help="the events: every *.jsonl file under DIR, at any depth, on the driver's file system (a "
+                            "path or file://)")
     watch.add_argument("--window", metavar="DURATION", type=duration, default=datetime.timedelta(seconds=10),
                        help="lag percentiles per window of this length (default 10s)")
     watch.add_argument("--bound", metavar="DURATION", type=duration, default=datetime.timedelta(seconds=5),
@@ -119,7 +122,7 @@ def run_watch(args: argparse.Namespace) -> int:
     except ImportError as e:
         return _missing_module(e, "PySpark")
     if args.bound < measures.MIN_BOUND:
-        print(f"haqueue: audit: --bound must be at least {measures.MIN_BOUND.total_seconds():g}s: a backup marks "
+        print(f"haqueue audit: --bound must be at least {measures.MIN_BOUND.total_seconds():g}s: a backup marks "
               "its log once a second", file=sys.stderr)
         return EXIT_USAGE
     return _guarded(lambda: run_watch(Watch(args.events, args.window, args.bound, args.parquet, args.checkpoint,
@@ -136,7 +139,7 @@ def _missing_module(error: ImportError, needs: str) -> int:
               "PYSPARK_DRIVER_PYTHON and PYSPARK_PYTHON to the Python haqueue is installed in (its venv's "
               "bin/python)", file=sys.stderr)
         return EXIT_JOB_FAILED
-    print(f"haqueue: audit needs {needs}: pip install 'haqueue[spark]' ({error})", file=sys.stderr)
+    print(f"haqueue audit: needs {needs}: pip install 'haqueue[spark]' ({error})", file=sys.stderr)
     return EXIT_USAGE
 
 
@@ -150,10 +153,10 @@ def _guarded(run: Callable[[], int], debug: bool) -> int:
                 warnings.filterwarnings("ignore", category=UserWarning, module=r"pyspark\.")
             return run()
     except UsageError as e:
-        print(f"haqueue: audit: {e}", file=sys.stderr)
+        print(f"haqueue audit: {e}", file=sys.stderr)
         return EXIT_USAGE
     except NewerFormat as e:  # an event file of a newer release: read by none of the audit
-        print(f"haqueue: audit: {e}", file=sys.stderr)
+        print(f"haqueue audit: {e}", file=sys.stderr)
         return EXIT_NEWER_FORMAT
     except Exception as e:
         if debug:

@@ -7,11 +7,11 @@ from datetime import timedelta
 from typing import Mapping, Sequence
 
 from haqueue.audit import measures
-from haqueue.audit.exits import EXIT_CANNOT_TELL, EXIT_LOSS, EXIT_OK, UsageError
+from haqueue.audit.exits import EXIT_CANNOT_TELL, EXIT_LOSS, EXIT_OK
 from haqueue.audit.lag import Audit, analyse_input
 from haqueue.audit.progress import Progress
 from haqueue.audit.sources import input_size, read_events, session, tune_for
-from haqueue.audit.storage import Storage, uri
+from haqueue.audit.storage import Storage, check_paths, uri
 
 
 def run_audit(events: str, out: str, master: str | None, since: int | None, until: int | None,
@@ -21,16 +21,11 @@ def run_audit(events: str, out: str, master: str | None, since: int | None, unti
     Paths may be URIs (storage.py); UsageError when one is not there."""
     from haqueue.audit import report  # matplotlib: after pandas (lag.py), the one a wrong PYSPARK_PYTHON is told of
 
+    check_paths(events, ledgers, out, None)  # the driver's own paths, before a JVM starts
     spark = session(master, conf, debug, input_size(events))
     try:
         storage = Storage(spark)
-        if not storage.is_dir(events):
-            raise UsageError(f"no such directory: {events}")
-        absent = [path for path in ledgers if not storage.is_file(path)]
-        if absent:
-            raise UsageError(f"no such ledger file: {', '.join(absent)}")
-        if storage.is_file(out):
-            raise UsageError(f"--out is a file, not a directory: {out}")
+        check_paths(events, ledgers, out, storage)
         found = read_events(spark, uri(events))  # Spark's listing: the progress line's and the tuning's
         tune_for(spark, found.size, given=conf or {})
         with Progress(spark.sparkContext, f"{found.files:,} event files, {found.bytes / 1e6:,.1f} MB"):

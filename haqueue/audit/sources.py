@@ -45,12 +45,14 @@ def session(master: str | None = None, conf: Mapping[str, str] | None = None, de
     if running is not None and master is not None and running.master != master:
         raise UsageError(f"this process already runs a Spark session on {running.master}: it cannot audit on "
                          f"{master} (stop that session first, or audit on {running.master})")
-    defaults: dict[str, str] = {}
+    # Applied as the context starts: under spark-submit, whose JVM logs at INFO (the `haqueue` command's, a
+    # shell's, at WARN), the context's start would otherwise print some 50 lines before the audit's own.
+    defaults = {"spark.log.level": _LOG_LEVEL[debug]}
     if not submitted:
         master = master or "local[*]"
-        defaults = {"spark.driver.memory": driver_memory(master, size), "spark.ui.showConsoleProgress": "false",
-                    "spark.driver.extraJavaOptions": JVM_OPTIONS, "spark.executor.extraJavaOptions": JVM_OPTIONS,
-                    "spark.scheduler.mode": SCHEDULER_MODE}
+        defaults |= {"spark.driver.memory": driver_memory(master, size), "spark.ui.showConsoleProgress": "false",
+                     "spark.driver.extraJavaOptions": JVM_OPTIONS, "spark.executor.extraJavaOptions": JVM_OPTIONS,
+                     "spark.scheduler.mode": SCHEDULER_MODE}
     if master is not None and master.startswith("local"):
         defaults["spark.ui.enabled"] = "false"
     builder = SparkSession.builder.appName("haqueue-audit").config("spark.sql.session.timeZone", "UTC")
@@ -59,8 +61,11 @@ def session(master: str | None = None, conf: Mapping[str, str] | None = None, de
     for key, value in {**defaults, **conf}.items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
-    spark.sparkContext.setLogLevel("ERROR" if debug else "FATAL")
+    spark.sparkContext.setLogLevel(_LOG_LEVEL[debug])  # a running session's too
     return spark
+
+
+_LOG_LEVEL = {False: "FATAL", True: "ERROR"}  # Spark's, without and with --debug
 
 
 def tune_for(spark: SparkSession, size: int, given: Collection[str] = ()) -> None:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 import re
 import urllib.parse
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from pyspark.sql import SparkSession
@@ -29,6 +29,27 @@ def local_path(location: str) -> str | None:
     return urllib.parse.urlparse(location).path if location.startswith("file:/") else None
 
 
+def check_paths(events: str, ledgers: Sequence[str], out: str, storage: Storage | None) -> None:
+    """UsageError naming an input that is not there, or an --out that is a file: without `storage`, of the paths
+    on the driver's file system (plain, file://), asked before Spark starts (a JVM takes seconds to start); with
+    it, of the others, asked of Hadoop's file systems."""
+    def asked(location: str) -> bool:
+        return (local_path(location) is None) == (storage is not None)
+
+    is_dir, is_file = (storage.is_dir, storage.is_file) if storage else (_local(os.path.isdir), _local(os.path.isfile))
+    if asked(events) and not is_dir(events):
+        raise UsageError(f"no such directory: {events}")
+    absent = [path for path in ledgers if asked(path) and not is_file(path)]
+    if absent:
+        raise UsageError(f"no such ledger file: {', '.join(absent)}")
+    if asked(out) and is_file(out):
+        raise UsageError(f"--out is a file, not a directory: {out}")
+
+
+def _local(test: Callable[[str], bool]) -> Callable[[str], bool]:
+    return lambda location: test(local_path(location) or location)
+
+
 class Storage:
     """The Hadoop file systems of a Spark session."""
 
@@ -44,8 +65,19 @@ class Storage:
         except Exception as e:  # py4j's error: UnsupportedFileSystemException, a class not found...
             cause = getattr(e, "java_exception", None)
             what = str(cause.toString() if cause is not None else e).splitlines()[0]
-            raise UsageError(f"cannot reach {location}: {what} (is the file system's client on Spark's "
-                             "classpath, e.g. hadoop-aws for s3a?)") from None
+            raise UsageError(f"cannot reach {location}: {what} ({self._hint(location)})") from None
+
+    def _hint(self, location: str) -> str:
+        """What to look at when no file system serves `location`. A URI without a host (hdfs:///audit) is
+        resolved against fs.defaultFS, which names the host when it is of the same scheme; otherwise Hadoop
+        finds no host and says so, whatever its classpath."""
+        parsed = urllib.parse.urlparse(location)
+        if not parsed.netloc:
+            default = self.conf.get("fs.defaultFS")
+            return (f"the URI names no host, and the default file system, fs.defaultFS, is {default}: write "
+                    f"{parsed.scheme}://HOST{parsed.path} (for hdfs the namenode), or set fs.defaultFS "
+                    "(core-site.xml in HADOOP_CONF_DIR, or --conf spark.hadoop.fs.defaultFS=...)")
+        return "is the file system's client on Spark's classpath, e.g. hadoop-aws for s3a?"
 
     def is_dir(self, location: str) -> bool:
         fs, path = self._open(location)

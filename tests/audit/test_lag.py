@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import io
 import json
+import math
 import os
 import re
 import shlex
@@ -82,6 +83,33 @@ def test_each_problem_names_its_message(audit):
     ]
     missing = audit.problems[audit.problems["problem"] == "missing"].iloc[0]
     assert missing["time"] == pd.Timestamp(T0 + 9 * 1000, unit="us")  # when the primary confirmed it
+
+
+def test_percentiles_are_the_nearest_rank_of_every_value(spark, tmp_path):
+    """20,001 messages, each with a lag and a completion latency of its own (more values than percentile_approx's
+    accuracy of 10,000 keeps exact): each p50/p95/p99 the audit reports is the value at rank ceil(p * n) of the
+    sorted values, as computed here."""
+    from haqueue.audit import lag
+
+    n, log = 20_001, EventLog()
+    lags = [1 + (seq * 7_919) % 30_011 for seq in range(n)]  # µs, in no order
+    latencies = [500 + (seq * 104_729) % 40_009 for seq in range(n)]
+    for seq in range(n):
+        t = T0 + seq * 20
+        log.message("b0", 1, schema.ENQUEUE, t, schema.PRIMARY, 1, seq)
+        log.message("b1", 2, schema.REPLICATE, t + lags[seq], schema.BACKUP, 1, seq, mode=schema.LIVE, enqueued=t)
+        log.message("b0", 1, schema.COMPLETE, t + latencies[seq], schema.PRIMARY, 1, seq, backups=["b1"])
+    for broker, run, role in (("b0", 1, schema.PRIMARY), ("b1", 2, schema.BACKUP)):
+        log.mark(broker, run, T0 + SECOND, role, 1)
+    audit = lag.analyse(spark, str(log.write(tmp_path / "events")))
+
+    def nearest_rank(values: list[int]) -> list[float]:
+        ordered = sorted(values)
+        return [ordered[math.ceil(p * len(ordered)) - 1] / 1000 for p in (0.5, 0.95, 0.99)] + [ordered[-1] / 1000]
+
+    assert rows(audit.backups, ["lag_p50_ms", "lag_p95_ms", "lag_p99_ms", "lag_max_ms"]) == [tuple(nearest_rank(lags))]
+    assert rows(audit.queues, ["completion_p50_ms", "completion_p95_ms", "completion_p99_ms", "completion_max_ms"]) == [
+        tuple(nearest_rank(latencies))]
 
 
 def test_lag_timeline_and_summary(audit):
@@ -179,7 +207,7 @@ def test_files_of_0_1_0_and_of_this_build_are_read_alike_and_a_newer_format_is_r
     result = run_audit_command(["audit", "lag", "--events", str(events), "--out", str(tmp_path / "out"),
                                 "--master", "local[2]"])
     assert (result.returncode, result.stdout, result.stderr.splitlines()[-1]) == (
-        EXIT_NEWER_FORMAT, "", f"haqueue: audit: file://{newer}: format 2 is newer than this build reads (1): this "
+        EXIT_NEWER_FORMAT, "", f"haqueue audit: file://{newer}: format 2 is newer than this build reads (1): this "
                                f"build is older than the one that wrote it; install that release or newer")
 
 
@@ -472,20 +500,32 @@ def test_a_failed_spark_job_exits_4_in_one_line_and_bad_paths_2(scenario_dir, tm
     result = run_audit_command(["audit", "lag", "--events", str(events), "--out", str(tmp_path / "out"),
                                 "--master", "local[2]", "--debug"])
     assert result.returncode == 4 and "Traceback" in result.stderr and "Py4JJavaError" in result.stderr
-    out = ["--out", str(tmp_path / "out")]
+    out, a_file = ["--out", str(tmp_path / "out")], tmp_path / "a-file"
+    a_file.write_text("")
+    running = local_spark()  # an audit stops the session it runs in at its end: these never start or join one
     for args, error in [
             (["--events", f"file://{tmp_path}/none", *out], f"no such directory: file://{tmp_path}/none"),
             (["--events", str(events), "--ledger", str(tmp_path / "none.jsonl"), *out],
              f"no such ledger file: {tmp_path}/none.jsonl"),
+            (["--events", str(events), "--out", str(a_file)], f"--out is a file, not a directory: {a_file}")]:
+        result = run_audit_command(["audit", "lag", *args, "--master", "local[2]"])
+        assert (result.returncode, result.stderr) == (2, f"haqueue audit: {error}\n")
+        assert not running.sparkContext._jsc.sc().isStopped()
+    for args, error in [
             (["--events", str(events), "--out", "s3a://bucket/report"],
              "cannot reach s3a://bucket/report: java.lang.RuntimeException: java.lang.ClassNotFoundException: Class "
              "org.apache.hadoop.fs.s3a.S3AFileSystem not found (is the file system's client on Spark's classpath, "
-             "e.g. hadoop-aws for s3a?)")]:
+             "e.g. hadoop-aws for s3a?)"),
+            (["--events", "hdfs:///audit", *out],  # this machine has no Hadoop config: no fs.defaultFS of hdfs
+             "cannot reach hdfs:///audit: java.io.IOException: Incomplete HDFS URI, no host: hdfs:///audit (the URI "
+             "names no host, and the default file system, fs.defaultFS, is file:///: write hdfs://HOST/audit (for "
+             "hdfs the namenode), or set fs.defaultFS (core-site.xml in HADOOP_CONF_DIR, or --conf "
+             "spark.hadoop.fs.defaultFS=...))")]:
         result = run_audit_command(["audit", "lag", *args, "--master", "local[2]"])
-        assert (result.returncode, result.stderr.splitlines()[-1]) == (2, f"haqueue: audit: {error}")
+        assert (result.returncode, result.stderr.splitlines()[-1]) == (2, f"haqueue audit: {error}")
     running = local_spark()
     result = run_audit_command(["audit", "lag", "--events", str(events), *out, "--master", "spark://127.0.0.1:7077"])
-    assert (result.returncode, result.stderr) == (2, "haqueue: audit: this process already runs a Spark session on "
+    assert (result.returncode, result.stderr) == (2, "haqueue audit: this process already runs a Spark session on "
                                                      "local[2]: it cannot audit on spark://127.0.0.1:7077 (stop that "
                                                      "session first, or audit on local[2])\n")
     assert running.range(3).count() == 3
@@ -521,7 +561,7 @@ def test_progress_counts_the_jobs_that_ended_between_two_looks(spark):
     jobs = len(set(spark.sparkContext.statusTracker().getJobIdsForGroup()) - before)
     lines = out.getvalue().splitlines()
     assert lines[0] == "haqueue audit: reading a range"
-    assert re.fullmatch(rf"haqueue audit: Spark job {jobs}: (\d+)/\1 tasks", lines[-1]), lines
+    assert re.fullmatch(rf"haqueue audit: {jobs} Spark jobs, (\d+)/\1 tasks", lines[-1]), lines
 
 
 def spark_submit(args: list[str], python: str, master: str = "local[2]",
@@ -561,8 +601,15 @@ def test_spark_submit_shows_progress_on_stderr_and_the_summary_alone_on_stdout(t
     assert result.stdout.splitlines()[-1] == "no loss: every confirmed message reached every backup that was ready"
     progress = [line for line in result.stderr.splitlines() if line.startswith("haqueue audit: ")]
     assert progress[0] == f"haqueue audit: reading 2 event files, {size:,.1f} MB"
-    tasks = [line for line in progress[1:] if re.fullmatch(r"haqueue audit: Spark job \d+: [\d,]+/[\d,]+ tasks", line)]
-    assert tasks, result.stderr[-3000:]
+    tasks = [re.fullmatch(r"haqueue audit: ([\d,]+) Spark jobs?, ([\d,]+)/([\d,]+) tasks", line)
+             for line in progress[1:]]
+    assert tasks and all(tasks), result.stderr[-3000:]
+    counts = [tuple(int(n.replace(",", "")) for n in task.groups()) for task in tasks]
+    # Counted from the audit's start, no figure goes down: jobs started, tasks done, tasks of the stages started.
+    assert all(map(lambda a, b: all(x <= y for x, y in zip(a, b)), counts, counts[1:])), progress
+    # Spark's start at INFO, as spark-submit's JVM logs, would be some 50 lines: only the context's first three
+    # (its version, OS and Java) come before the audit's log level applies.
+    assert len([line for line in result.stderr.splitlines() if " INFO " in line]) <= 3, result.stderr[-5000:]
 
     no_packages = tmp_path / "python-without-site-packages"
     no_packages.write_text(f"#!/bin/sh\nexec {sys.executable} -S \"$@\"\n")

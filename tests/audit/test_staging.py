@@ -86,4 +86,4 @@ def test_watch_refuses_events_and_checkpoints_off_the_drivers_file_system(tmp_pa
              "the checkpoint holds the staged event files and must be on the driver's file system (a path or "
              "file://, shared with the executors): give --checkpoint")]:
         result = run_audit_command(["audit", "watch", *args, "--once"])
-        assert (result.returncode, result.stderr.strip()) == (2, f"haqueue: audit: {error}")
+        assert (result.returncode, result.stderr.strip()) == (2, f"haqueue audit: {error}")
