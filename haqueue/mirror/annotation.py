@@ -2,7 +2,9 @@
 read back by a standby that must learn again what it holds (after a restart or a failover of its own).
 
 Only the message-annotations section is written anew; the header before it and the bare message after it are
-copied as they are, so the standby holds the source's message plus one annotation.
+copied as they are, so the standby holds the source's message plus one annotation. It is done here with bytes, not
+with messaging/annotations.py's `with_annotations`, which re-encodes the map through proton's Data: that took
+19-50 µs a message against 3-6 µs, on the source primary's thread for every message mirrored.
 """
 from __future__ import annotations
 

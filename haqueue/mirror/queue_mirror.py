@@ -17,12 +17,12 @@ from __future__ import annotations
 import bisect
 import logging
 import time
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from typing import Any, Protocol
 
 from ..broker.connection import Connection
 from ..broker.proton_adapter import ACCEPTED, Link, LinkHandler
-from ..broker.queue import Entry, Queue, Returned, seq_ranges
+from ..broker.queue import DEFERRED, DEQUEUED, Entry, Queue, Returned, seq_ranges
 from ..broker.selector import Selector
 from ..ha.protocol import encode_ranges, message_tag
 from . import protocol
@@ -83,10 +83,15 @@ class QueueMirror(LinkHandler):
         self.held_back = 0  # their bytes
         self.over_limit = False
         self.dequeues: list[int] = []  # seqs dequeued here, for the next D
+        # Scheduled messages, deferred until due: a browser passes them by, so each is sent in its place in the
+        # queue's order by the mirror itself, before the next message the browser hands over.
+        self.deferred: deque[Entry] = deque()
         self.deleted = False  # Dispatchable: stopped
         now = time.time()
         for entry in queue.entries():
             self._wait(entry.seq, now, len(entry.data))
+            if entry.state == DEFERRED:
+                self.deferred.append(entry)
         queue.observers.append(self)
         host.standby.add(self)
 
@@ -99,6 +104,7 @@ class QueueMirror(LinkHandler):
                                    properties={**self.host.standby.link_properties(), protocol.UID: self.queue.uid,
                                                protocol.ARGS: dict(self.queue.args)})
         self.state, self.refusal, self.sent_through, self.passed = MIRRORING, None, 0, 0
+        self.deferred = deque(e for e in self.queue.entries() if e.state == DEFERRED)
         live = set(self.queue.live_seqs())
         gone = [seq for seq in self.held.seqs() if seq not in live]
         self.to_pass = sum(1 for seq in live if seq in self.held)
@@ -125,12 +131,29 @@ class QueueMirror(LinkHandler):
 
     def deliver(self, entry: Entry) -> None:
         seq = entry.seq
+        if self.deferred and self.deferred[0].seq < seq:
+            self._send_deferred(seq)
         self.passed = seq
         if seq in self.held:
             self.to_pass -= 1
-            return
-        if self.link is None:
-            return
+        elif self.link is not None:
+            self._send(entry)
+
+    def after_dispatch(self) -> None:
+        if self.deferred:
+            self._send_deferred(None)
+
+    def _send_deferred(self, before: int | None) -> None:
+        """The scheduled messages older than `before` (None: all), those the browser did not hand over itself."""
+        while self.deferred and (before is None or self.deferred[0].seq < before):
+            entry = self.deferred.popleft()
+            if entry.state != DEQUEUED and entry.seq > self.sent_through and entry.seq not in self.held \
+                    and self.link is not None:
+                self._send(entry)
+
+    def _send(self, entry: Entry) -> None:
+        assert self.link is not None
+        seq = entry.seq
         waited = self.waiting.get(seq)
         enqueued_us = int((waited[0] if waited else time.time()) * 1e6)
         delivery = self.link.send(with_seq(entry.data, seq), tag=message_tag(protocol.ENQUEUE, seq, enqueued_us))
@@ -138,15 +161,14 @@ class QueueMirror(LinkHandler):
             self.in_flight[delivery] = seq
         self.sent_through = seq
 
-    def after_dispatch(self) -> None:
-        pass
-
     def queue_deleted(self) -> None:
         self.stop()
 
     # -- the queue's observer -----------------------------------------------------------------------
     def enqueued(self, queue: Queue, entry: Entry) -> None:
         self._wait(entry.seq, time.time(), len(entry.data))
+        if entry.state == DEFERRED:  # scheduled: its hook deferred it before the observers heard of it
+            self.deferred.append(entry)
 
     def acquired(self, queue: Queue, entry: Entry) -> None:
         pass

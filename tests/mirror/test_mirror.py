@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from typing import Any
 
 import pytest
-from proton import Message
+from proton import Message, Timeout
 from proton.utils import LinkDetached
 
 from mirror_harness import MIRROR_PASSWORD, MIRROR_USER, Sites
@@ -175,6 +176,30 @@ def test_mirror_is_read_only_on_the_standby(sites) -> None:
             conn.create_sender("orders.9")
     finally:
         conn.close()
+
+
+def test_a_scheduled_message_is_mirrored_in_its_place(sites) -> None:
+    """A message held back until a time (x-opt-delivery-time) is mirrored at once (a browser, as the mirror is,
+    passes it by while it is held back), in its place in the queue's order."""
+    site = sites(queues=["orders.*"])
+    due = int(time.time() * 1000) + 2500
+    messages = [Message(id=f"orders.0-{i}", body=i, durable=True,
+                        annotations={"x-opt-delivery-time": due} if i == 1 else None) for i in range(3)]
+    send_all(site.source.public, "orders.0", messages)
+    site.ledger.confirmed["orders.0"] = [m.id for m in messages]
+    wait_for(lambda: _drained_one(site, "orders.0"), LAG_TIMEOUT, message="orders.0 mirrored, the scheduled one too")
+    assert {q["queue"]: q["messages"] for q in mirror_status(site.standby.address)["standby"]["queues"]} == \
+        {"orders.0": 3}
+    expected = site.ledger.remaining("orders.0")
+    wait_for(lambda: browsed(site.standby.address, "orders.0", 3) == expected, 15, message="all 3 there once due")
+
+
+def browsed(address: str, queue: str, n: int) -> list[str] | None:
+    """The ids of the first n messages a browser is given, None if it is given fewer (held back, or not there)."""
+    try:
+        return [m.id for m in browse(address, queue, n, timeout=1.0)]
+    except Timeout:
+        return None
 
 
 def test_a_queue_deleted_at_the_source_is_no_longer_mirrored(sites) -> None:
