@@ -21,6 +21,7 @@ from collections import OrderedDict, deque
 from typing import Any, Protocol
 
 from ..broker.connection import Connection
+from ..broker.flow import LOW_WATER
 from ..broker.proton_adapter import ACCEPTED, Link, LinkHandler
 from ..broker.queue import DEFERRED, DEQUEUED, Entry, Queue, Returned, seq_ranges
 from ..broker.selector import Selector
@@ -252,9 +253,10 @@ class QueueMirror(LinkHandler):
         waited = self.waiting.pop(seq, None)
         if waited is not None:
             self.held_back -= waited[1]
-            if self.over_limit and self.held_back <= self.host.max_backlog_bytes:
+            if self.over_limit and self.held_back < self.host.max_backlog_bytes * LOW_WATER:  # no flapping at the edge
                 self.over_limit = False
-                log.info("mirror of queue %s: back under mirror.max_backlog_bytes", self.name)
+                log.info("mirror of queue %s: %d bytes not yet on the standby, back under mirror.max_backlog_bytes",
+                         self.name, self.held_back)
 
     def status(self, now: float) -> dict[str, Any]:
         oldest = next(iter(self.waiting.values()), None)

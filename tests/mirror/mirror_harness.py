@@ -27,6 +27,7 @@ from tls_certs import CertificateAuthority
 
 MIRROR_USER, MIRROR_PASSWORD = "mirror", "mirror-secret"
 SITE_DELAY = 0.025  # seconds each way between the sites: 50 ms round trip
+MAX_BACKLOG_BYTES = 3000  # the sources' mirror.max_backlog_bytes: a queue's 100 messages not mirrored are over it
 
 
 class Ledger:
@@ -69,7 +70,7 @@ def sites_factory(tmp_path: Path) -> Iterator[Callable[..., Sites]]:
              tls: bool = False) -> Sites:
         cluster = None
         mirror: dict[str, Any] = {"cluster": "site-a", "username": MIRROR_USER, "password": MIRROR_PASSWORD,
-                                  "queues": queues}
+                                  "queues": queues, "max_backlog_bytes": MAX_BACKLOG_BYTES}
         if standby_size == 0:
             extra: dict[str, Any] = {}
             if tls:

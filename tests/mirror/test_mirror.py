@@ -15,7 +15,7 @@ import pytest
 from proton import Message, Timeout
 from proton.utils import LinkDetached
 
-from mirror_harness import MIRROR_PASSWORD, MIRROR_USER, Sites
+from mirror_harness import MAX_BACKLOG_BYTES, MIRROR_PASSWORD, MIRROR_USER, Sites
 from ha_harness import browse, connect, receive, send_all
 from harness import run_haqueue, wait_for
 
@@ -101,9 +101,12 @@ def test_mirror_under_load_through_a_cut(sites) -> None:
                                                                     (consume, site, "orders.2", 30)])
     cut = source_status(site)
     assert not cut["connected"] and cut["down"]
-    assert sum(q["lag_messages"] for q in cut["queues"]) > 0
+    lagging = {q["queue"]: q for q in cut["queues"]}
+    assert lagging["orders.0"]["lag_messages"] == 100 and lagging["orders.0"]["lag_seconds"] > 0, lagging
+    assert lagging["orders.0"]["bytes_held_back"] > MAX_BACKLOG_BYTES and lagging["orders.0"]["backlog_limit_reached"]
     site.relay.heal()
-    wait_for(lambda: drained(site), LAG_TIMEOUT, message="the mirror's lag drains after the heal")
+    status = wait_for(lambda: drained(site), LAG_TIMEOUT, message="the mirror's lag drains after the heal")
+    assert not any(q["backlog_limit_reached"] for q in status["queues"]), status
     assert site.relay.accepted > accepted
     assert_same(site)
 
