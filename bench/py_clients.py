@@ -5,10 +5,15 @@ Same options, body layout and JSON output as bench/js/producer.js and
 consumer.js, so run.py drives either. Usage:
   py_clients.py producer --port P --address A --messages N [--rate R --duration S] [--delivery-time MS] ...
   py_clients.py consumer --port P --address A --messages N [--warmup W] ...
+  py_clients.py storm --port P --connections N [--timeout T]
 The proton Python client costs 100-150 µs per message on each side here
 (shared/notes/components-here.md), so this row measures the clients more than the broker.
 --delivery-time MS (ms since the epoch) puts the message annotation x-opt-delivery-time on every message
 (scheduled delivery, bench/scheduled.py).
+storm (bench/scale.py --storm): N connections opened at once by one stock Container (proton's own reconnect, so a
+connection the broker closes is opened again with proton's backoff); prints {"connections", "admitted", "closed"
+(transport errors before open, each retried), "last_s" (the last open, from the start), "cpu_us"} once every
+connection has opened or --timeout passed.
 """
 from __future__ import annotations
 
@@ -55,6 +60,38 @@ def summary(v: list[float]) -> dict:
     return {"n": len(s), "mean_us": sum(s) / len(s) if s else None,
             "p50_us": pct(s, 50), "p90_us": pct(s, 90), "p99_us": pct(s, 99), "p999_us": pct(s, 99.9),
             "max_us": s[-1] if s else None, "min_us": s[0] if s else None}
+
+
+class Storm(MessagingHandler):
+    def __init__(self, o: argparse.Namespace) -> None:
+        super().__init__()
+        self.o = o
+        self.admitted = self.closed = 0
+        self.t0 = self.last = 0.0
+
+    def on_start(self, event) -> None:
+        self.t0 = time.monotonic()
+        event.container.schedule(self.o.timeout, self)
+        for _ in range(self.o.connections):
+            event.container.connect(f"{self.o.host}:{self.o.port}")
+
+    def on_connection_opened(self, event) -> None:
+        self.admitted += 1
+        self.last = time.monotonic()
+        if self.admitted == self.o.connections:
+            self.done(event.container)
+
+    def on_transport_error(self, event) -> None:
+        self.closed += 1  # proton's reconnect opens it again
+
+    def on_timer_task(self, event) -> None:
+        self.done(event.container)
+
+    def done(self, container) -> None:
+        emit({"connections": self.o.connections, "admitted": self.admitted, "closed": self.closed,
+              "last_s": self.last - self.t0 if self.admitted else None, "cpu_us": cpu_us()})
+        self.code = 0
+        container.stop()
 
 
 class Producer(MessagingHandler):
@@ -268,7 +305,8 @@ class Consumer(MessagingHandler):
 
 def main() -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("role", choices=["producer", "consumer"])
+    ap.add_argument("role", choices=["producer", "consumer", "storm"])
+    ap.add_argument("--connections", type=int, default=1000)
     ap.add_argument("--host", default="127.0.0.1")
     ap.add_argument("--port", type=int, default=5672)
     ap.add_argument("--address", default="bench")
@@ -289,7 +327,7 @@ def main() -> int:
         ap.error("this benchmark only talks to the loopback address")
     if o.size < BODY_MIN:
         ap.error(f"size must be at least {BODY_MIN}")
-    h = Producer(o) if o.role == "producer" else Consumer(o)
+    h = {"producer": Producer, "consumer": Consumer, "storm": Storm}[o.role](o)
     Container(h).run()
     return getattr(h, "code", 1)
 

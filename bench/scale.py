@@ -6,6 +6,7 @@ the median and min–max range of the ratios of the first set-up to each other o
 
 Set-ups (--setups; each turn starts a fresh one and stops it afterwards):
   haqueue          `haqueue cluster up --size 3` of this tree, default settings (bench/setups.py HaCluster)
+  haqueue@DIR      the same of another tree (git archive COMMIT | tar -x -C DIR, built as interleave.py's old:DIR)
   rabbit-classic   one RabbitMQ node (a node name and data dir of its own), durable classic queues
   rabbit-quorum    three RabbitMQ nodes (bench/setups.py RabbitCluster), durable quorum queues of 3
 
@@ -17,13 +18,24 @@ message, counted when settled `accepted`; RabbitMQ: pika with publisher confirms
 msg/s, RSS per queue (the primary's or the first node's RSS after declare + fill, less before, / N; and the
 same over all the set-up's processes), the client's and the brokers' CPU. haqueue only: every broker's
 queue and message count (READ of each queue, as the `ha` admin tool; a mismatch is reported loudly), then
-kill -9 of the primary: seconds until a publish through the public address is accepted (failover) and
-until the old primary, restarted by the supervisor, is a `ready` backup again (catch-up), and the counts
-again. RabbitMQ: the message count of `rabbitmqctl list_queues`.
+--kills times kill -9 of the primary: seconds until a publish through the public address is confirmed
+(failover) and until the old primary, restarted by the supervisor, is a `ready` backup again (catch-up); then
+kill -9 of all three brokers at once: seconds until a publish is confirmed again (restart); and the counts
+again. The publish is measured as an outside client sees it: a stock proton BlockingConnection per try (its
+SSL contexts included), each try's own time counted in full (one a busy new primary holds counts up to its
+PROBE_TRY timeout), 50 ms between tries, to a durable queue declared just before (the last of the wiring: the
+last a backup re-subscribes to). RabbitMQ: the message count of `rabbitmqctl list_queues`.
 
 --connections N,...: N idle connections to the primary (RabbitMQ: the first node), each with one receiving
 link on one queue (tests/many_connections.py): admitted, RSS per admitted connection, and the brokers' CPU
 while they idle for --idle seconds.
+
+--storm N,...: haqueue only, a fresh cluster per size: N connections opened at once to the public address by
+bench/c_clients/storm.c (every connect issued at once, each speaking as soon as connected), then by stock
+proton Python clients split over --storm-processes processes (py_clients.py storm; proton's reconnect opens
+again what the broker closes): admitted, seconds to the last admission, the brokers' CPU; then --reconnect C
+clients connected, kill -9 of the primary, and seconds from the kill until every one was admitted again by
+the new primary (each retries 50 ms after its loss, then every 50 ms).
 
 Every wait is bounded (--wait seconds, for declare, fill and counts per 1,000 queues); a failover or a
 catch-up not done within it is reported as such. Appends a section to bench/RESULTS.md (unless --no-record);
@@ -31,6 +43,8 @@ the run's JSON goes to bench/out/scale-*.json.
 
     python bench/scale.py --queues 1000,3000,10000 --connections 1000,10000 --rounds 3
     python bench/scale.py --setups haqueue --queues 3000 --connections '' --rounds 1 --no-record
+    python bench/scale.py --setups haqueue --queues 10000 --connections '' --kills 3 --rounds 4
+    python bench/scale.py --setups haqueue --queues '' --connections '' --storm 10000 --rounds 4
 """
 from __future__ import annotations
 
@@ -41,6 +55,7 @@ import shlex
 import shutil
 import signal
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -48,6 +63,9 @@ import time
 import uuid
 from pathlib import Path
 from typing import Any, Callable
+
+from proton import Message, ProtonException
+from proton.utils import BlockingConnection
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import interleave as I  # noqa: E402  bench/interleave.py: its figures' helpers
@@ -69,6 +87,8 @@ IDLE_QUEUE = "scale-idle"
 PROBE_QUEUE = "scale-probe"  # the failover's publish goes here, outside the counted queues
 TARGET_DECLARES_PER_S = 500  # 10,000 queues in ≤ 20 s
 TARGET_FAILOVER_S = 2.0
+TARGET_RESTART_S = 5.0
+PROBE_TRY = 10.0  # seconds one try of the probe may take (a stock client waits as long as the broker holds it)
 
 
 # ---------------------------------------------------------------- set-ups
@@ -107,9 +127,16 @@ def rabbit_descriptors() -> str:
     return directory
 
 
+def is_haqueue(spec: str) -> bool:
+    return spec == "haqueue" or spec.startswith("haqueue@")
+
+
 def make_setup(spec: str) -> S.HaCluster | RabbitNode | S.RabbitCluster:
     if spec == "haqueue":
         return S.HaCluster("haqueue primary + 2 backups")
+    if is_haqueue(spec):
+        tree = spec.partition("@")[2]
+        return S.HaCluster(f"haqueue of {tree}, primary + 2 backups", tree=Path(tree))
     if spec == "rabbit-classic":
         return RabbitNode()
     if spec == "rabbit-quorum":
@@ -237,21 +264,30 @@ def rabbit_counts(b: RabbitNode | S.RabbitCluster, names: list[str], per_queue: 
         time.sleep(1)
 
 
+def probe_once(public: str, timeout: float) -> None:
+    """One durable publish to PROBE_QUEUE as a stock proton client makes it; raises unless it is accepted."""
+    conn = BlockingConnection(f"amqp://{public}", timeout=timeout)
+    try:
+        conn.create_sender(PROBE_QUEUE).send(Message(body=b"x" * 100, durable=True))
+    finally:
+        try:
+            conn.close()
+        except ProtonException:
+            pass  # the broker went away meanwhile: nothing to tidy
+
+
 def accepted_publish(public: str, deadline: float) -> tuple[float | None, int, str]:
-    """Publish one message to PROBE_QUEUE through `public` until one is accepted or the deadline passes:
-    (when, attempts, the last failure)."""
+    """Publish to PROBE_QUEUE through `public` until a publish is confirmed or the deadline passes, a try at a
+    time, each try's own time counted: (when, attempts, the last failure)."""
     attempts, last = 0, ""
-    message = [A.relay_message(PROBE_QUEUE, 100)]
     while time.monotonic() < deadline:
         attempts += 1
         try:
-            r = A.publish(public, message, 1, min(2.0, max(deadline - time.monotonic(), 0.1)))
-            if r["outcomes"].get("accepted") == 1:
-                return time.monotonic(), attempts, last
-            last = r.get("error") or str(r["outcomes"])
-        except OSError as e:
+            probe_once(public, min(PROBE_TRY, max(deadline - time.monotonic(), 0.1)))
+            return time.monotonic(), attempts, last
+        except (ProtonException, OSError) as e:
             last = str(e)
-        time.sleep(0.05)  # retry pace while nothing listens on the public address
+        time.sleep(0.05)  # an outside client's pace between tries
     return None, attempts, last
 
 
@@ -265,17 +301,22 @@ def wait_ready_again(b: S.HaCluster, index: int, deadline: float) -> float | Non
     return None
 
 
+def declare_probe(b: S.HaCluster, args: argparse.Namespace) -> str | None:
+    """PROBE_QUEUE declared (once: later calls find it); why not, if it could not be."""
+    try:
+        A.manage(f"{HOST}:{b.port}", [("CREATE", "queue", PROBE_QUEUE, {})], 1, args.wait)
+        return None
+    except (A.AmqpFailure, OSError) as e:
+        return f"cannot declare {PROBE_QUEUE}: {e}"
+
+
 def failover(b: S.HaCluster, n: int, args: argparse.Namespace) -> dict:
-    """kill -9 of the primary: seconds to a publish accepted on the new primary, and to the old one ready."""
+    """kill -9 of the primary: seconds to a publish confirmed by the new primary, and to the old one ready."""
     primary = b.primary()
     if primary is None:
         return {"error": "no primary before the kill"}
     name, pid = primary
     public = f"{HOST}:{b.port}"
-    try:
-        A.manage(public, [("CREATE", "queue", PROBE_QUEUE, {})], 1, args.wait)
-    except (A.AmqpFailure, OSError) as e:
-        return {"error": f"cannot declare {PROBE_QUEUE}: {e}"}
     log(f"  kill -9 {name} (pid {pid})")
     t0 = time.monotonic()
     os.kill(pid, signal.SIGKILL)
@@ -289,6 +330,86 @@ def failover(b: S.HaCluster, n: int, args: argparse.Namespace) -> dict:
         out["error"] = f"{name} not a ready backup within {bound(args, n):g} s"
     if "error" in out:
         out["supervisor"] = b.describe_failure()
+    return out
+
+
+def restart(b: S.HaCluster, n: int, args: argparse.Namespace) -> dict:
+    """kill -9 of every broker at once: seconds until the supervisor has them back and a publish is confirmed."""
+    members = b.members()
+    log(f"  kill -9 of every broker ({', '.join(f'{k} {v}' for k, v in members.items())})")
+    t0 = time.monotonic()
+    for pid in members.values():
+        os.kill(pid, signal.SIGKILL)
+    confirmed, attempts, last = accepted_publish(f"{HOST}:{b.port}", t0 + bound(args, n))
+    out: dict[str, Any] = {"restart_s": confirmed - t0 if confirmed else None, "probe_attempts": attempts}
+    if confirmed is None:
+        out["error"] = f"no publish confirmed within {bound(args, n):g} s ({attempts} attempts, last: {last})"
+        out["supervisor"] = b.describe_failure()
+    return out
+
+
+# ---------------------------------------------------------------- storms
+
+def c_storm(port: int, n: int, timeout: float, reconnect_for: float = 0) -> subprocess.Popen:
+    binary = R.compiled(R.BENCH / "c_clients" / "storm.c", "c-storm")
+    cmd = [str(binary), "--port", str(port), "--connections", str(n), "--timeout", str(timeout)]
+    return subprocess.Popen(cmd + (["--reconnect-for", str(reconnect_for)] if reconnect_for else []),
+                            stdout=subprocess.PIPE, text=True)
+
+
+def storm_c(b: R.Broker, n: int, args: argparse.Namespace) -> dict:
+    """n connections at once from C clients: admitted, seconds to the last admission."""
+    out, _ = c_storm(b.port, n, args.wait).communicate(timeout=args.wait + 30)
+    return json.loads(out.splitlines()[0])
+
+
+def storm_python(b: R.Broker, n: int, args: argparse.Namespace) -> dict:
+    """n connections at once from stock proton Python clients, split over --storm-processes processes."""
+    share = -(-n // args.storm_processes)
+    procs = [subprocess.Popen([str(R.VENV_PY), str(R.BENCH / "py_clients.py"), "storm", "--port", str(b.port),
+                               "--connections", str(min(share, n - i * share)), "--timeout", str(args.wait)],
+                              stdout=subprocess.PIPE, text=True) for i in range(args.storm_processes) if i * share < n]
+    runs = [json.loads(p.communicate(timeout=args.wait + 30)[0].splitlines()[-1]) for p in procs]
+    last = [r["last_s"] for r in runs if r["last_s"] is not None]
+    return {"connections": n, "processes": len(procs), "admitted": sum(r["admitted"] for r in runs),
+            "closed": sum(r["closed"] for r in runs), "last_s": max(last) if last else None,
+            "client_cpu_s": sum(r["cpu_us"] for r in runs) / 1e6}
+
+
+def reconnects(b: S.HaCluster, n: int, args: argparse.Namespace) -> dict:
+    """n C clients connected, kill -9 of the primary: seconds until every one is admitted again."""
+    proc = c_storm(b.port, n, args.wait, reconnect_for=args.wait)
+    assert proc.stdout is not None
+    opened = json.loads(proc.stdout.readline())
+    primary = b.primary()
+    if primary is None or opened["admitted"] != n:
+        proc.kill()
+        proc.wait()
+        return {"error": f"before the kill: {opened['admitted']} of {n} admitted, primary {primary}"}
+    t0 = time.monotonic()
+    os.kill(primary[1], signal.SIGKILL)
+    back = json.loads(proc.communicate(timeout=args.wait + 30)[0].splitlines()[-1])
+    out = {"clients": n, "dropped": back["dropped"], "reconnected": back["reconnected"],
+           "all_back_s": back["last_admitted"] - t0 if back["reconnected"] == back["dropped"] == n else None}
+    if out["all_back_s"] is None:
+        out["error"] = f"{back['reconnected']} of {back['dropped']} dropped clients back (of {n})"
+    return out
+
+
+def storm_turn(spec: str, b: R.Broker, n: int, args: argparse.Namespace) -> dict:
+    if not isinstance(b, S.HaCluster):
+        return {"error": "storms are measured on haqueue only"}
+    out: dict[str, Any] = {"c": timed(b, lambda: storm_c(b, n, args))}
+    b.wait_ready(args.wait)  # the C clients are gone: the next storm meets a broker that has closed them
+    out["python"] = timed(b, lambda: storm_python(b, n, args))
+    b.wait_ready(args.wait)
+    if args.reconnect:
+        out["reconnect"] = reconnects(b, args.reconnect, args)
+    c, py, rc = out["c"], out["python"], out.get("reconnect", {})
+    log(f"  storm of {n}: C {c['admitted']} admitted in {I.fmt(c['last_s'], 2)} s (brokers' CPU "
+        f"{c['broker_cpu_s']:.2f} s); Python over {py['processes']} processes {py['admitted']} in "
+        f"{I.fmt(py['last_s'], 1)} s ({py['closed']} closed and retried); after a failover "
+        f"{rc.get('reconnected')} of {args.reconnect} back in {I.fmt(rc.get('all_back_s'), 2)} s")
     return out
 
 
@@ -316,10 +437,22 @@ def queue_turn(spec: str, b: R.Broker, n: int, args: argparse.Namespace) -> dict
     except RuntimeError as e:
         out["not_ready"] = str(e)
     out["counts"] = haqueue_counts(b, names, args.per_queue, args)
-    out["failover"] = failover(b, n, args)
-    fo = out["failover"]
-    log(f"  failover {I.fmt(fo.get('failover_s'), 2)} s, catch-up {I.fmt(fo.get('catchup_s'), 2)} s"
-        + (f": {fo['error']}" if "error" in fo else ""))
+    out["failovers"] = []
+    probe_error = declare_probe(b, args)
+    for kill in range(args.kills if probe_error is None else 0):
+        if kill:
+            b.wait_ready(bound(args, n))
+        fo = failover(b, n, args)
+        out["failovers"].append(fo)
+        log(f"  failover {I.fmt(fo.get('failover_s'), 2)} s, catch-up {I.fmt(fo.get('catchup_s'), 2)} s"
+            + (f": {fo['error']}" if "error" in fo else ""))
+    if probe_error is not None:
+        out["failovers"].append({"error": probe_error})
+    elif args.restart:
+        b.wait_ready(bound(args, n))
+        out["restart"] = restart(b, n, args)
+        log(f"  whole-cluster restart {I.fmt(out['restart'].get('restart_s'), 2)} s")
+        b.wait_ready(bound(args, n))
     out["counts_after_failover"] = haqueue_counts(b, names, args.per_queue, args)
     for when in ("counts", "counts_after_failover"):
         for line in mismatches(out[when], n, args.per_queue):
@@ -361,7 +494,7 @@ def turn(spec: str, kind: str, n: int, args: argparse.Namespace) -> dict:
     b = make_setup(spec)
     try:
         b.start()
-        out = (queue_turn if kind == "queues" else connection_turn)(spec, b, n, args)
+        out = {"queues": queue_turn, "connections": connection_turn, "storm": storm_turn}[kind](spec, b, n, args)
         out["label"] = b.label
         return out
     except Exception as e:  # the next set-ups still run; the report says what failed
@@ -376,10 +509,10 @@ def rounds(specs: list[str], args: argparse.Namespace) -> dict[str, dict[str, di
     results: dict[str, dict[str, dict[str, list[dict]]]] = {}
     for i in range(args.rounds):
         order = R.rotated(specs, i)
-        for kind in ("queues", "connections"):
+        for kind in ("queues", "connections", "storm"):
             for n in getattr(args, kind):
                 log(f"round {i + 1}/{args.rounds}, {n} {kind}: {', '.join(order)} (load average {R.loadavg()})")
-                for spec in order:
+                for spec in (order if kind != "storm" else [x for x in order if is_haqueue(x)]):
                     results.setdefault(kind, {}).setdefault(str(n), {}).setdefault(spec, []).append(
                         turn(spec, kind, n, args))
     return results
@@ -404,7 +537,20 @@ FIGURES: dict[str, Callable[[dict], float | None]] = {  # a phase that failed ha
     "rss_c_main": lambda t: value(t, "rss_per_connection_kb.main"),
     "rss_c_all": lambda t: value(t, "rss_per_connection_kb.all"),
     "idle_main": lambda t: value(t, "idle_cpu_pct.main"),
+    "failover_s": lambda t: median_of(kills([t], "failover_s")),
+    "restart_s": lambda t: value(t, "restart.restart_s"),
 }
+
+
+def median_of(values: list[float | None]) -> float | None:
+    """The median, or None if any is missing (a kill without a confirmed publish has no figure)."""
+    known = [v for v in values if v is not None]
+    return statistics.median(known) if known and len(known) == len(values) else None
+
+
+def kills(turns: list[dict], figure: str) -> list[float | None]:
+    """A figure of every kill of every round (failover_s, catchup_s); None where it was not made."""
+    return [fo.get(figure) for t in turns for fo in t.get("failovers", [])]
 
 
 def column(turns: list[dict], figure: str, d: int = 1) -> str:
@@ -433,11 +579,11 @@ def queue_rows(by_spec: dict[str, list[dict]], n: int, args: argparse.Namespace)
     rows = []
     for spec, turns in by_spec.items():
         ok = [t for t in turns if "error" not in t]
-        if spec == "haqueue":
-            checks = f"{med(ok, 'failover.failover_s', 2)} | {med(ok, 'failover.catchup_s', 2)} | " \
-                     + counts_cell(ok, n, args.per_queue)
+        if is_haqueue(spec):
+            checks = f"{I.med_range(kills(ok, 'failover_s'), 2)} | {I.med_range(kills(ok, 'catchup_s'), 2)} | " \
+                     f"{med(ok, 'restart.restart_s', 2)} | {counts_cell(ok, n, args.per_queue)}"
         else:
-            checks = "— | — | " + " ".join(f"{value(t, 'counts.node1.queues')}/{value(t, 'counts.node1.messages')}"
+            checks = "— | — | — | " + " ".join(f"{value(t, 'counts.node1.queues')}/{value(t, 'counts.node1.messages')}"
                                           for t in ok)
         rows.append(f"| {ok[0]['label'] if ok else spec} (`{spec}`) | {n:,} | {column(turns, 'declare_s', 2)} | "
                     f"{column(turns, 'fill_rate', 0)} | {column(turns, 'rss_q_main')} | {column(turns, 'rss_q_all')} | "
@@ -479,13 +625,17 @@ def targets(results: dict, args: argparse.Namespace) -> list[str]:
     """The issue's targets for haqueue, per size: met in every round, by the median only, or not."""
     rows = []
     for n, by_spec in results.get("queues", {}).items():
-        turns = by_spec.get("haqueue", [])
+        turns = next((by_spec[spec] for spec in by_spec if is_haqueue(spec)), [])
         rate = [int(n) / s for s in (FIGURES["declare_s"](t) if "error" not in t else None for t in turns) if s]
-        fo = [value(t, "failover.failover_s") for t in turns]
+        fo = kills(turns, "failover_s")
+        restarts = [value(t, "restart.restart_s") for t in turns if "restart" in t]
         rows += [f"| {int(n):,} queues declared at ≥ {TARGET_DECLARES_PER_S}/s (10,000 in ≤ 20 s) | "
                  f"{I.med_range([*rate])}/s | {I.verdict(rate, TARGET_DECLARES_PER_S, True)} |",
                  f"| {int(n):,} queues: failover ≤ {TARGET_FAILOVER_S:g} s | {I.med_range(fo, 2)} s | "
-                 f"{I.verdict([x if x is not None else float('inf') for x in fo], TARGET_FAILOVER_S, False)} |",
+                 f"{I.verdict([x if x is not None else float('inf') for x in fo], TARGET_FAILOVER_S, False, 'kills')} |",
+                 *([f"| {int(n):,} queues: whole-cluster restart ≤ {TARGET_RESTART_S:g} s | {I.med_range(restarts, 2)} s | "
+                    f"{I.verdict([x if x is not None else float('inf') for x in restarts], TARGET_RESTART_S, False)} |"]
+                   if restarts else []),
                  f"| {int(n):,} queues: every broker holds every queue and message | — | "
                  f"{counts_cell(turns, int(n), args.per_queue)} |"]
     return rows
@@ -493,10 +643,12 @@ def targets(results: dict, args: argparse.Namespace) -> list[str]:
 
 def turn_problems(t: dict, spec: str, n: int, per_queue: int) -> list[str]:
     """A turn's failures, count mismatches and the warnings its brokers logged while declaring and filling."""
-    out = [e for e in [t.get("error")] + [t.get(k, {}).get("error") for k in ("declare", "fill", "failover")] if e]
+    out = [e for e in [t.get("error")] + [t.get(k, {}).get("error") for k in ("declare", "fill", "restart")]
+           + [fo.get("error") for fo in t.get("failovers", [])]
+           + [t.get("storm", {}).get(k, {}).get("error") for k in ("c", "python", "reconnect")] if e]
     if t.get("not_ready"):
         out.append(f"not ready after the fill: {t['not_ready']}")
-    if spec == "haqueue":
+    if is_haqueue(spec):
         out += [f"**MISMATCH** ({when.replace('_', ' ')}): {m}" for when in ("counts", "counts_after_failover")
                 for m in mismatches(t.get(when, {}), n, per_queue)]
     warnings = [w for k in ("declare", "fill") for w in t.get(k, {}).get("watched", {}).get("log_warnings", [])]
@@ -515,7 +667,9 @@ def problems(results: dict, args: argparse.Namespace) -> list[str]:
 def markdown(run: dict, args: argparse.Namespace) -> str:
     results = run["results"]
     lines = [f"## Scale: {', '.join(f'{n:,}' for n in args.queues) or 'no'} queues, "
-             f"{', '.join(f'{n:,}' for n in args.connections) or 'no'} connections (bench/scale.py), {run['date']}", "",
+             f"{', '.join(f'{n:,}' for n in args.connections) or 'no'} connections"
+             + (f", storms of {', '.join(f'{n:,}' for n in args.storm)}" if args.storm else "")
+             + f" (bench/scale.py), {run['date']}", "",
              "```", run["command"], "```", "",
              f"haqueue of this tree at {run['commit']}, `cluster up --size 3` with default settings. Machine: "
              f"{os.cpu_count()} cores. {args.rounds} round(s); each runs every set-up once per size, fresh, in an "
@@ -530,8 +684,9 @@ def markdown(run: dict, args: argparse.Namespace) -> str:
                   "again. Counts: every broker's queues and messages, after the fill and after the failover. CPU: "
                   "the client's thread / all the set-up's processes. Medians, min–max in brackets.", "",
                   "| set-up | queues | declare s | fill msg/s | RSS/queue KB, primary | RSS/queue KB, all | "
-                  "failover s | catch-up s | counts | declare CPU s client / brokers | fill CPU s client / brokers |",
-                  "|---|---|---|---|---|---|---|---|---|---|---|"]
+                  "failover s (every kill) | catch-up s | restart s | counts | declare CPU s client / brokers | "
+                  "fill CPU s client / brokers |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|---|"]
         for n, by_spec in results["queues"].items():
             lines += queue_rows(by_spec, int(n), args)
         lines.append("")
@@ -544,8 +699,21 @@ def markdown(run: dict, args: argparse.Namespace) -> str:
         for n, by_spec in results["connections"].items():
             lines += connection_rows(by_spec, int(n))
         lines.append("")
+    if results.get("storm"):
+        lines += [f"Storms (haqueue): N connections at once to the public address; C: bench/c_clients/storm.c; "
+                  f"Python: stock proton Containers over {args.storm_processes} processes (proton's reconnect "
+                  f"retries what the broker closes: `closed`); seconds to the last admission; the brokers' CPU over "
+                  f"the storm. Reconnect: {args.reconnect} C clients connected, kill -9 of the primary, seconds "
+                  f"until every one is admitted by the new primary. Median (min–max) over the rounds.", "",
+                  "| set-up | connections | C admitted | C s | C brokers' CPU s | Python admitted | Python s | Python closed "
+                  "and retried | reconnect: back | reconnect s |", "|---|---|---|---|---|---|---|---|---|---|",
+                  *[f"| `{spec}` | {int(n):,} | {med(ts, 'c.admitted', 0)} | {med(ts, 'c.last_s', 2)} | {med(ts, 'c.broker_cpu_s', 2)} | "
+                    f"{med(ts, 'python.admitted', 0)} | {med(ts, 'python.last_s', 1)} | {med(ts, 'python.closed', 0)} | "
+                    f"{med(ts, 'reconnect.reconnected', 0)} | {med(ts, 'reconnect.all_back_s', 2)} |"
+                    for n, by_spec in results["storm"].items() for spec, ts in by_spec.items()], ""]
     ratios = ratio_table(results, "queues", {"declare s": "declare_s", "fill msg/s": "fill_rate",
-                                             "RSS/queue, primary": "rss_q_main", "RSS/queue, all": "rss_q_all"}) \
+                                             "RSS/queue, primary": "rss_q_main", "RSS/queue, all": "rss_q_all",
+                                             "failover s": "failover_s", "restart s": "restart_s"}) \
         + ratio_table(results, "connections", {"RSS/conn, primary": "rss_c_main", "RSS/conn, all": "rss_c_all",
                                                "idle CPU, primary": "idle_main"})
     if ratios:
@@ -583,6 +751,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--setups", default=",".join(SETUPS), help="comma-separated; ratios are the first over each other")
     ap.add_argument("--queues", type=sizes, default=[1000, 3000, 10000], help="queue counts ('' for none)")
     ap.add_argument("--connections", type=sizes, default=[1000, 10000], help="connection counts ('' for none)")
+    ap.add_argument("--storm", type=sizes, default=[], help="storm sizes: connections opened at once (haqueue)")
+    ap.add_argument("--storm-processes", type=int, default=10, help="processes the Python storm is split over")
+    ap.add_argument("--reconnect", type=int, default=1000, help="C clients reconnecting after a failover in a "
+                                                                "storm turn (0: none)")
+    ap.add_argument("--kills", type=int, default=1, help="failovers per queue turn (default 1)")
+    ap.add_argument("--no-restart", dest="restart", action="store_false",
+                    help="no whole-cluster restart after the failovers")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--per-queue", type=int, default=10, help="messages per queue (default 10)")
     ap.add_argument("--size", type=int, default=100, help="body bytes (default 100)")
@@ -596,8 +771,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-record", action="store_true", help="do not append to bench/RESULTS.md")
     args = ap.parse_args(argv)
     specs = [s.strip() for s in args.setups.split(",") if s.strip()]
-    if not specs or any(spec not in SETUPS for spec in specs):
-        ap.error(f"--setups: one or more of {', '.join(SETUPS)}")
+    if not specs or any(spec not in SETUPS and not is_haqueue(spec) for spec in specs):
+        ap.error(f"--setups: one or more of {', '.join(SETUPS)}, haqueue@DIR")
     command = "python bench/scale.py " + " ".join(shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:]))
     R.OUT.mkdir(exist_ok=True)
     env_dir = rabbit_descriptors()
