@@ -16,6 +16,7 @@ HOT_PATH = [
     "haqueue/broker/tls_pump.py", "haqueue/broker/proton_adapter.py", "haqueue/broker/receive_credit.py",
     "haqueue/broker/links.py", "haqueue/broker/queue.py", "haqueue/broker/message.py",
     "haqueue/broker/completion.py", "haqueue/broker/flow.py", "haqueue/broker/selector.py",
+    "haqueue/broker/pass_end.py",
     "haqueue/store/store.py", "haqueue/store/records.py", "haqueue/store/pager.py",
     "haqueue/ha/replicating_subscription.py", "haqueue/ha/queue_replicator.py", "haqueue/ha/quorum.py",
     "haqueue/ha/queue_guard.py", "haqueue/ha/protocol.py",

@@ -20,6 +20,7 @@ from .connection_limits import PEER_ROOM, ConnectionLimits, raise_descriptor_lim
 from .errors import RESOURCE_LIMIT, BrokerError
 from .listener import Listener
 from .loop import Loop
+from .pass_end import PassEnd
 from .password_checks import Logins, PasswordChecks
 from .proton_adapter import Link, LinkHandler, ProtonEvents
 from .receive_credit import ReceiveShare
@@ -47,18 +48,16 @@ class EngineHandler(Protocol):
     def connection_opened(self, conn: Connection) -> None: ...  # raise BrokerError to refuse
     def connection_closed(self, conn: Connection) -> None: ...
     def link_opened(self, link: Link) -> LinkHandler: ...  # raise BrokerError to refuse
-    def after_pass(self) -> None: ...
-    def before_flush(self) -> None: ...  # the pass's output is about to reach the sockets
-    def pending(self) -> bool: ...  # work scheduled for the next pass
 
 
 class Engine(Loop):
     """The event loop with its sockets and proton's transports."""
 
-    def __init__(self, handler: EngineHandler, limits: LimitsConfig, container_id: str,
+    def __init__(self, handler: EngineHandler, pass_end: PassEnd, limits: LimitsConfig, container_id: str,
                  logins: Logins, anonymous: bool) -> None:
         super().__init__()
         self.handler = handler
+        self.pass_end = pass_end
         self.limits = limits
         self.container_id = container_id.encode()
         self.password_checks = PasswordChecks(logins, self.call_soon_threadsafe)
@@ -105,7 +104,7 @@ class Engine(Loop):
 
     def _one_pass(self) -> None:
         left = PASS_READ
-        for fd, mask in self.wait(bool(self.dirty) or self.handler.pending()):
+        for fd, mask in self.wait(bool(self.dirty) or self.pass_end.pending()):
             conn = self.connections.get(fd)
             if conn is not None:
                 if mask & _READABLE:
@@ -117,7 +116,7 @@ class Engine(Loop):
         self.run_thread_callbacks()
         self.events.drain()
         try:
-            self.handler.after_pass()
+            self.pass_end.after_pass()
         except Exception:
             log.exception("dispatch failed")
         self.events.drain()
@@ -132,10 +131,10 @@ class Engine(Loop):
             self.events.drain()
 
     def _before_flush(self) -> None:
-        """The last step before output leaves (a confirmation, a settlement): the handler's
-        `before_flush`, once per round of flushing, so what it writes reaches the OS first."""
+        """The last step before output leaves (a confirmation, a settlement): the flush hooks, once per round of
+        flushing, so what they write reaches the OS first."""
         try:
-            self.handler.before_flush()
+            self.pass_end.before_flush()
         except Exception:
             log.exception("before_flush failed")
 

@@ -36,6 +36,7 @@ from .links import Consumer, Publisher
 from .listener import Listener
 from .management import ADDRESS as MANAGEMENT, Management
 from .message import Routing
+from .pass_end import Dispatchable, PassEnd
 from .proton_adapter import Link, LinkHandler
 from .queue import ConfirmHook, Entry, Queue
 from .registry import Registry
@@ -77,22 +78,16 @@ class Subscriptions(Protocol):
         link's source is set to describe it. Raises BrokerError if there is none."""
 
 
-class Dispatchable(Protocol):
-    @property
-    def deleted(self) -> bool: ...
-
-    def dispatch(self) -> None: ...
-
-
 class Broker:
     def __init__(self, config: BrokerConfig) -> None:
         self.config = config
         self.name = config.name
-        self._dirty: set[Dispatchable] = set()
+        self.pass_end = PassEnd()
+        self.schedule: Callable[[Dispatchable], None] = self.pass_end.schedule
         self.memory = MemoryAlarm(config.limits.memory_limit)
         self.registry = Registry(config.auto_create, _queue_defaults(config.limits), self.schedule, self.memory)
         self.access = Access(config.users, config.anonymous)
-        self.engine = Engine(self, config.limits, config.name, self.access, self.access.anonymous)
+        self.engine = Engine(self, self.pass_end, config.limits, config.name, self.access, self.access.anonymous)
         self.management = Management(self)
         self.admission: list[Admission] = []
         self.endpoints: dict[str, Callable[[Link], LinkHandler]] = {}
@@ -105,9 +100,7 @@ class Broker:
         self.status_hooks: list[Callable[[dict[str, Any]], None]] = []
         # Called with (queue, entry) when a publisher's message is confirmed (the audit log).
         self.completion_hooks: list[ConfirmHook] = []
-        # Called before the engine writes a pass's output (confirmations, settlements, messages) to the
-        # sockets: what must reach the OS before any of it leaves (the audit log's events of the pass).
-        self.flush_hooks: list[Callable[[], None]] = []
+        self.flush_hooks = self.pass_end.flush_hooks
         self.connections: set[Connection] = set()
         self.durability: Durability | None = None  # set by a store plug-in
         self.subscriptions: Subscriptions | None = None  # durable and shared subscriptions (messaging/)
@@ -265,24 +258,6 @@ class Broker:
     def atomically(self) -> ContextManager[None]:
         """What is journalled within is recovered whole or not at all (without a store, nothing to do)."""
         return self.durability.atomically() if self.durability is not None else contextlib.nullcontext()
-
-    def after_pass(self) -> None:
-        """Dispatch what changed this pass; what is scheduled meanwhile waits for the next pass."""
-        dirty, self._dirty = self._dirty, set()
-        for item in dirty:
-            if not item.deleted:
-                item.dispatch()
-
-    def before_flush(self) -> None:
-        for hook in self.flush_hooks:
-            hook()
-
-    def pending(self) -> bool:
-        return bool(self._dirty)
-
-    def schedule(self, item: "Dispatchable") -> None:
-        """Ask for item.dispatch() at the end of this pass (a queue, or a plug-in's sender)."""
-        self._dirty.add(item)
 
     # -- routing for the broker's own messages -----------------------------------------------
     def deliver(self, address: str, data: bytes) -> None:

@@ -137,7 +137,7 @@ def test_an_answer_proton_cannot_encode_is_a_500_saying_so(tmp_path) -> None:
     endpoint = broker.management.endpoint(link)  # type: ignore[arg-type]
     sent = _capture(broker)
     endpoint.on_message(1, _request("READ", "queue", "huge"), False)
-    broker.after_pass()
+    broker.pass_end.after_pass()
     (reply,) = sent
     assert reply.properties["statusCode"] == 500
     assert "could not be encoded" in reply.properties["statusDescription"]
@@ -153,13 +153,13 @@ def test_a_burst_on_one_link_takes_turns_with_another_link(tmp_path) -> None:
     sent = _capture(broker)
     for i in range(management.WINDOW):
         flooding.on_message(i, _request("CREATE", "queue", f"burst-{i}", correlation=i), False)
-    broker.after_pass()  # the burst's first turns
+    broker.pass_end.after_pass()  # the burst's first turns
     answered = len(sent)
     pinging.on_message(0, _request("READ", "broker", correlation="ping"), False)
-    broker.after_pass()
+    broker.pass_end.after_pass()
     assert sent[answered].correlation_id == "ping"  # ahead of the burst's next
     while flooding.waiting:
-        broker.after_pass()
+        broker.pass_end.after_pass()
     assert sorted(r.correlation_id for r in sent if r.correlation_id != "ping") == list(range(management.WINDOW))
     assert flood.granted == 2 * management.WINDOW  # one more credit for each answer
     assert ping.granted == management.WINDOW + 1
@@ -173,7 +173,7 @@ def test_a_detached_links_waiting_requests_are_dropped(tmp_path) -> None:
     endpoint.on_message(1, _request("READ", "broker"), False)
     endpoint.on_detach()
     link.closed = True
-    broker.after_pass()
+    broker.pass_end.after_pass()
     assert sent == [] and link.settled == []
 
 
