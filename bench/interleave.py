@@ -74,8 +74,10 @@ import shlex
 import statistics
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
+from typing import Callable
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import run as R  # noqa: E402  bench/run.py, used as a library
@@ -239,7 +241,15 @@ def stop_all(brokers: dict[str, R.Broker]) -> None:
 
 def turn(broker: R.Broker, args) -> dict:
     """One set-up's share of a round: a saturation run and a fixed-rate latency run."""
+    out = saturation_turn(broker, args)
+    out.update(latency_turn(broker, args))
+    return out
+
+
+def saturation_turn(broker: R.Broker, args) -> dict:
     out: dict = {"background_cores": R.wait_quiet(args.quiet_wait) if args.quiet_wait > 0 else None}
+    if not broker.alive():
+        return {"saturation": {"error": "set-up gone"}}
     sat = R.saturation(broker, args.size, R.messages_for(args.messages, args.size), args, clients=args.clients,
                        pairs=args.pairs if args.pairs > 1 else broker.pairs)
     out["saturation"] = sat
@@ -250,6 +260,11 @@ def turn(broker: R.Broker, args) -> dict:
             f"fsyncs/s {fmt(sat.get('syncs_per_s'))}, other load {sat['other_load_cores']:.2f}, "
             f"calibration {sat['calibration_ms']:.1f} ms, out of order {sat['out_of_order']}")
         log("    " + explain(sat))
+    return out
+
+
+def latency_turn(broker: R.Broker, args) -> dict:
+    out: dict = {}
     if args.latency and broker.alive():
         lat = R.latency(broker, args.size, args, clients=args.clients)
         out["latency"] = lat
@@ -286,6 +301,9 @@ def interleave(brokers: dict[str, R.Broker], args) -> dict[str, list[dict]]:
     for i in range(args.rounds):
         order = R.rotated(specs, i)
         log(f"round {i + 1}/{args.rounds}: {', '.join(order)} (load average {R.loadavg()})")
+        if args.together:
+            together(brokers, results, args)
+            continue
         for spec in order:
             if spec == FLOOR:
                 results[spec].append({"latency": floor_turn(args)})
@@ -295,9 +313,30 @@ def interleave(brokers: dict[str, R.Broker], args) -> dict[str, list[dict]]:
     return results
 
 
+def together(brokers: dict[str, R.Broker], results: dict[str, list[dict]], args) -> None:
+    """--together: every set-up's saturation run at once, each with its own clients, then every fixed-rate run
+    (and the floor's) at once: each sees the same minutes of the machine, whatever else runs on it."""
+    def run_all(jobs: dict[str, Callable[[], dict]]) -> dict[str, dict]:
+        done: dict[str, dict] = {}
+        threads = [threading.Thread(target=lambda k=k, job=job: done.__setitem__(k, job())) for k, job in jobs.items()]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        return done
+    turns = run_all({spec: lambda b=b: saturation_turn(b, args) for spec, b in brokers.items()})
+    later: dict[str, Callable[[], dict]] = {spec: lambda b=b: latency_turn(b, args) for spec, b in brokers.items()}
+    if args.floor:
+        later[FLOOR] = lambda: {"latency": floor_turn(args)}
+    for spec, out in run_all(later).items():
+        turns.setdefault(spec, {}).update(out)
+    for spec, out in turns.items():
+        results[spec].append(out)
+
+
 def floor_turn(args) -> dict:
     """The floor's share of a round: bench/floor/relay.c at --rate for --duration."""
-    if args.quiet_wait > 0:
+    if args.quiet_wait > 0 and not args.together:
         R.wait_quiet(args.quiet_wait)
     try:
         floor = S.floor_run(FLOOR_BACKUPS[args.floor], args.rate, args.duration)
@@ -378,8 +417,10 @@ def markdown(run: dict, args) -> str:
     base = args.baseline or specs[-1]
     lines = [f"## Interleaved: {' vs '.join(specs)} (bench/interleave.py), {run['date']}", "",
              "```", command, "```", "", machine_line(args, run.get("commit", "not recorded")),
-             f"{args.rounds} round(s); each round runs every set-up once, in an order rotated each round: a saturation "
-             f"run of {args.messages} messages after a warm-up"
+             f"{args.rounds} round(s); each round runs every set-up once, "
+             + ("all at the same time, each with its own clients (`--together`): " if getattr(args, "together", False)
+                else "in an order rotated each round: ")
+             + f"a saturation run of {args.messages} messages after a warm-up"
              + (f", then {args.rate:g} msg/s for {args.duration:g} s (latency after the first second)" if args.latency else "")
              + f". All set-ups ran side by side. Load average at the start {load[0]}, at the end {load[1]}.",
              "", "Medians over the rounds, min–max in brackets. Broker CPU = utime+stime of all the set-up's "
@@ -644,6 +685,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--floor", choices=sorted(FLOOR_BACKUPS), help="each round also runs bench/floor/relay.c at --rate "
                     "(alone, or with two backups), and the report gives every set-up's CPU at that rate as a multiple "
                     "of the floor's in the same round (100-byte bodies)")
+    ap.add_argument("--together", action="store_true", help="run the set-ups of a round at the same time, each with its "
+                    "own clients (saturation runs, then fixed-rate runs): on a machine others load, both sides of a "
+                    "comparison see the same minutes; each then has about half the cores, and other load counts the "
+                    "other set-up")
     ap.add_argument("--target-ratio", type=float, help="report whether msg/s ≥ this × the baseline's")
     ap.add_argument("--target-p99", type=float, help="report whether p99 (ms) at --rate ≤ this, for non-baselines")
     ap.add_argument("--recovery", type=int, metavar="N", help="measure the recovery of N queued messages instead")
@@ -672,6 +717,8 @@ def main(argv: list[str] | None = None) -> int:
     R.OUT.mkdir(exist_ok=True)
     if args.initial_wait > 0:
         R.wait_quiet(args.initial_wait, threshold=0.5, window=5)
+    if args.together:
+        args.quiet_wait = 0  # the other set-ups are the load
     stamp = time.strftime("%Y%m%d-%H%M%S")
     if args.recovery:
         args.durable = True  # what recovers is durable messages
