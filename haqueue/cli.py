@@ -448,12 +448,20 @@ def _add_mirror(actions: Subparsers) -> None:
                                                         "mirrored seq and bytes held back; on a standby each "
                                                         "mirror queue held")
     _add_watch_options(status)
+    promote = _add_action(sub, "promote", _mirror_promote, "on a standby: make its mirror queues writable and fence "
+                                                           "off their sources (a higher mirror epoch); refused while "
+                                                           "a source is mirroring into it")
+    promote.add_argument("--force", action="store_true", help="promote even while a source is mirroring into it")
 
 
 def _mirror_status(client: AdminClient, args: argparse.Namespace) -> None:
     from haqueue.admin_stat import repeat
     repeat(lambda: _print_json(_call(client, "READ", "mirror")), args.interval, _watching(args), args.count,
            wait_first=False)
+
+
+def _mirror_promote(client: AdminClient, args: argparse.Namespace) -> None:
+    _print_json(_call(client, "PROMOTE", "mirror", body={"force": args.force}))
 
 
 def _add_admin_cluster(actions: Subparsers) -> None:

@@ -6,7 +6,7 @@ import time
 from typing import Any, Callable, Protocol
 
 from .completion import Completion
-from .errors import DECODE, BrokerError, INVALID_FIELD, NOT_FOUND, RESOURCE_DELETED, RESOURCE_LIMIT
+from .errors import DECODE, BrokerError, INVALID_FIELD, NOT_ALLOWED, NOT_FOUND, RESOURCE_DELETED, RESOURCE_LIMIT
 from .exchange import Exchange
 from .flow import BLOCK, DROP_HEAD, REJECT_PUBLISH, Blocker, MemoryAlarm
 from .message import MalformedMessage, Routing, is_durable, is_message, ttl_ms
@@ -109,10 +109,14 @@ class Publisher(LinkHandler):
         return True
 
     def queues_for(self, data: bytes, durable: bool) -> list[Queue]:
-        """Where a publish goes; raises BrokerError if it cannot go there (a queue refuses durable messages)."""
+        """Where a publish goes; raises BrokerError if it cannot go there (a queue closed to clients, or refusing
+        durable messages)."""
         node = self.node
         queues = [node] if type(node) is Queue and not node.deleted else self._route(node, data)
         for queue in queues:
+            closed = queue.closed()
+            if closed:
+                raise BrokerError(NOT_ALLOWED, closed)
             refusal = queue.refusal(durable)
             if refusal:
                 raise BrokerError(RESOURCE_LIMIT, refusal)

@@ -6,6 +6,7 @@ client holds a small window of credit for them, and are answered in turns (manag
 from __future__ import annotations
 
 import logging
+import time
 from collections import deque
 from operator import attrgetter
 from typing import Any, Callable, Protocol
@@ -272,6 +273,18 @@ def _connection_info(conn: Connection, links: bool = False) -> dict[str, Any]:
         info["links"] = [{"name": link.name, "address": link.address or "",
                           "role": "consumer" if link.is_sender else "publisher"} for link in conn.links.values()]
     return info
+
+
+def when_clear(call_later: Callable[[float, Callable[[], None]], Any], blocking: Callable[[], str | None],
+               deadline: float, then: Callable[[str | None], None], poll: float = 0.05) -> None:
+    """For a deferred request that waits for something to go first (HA's promote: the primary followed; the
+    mirror's: a source): `then` gets what still blocks it, None once nothing does, or whatever does at `deadline`
+    (monotonic)."""
+    blocker = blocking()
+    if blocker is not None and time.monotonic() < deadline:
+        call_later(poll, lambda: when_clear(call_later, blocking, deadline, then, poll))
+        return
+    then(blocker)
 
 
 def failure(e: Exception) -> tuple[int, str]:

@@ -240,6 +240,10 @@ class Queue:
         # Which messages stay on this broker alone (HA's selective replication, set on a primary): the guards
         # pass them by, and HA's observers send them nowhere. None: every message is for the guards.
         self.keep_local: Callable[[bytes], bool] | None = None
+        # Why no client may publish here now, or None (a plug-in's: a mirror queue on its standby, mirror/target.py).
+        # Asked for what reaches the queue through an exchange, the anonymous relay or the broker's own messages;
+        # a link to the queue itself is refused at attach (Broker.link_routes).
+        self.publish_refusal: Callable[[], str | None] | None = None
 
     # -- enqueue -------------------------------------------------------------------------
     def fits(self, size: int) -> bool:
@@ -288,6 +292,10 @@ class Queue:
         """Resume the publishers held on this queue once it is below the low-water mark of its limits."""
         if self.depth < self._depth_ceiling * LOW_WATER and self.bytes < self._bytes_ceiling * LOW_WATER:
             self.blocker.lift()
+
+    def closed(self) -> str | None:
+        """Why no client may publish here now (publish_refusal), or None."""
+        return self.publish_refusal() if self.publish_refusal is not None else None
 
     def refusal(self, durable: bool) -> str | None:
         """Why a message cannot be taken now (a store that cannot write refuses durable ones), or None."""

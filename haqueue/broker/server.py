@@ -2,8 +2,9 @@
 
 Who may do what is `access` (access.py): checked here when a link attaches, and by the management node
 for each request. Plug-ins (HA, the audit log) use the named hooks and nothing else:
-`registry.observers` / `registry.validators` / `registry.queue_hooks` (wiring and per-queue
-observers and guards), `admission` (who may connect), `endpoints` (link handlers for `$`
+`registry.observers` / `registry.validators` / `registry.queue_hooks` (wiring, and per-queue
+observers, guards and `publish_refusal`: a queue closed to clients' publishes, whichever way they
+come), `admission` (who may connect), `endpoints` (link handlers for `$`
 addresses), `management.register` (operations, each with what it needs), `status_hooks` (fields of the broker status),
 `completion_hooks` (a publisher's message confirmed), `link_routes` (a link served elsewhere: the shard
 relay), `link_user` (whose rights a link's attach is checked against: the shard relay's links act for
@@ -29,7 +30,7 @@ from ..config import BrokerConfig, LimitsConfig, ListenerConfig
 from .access import RECEIVE, SEND, Access
 from .connection import Connection
 from .engine import Engine
-from .errors import BrokerError, INVALID_FIELD, NOT_IMPLEMENTED, RESOURCE_LOCKED, RecoveryError
+from .errors import BrokerError, INVALID_FIELD, NOT_ALLOWED, NOT_IMPLEMENTED, RESOURCE_LOCKED, RecoveryError
 from .exchange import Exchange
 from .flow import BLOCK, MemoryAlarm
 from .links import Consumer, Publisher
@@ -265,6 +266,10 @@ class Broker:
         data = bytes(data)  # proton's Message.encode gives a bytearray; queues hold bytes
         node = self.registry.resolve(address)
         queues = node.route(Routing(data).key, data) if isinstance(node, Exchange) else [node]
+        for queue in queues:
+            closed = queue.closed()
+            if closed:  # a reply-to or dead-letter address is no way around a queue closed to clients
+                raise BrokerError(NOT_ALLOWED, closed)
         for queue in queues:
             queue.enqueue(data, 0.0)
 

@@ -16,14 +16,13 @@ import time
 from typing import Any, Protocol
 
 from ..broker.errors import BrokerError, NOT_ALLOWED
-from ..broker.management import Answer, failure
+from ..broker.management import Answer, failure, when_clear
 from ..broker.server import Broker
 from .backup import HEARTBEAT, Backup
 from .primary import Primary
 from .role import EpochStore
 
 LET_GO = HEARTBEAT + 1.0  # seconds within which a backup lets go of a primary that is gone
-POLL = 0.05  # seconds between looks at whether it has
 
 
 class PromotionHost(Protocol):
@@ -49,14 +48,13 @@ class PromotionRequests:
         management.deferred[("ha", "PROMOTE")] = self.request
 
     def request(self, name: str | None, body: dict[str, Any], user: str | None, answer: Answer) -> None:
-        self._try(bool(body.get("force")), time.monotonic() + LET_GO, answer)
-
-    def _try(self, force: bool, deadline: float, answer: Answer) -> None:
         ha = self.ha
-        followed = ha.backup.primary if ha.primary is None else None
-        if followed is not None and time.monotonic() < deadline:
-            ha.broker.engine.call_later(POLL, lambda: self._try(force, deadline, answer))
-            return
+        force = bool(body.get("force"))
+        when_clear(ha.broker.engine.call_later, lambda: ha.backup.primary if ha.primary is None else None,
+                   time.monotonic() + LET_GO, lambda followed: self._answer(force, followed, answer))
+
+    def _answer(self, force: bool, followed: str | None, answer: Answer) -> None:
+        ha = self.ha
         try:
             if followed is not None:
                 raise BrokerError(NOT_ALLOWED, f"{ha.broker.name} cannot be promoted: it follows {followed}, the "

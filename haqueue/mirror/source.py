@@ -18,6 +18,8 @@ from ..broker.server import Broker
 from ..broker.tls import client_context
 from ..config import MirrorConfig
 from ..ha.ha_broker import HaBroker
+from . import protocol
+from .epoch import RECORD
 from .queue_mirror import QueueMirror
 from .standby_link import StandbyLink
 
@@ -44,7 +46,7 @@ class MirrorSource:
     def _declared(self, queue: Queue) -> None:
         if self.ha is not None and self.ha.primary is None:
             return
-        if self.pattern is None or queue.temporary or not self.pattern.fullmatch(queue.name):
+        if self.pattern is None or queue.temporary or queue.name == RECORD or not self.pattern.fullmatch(queue.name):
             return
         if queue.exclusive:  # the mirror browses: an exclusive queue would refuse its consumers
             log.warning("queue %s matches mirror.queues but is exclusive: not mirrored", queue.name)
@@ -72,5 +74,5 @@ class MirrorSource:
     def status(self) -> dict[str, Any]:
         now = time.time()
         active = self.ha is None or self.ha.primary is not None
-        return {"active": active, **self.standby.status(),
+        return {"role": "source", "epoch": protocol.FIRST_EPOCH, "active": active, **self.standby.status(),
                 "queues": [m.status(now) for _, m in sorted(self.mirrors.items())]}

@@ -2,13 +2,17 @@
 cluster). It serves `$mirror.state` and `$mirror.queue/<name>` to the users named in `mirror.accept_from`, creates
 each mirrored queue marked with the source's name (protocol.SOURCE_ARG, replicated and journalled with the rest
 of the standby's wiring), and keeps those queues read-only for clients: a client may browse one, not publish to
-it nor consume from it, until the standby is promoted.
+it nor consume from it, until the standby is promoted (promotion.py). From then on a source at an epoch no newer
+than the promotion's is fenced off (epoch.py).
 """
 from __future__ import annotations
 
 import logging
-from typing import Any
+import time
+from typing import Any, Callable
 
+from ..broker.completion import Completion
+from ..broker.connection import Connection
 from ..broker.errors import NOT_ALLOWED, UNAUTHORIZED, BrokerError
 from ..broker.proton_adapter import Link, LinkHandler
 from ..broker.queue import Queue
@@ -18,9 +22,15 @@ from ..ha.features import MIRROR, SUPPORTED
 from ..ha.ha_broker import HaBroker
 from ..ha.protocol import encode_map, flatten
 from . import protocol
+from .epoch import RECORD, EpochRecord
 from .mirrored_queue import MirroredQueue, MirrorReceiver
+from .standby_link import HEARTBEAT, RETRY_INTERVAL
 
 log = logging.getLogger("haqueue.mirror")
+
+# A source still running connects again within this after its connection here ended (it tries every RETRY_INTERVAL,
+# and gives a connection HEARTBEAT to open): until then it may be serving still.
+SOURCE_GONE = RETRY_INTERVAL + HEARTBEAT
 
 
 def source_of(queue: Queue) -> str | None:
@@ -35,23 +45,42 @@ class MirrorTarget:
         self.ha = ha
         self.accept_from = frozenset(config.accept_from)
         self.mirrored: dict[str, MirroredQueue] = {}  # by queue name, made when first needed
+        self.record = EpochRecord(broker.registry)
+        self.sources: dict[str, set[Connection]] = {}  # source cluster -> its connections here (that read the state)
+        self.left: dict[str, float] = {}  # source cluster -> when (monotonic) its last connection here ended
+        if ha is not None:
+            ha.promotion_hooks.append(self.record.forget)  # kept by the cluster's former primary until now
         # A source's connection holds a link per mirrored queue: no client limit applies to it, as to HA's peers.
         broker.engine.connection_limits.exempt_users.update(self.accept_from)
         broker.endpoints[protocol.STATE] = self._state_endpoint
         broker.endpoints[protocol.QUEUE] = self._queue_endpoint
         broker.link_routes.append(self._read_only)
+        broker.registry.queue_hooks.append(self._close)
 
     # -- clients ------------------------------------------------------------------------------------
     def _read_only(self, link: Link) -> LinkHandler | None:
+        """A client's link to a mirror queue itself: a browser only."""
         queue = self.broker.registry.lookup(link.address or "")
         if not isinstance(queue, Queue) or link.browse:
             return None
-        source = source_of(queue)
-        if source is not None:
-            verb = "consume from" if link.is_sender else "publish to"
-            raise BrokerError(NOT_ALLOWED, f"queue '{queue.name}' is a mirror of cluster '{source}': read-only on "
-                                           f"this standby until it is promoted; a client may browse it, not {verb} it")
+        refusal = self._refusal(queue, "consume from" if link.is_sender else "publish to")
+        if refusal is not None:
+            raise BrokerError(NOT_ALLOWED, refusal)
         return None
+
+    def _close(self, queue: Queue) -> None:
+        """What reaches a mirror queue any other way (an exchange, the anonymous relay) is refused too."""
+        if source_of(queue) is not None:
+            queue.publish_refusal = lambda: self._refusal(queue, "publish to")
+
+    def _refusal(self, queue: Queue, verb: str) -> str | None:
+        if queue.name == RECORD:
+            return f"'{RECORD}' holds this standby's mirror epoch: not a client's to {verb}"
+        source = source_of(queue)
+        if source is None or self.record.read().promoted:
+            return None
+        return (f"queue '{queue.name}' is a mirror of cluster '{source}': read-only on this standby until it is "
+                f"promoted; a client may browse it, not {verb} it")
 
     # -- the source's links ---------------------------------------------------------------------------
     def _check(self, link: Link, sends: bool) -> str:
@@ -74,6 +103,15 @@ class MirrorTarget:
         source = props.get(protocol.CLUSTER)
         if not isinstance(source, str) or not source:
             raise BrokerError(NOT_ALLOWED, f"{link.address}: the source named no cluster ({protocol.CLUSTER})")
+        epoch = props.get(protocol.EPOCH)
+        if not isinstance(epoch, int):
+            raise BrokerError(NOT_ALLOWED, f"{link.address}: the source named no epoch ({protocol.EPOCH})")
+        known = self.record.read()
+        fence = known.fence(source, epoch)
+        if fence is not None:
+            raise BrokerError(NOT_ALLOWED, fence)
+        if epoch > known.epoch:  # so that a promotion's epoch is above every source's this standby accepted
+            self.record.write(known.raise_to(epoch))
         return source
 
     def _state_endpoint(self, link: Link) -> LinkHandler:
@@ -85,7 +123,42 @@ class MirrorTarget:
                                       "have": flatten(self._mirrored(queue).holdings())}
         log.info("mirror: source cluster %s connected from %s (user %s); it finds %d queues here", source,
                  link.conn.peer, link.conn.user, len(queues))
-        return _StateSender(link, encode_map({"queues": queues}))
+        self.sources.setdefault(source, set()).add(link.conn)
+        return _StateSender(link, encode_map({"queues": queues}), lambda: self._left(source, link.conn))
+
+    def _left(self, source: str, conn: Connection) -> None:
+        self.sources.get(source, set()).discard(conn)
+        self.left[source] = time.monotonic()
+
+    # -- switch-over (promotion.py) -------------------------------------------------------------------
+    def serving(self) -> str | None:
+        """Why a source may be serving still (its mirror is connected here, or was within SOURCE_GONE), or None."""
+        now = time.monotonic()
+        for source, conns in sorted(self.sources.items()):
+            if conns:
+                return f"cluster '{source}' is mirroring into it (connected from {sorted(c.peer for c in conns)[0]})"
+            ago = now - self.left.get(source, 0.0)
+            if ago < SOURCE_GONE:
+                return f"cluster '{source}' was mirroring into it {ago:.1f}s ago"
+        return None
+
+    def promote(self, confirmed: Completion | None = None) -> None:
+        """Make the mirror queues writable, raise the epoch (kept once `confirmed` is released), and end every
+        source's connection: each is fenced off when it comes back."""
+        if self.ha is not None and self.ha.primary is None:
+            raise BrokerError(NOT_ALLOWED, f"{self.broker.name} is not its cluster's primary: promote the mirror "
+                                           f"there")
+        known = self.record.read()
+        if known.promoted:
+            raise BrokerError(NOT_ALLOWED, f"{self.broker.name}'s cluster was promoted already, at mirror epoch "
+                                           f"{known.epoch}")
+        promoted = known.promote()
+        self.record.write(promoted, confirmed)
+        for source, conns in self.sources.items():  # each at the epoch known before (it was accepted)
+            for conn in list(conns):
+                conn.close(NOT_ALLOWED, promoted.fence(source, max(known.epoch, protocol.FIRST_EPOCH)) or "")
+        log.warning("mirror: %s's cluster promoted at mirror epoch %d: its mirror queues are writable, and their "
+                    "sources fenced off", self.broker.name, promoted.epoch)
 
     def _queue_endpoint(self, link: Link) -> LinkHandler:
         source = self._check(link, sends=False)
@@ -117,7 +190,10 @@ class MirrorTarget:
         return mirrored
 
     def status(self) -> dict[str, Any]:
-        return {"accept_from": sorted(self.accept_from),
+        known = self.record.read()
+        return {"role": "promoted" if known.promoted else "standby", "epoch": known.epoch,
+                "promoted_at": known.promoted_at, "accept_from": sorted(self.accept_from),
+                "sources": {source: {"connected": bool(conns)} for source, conns in sorted(self.sources.items())},
                 "queues": [self._mirrored(q).status() for q in sorted(self.broker.registry.queues(),
                                                                        key=lambda q: q.name)
                            if source_of(q) is not None]}
@@ -126,11 +202,15 @@ class MirrorTarget:
 class _StateSender(LinkHandler):
     """The standby's end of `$mirror.state`: one message, sent once the source grants credit."""
 
-    def __init__(self, link: Link, state: bytes) -> None:
+    def __init__(self, link: Link, state: bytes, detached: Callable[[], None]) -> None:
         self.link = link
         self.state: bytes | None = state
+        self.detached = detached
 
     def on_credit(self) -> None:
         if self.state is not None and self.link.credit():
             self.link.send(self.state, settled=True)
             self.state = None
+
+    def on_detach(self) -> None:
+        self.detached()

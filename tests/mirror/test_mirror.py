@@ -12,7 +12,7 @@ import time
 from typing import Any
 
 import pytest
-from proton import Message, Timeout
+from proton import Delivery, Message, Timeout
 from proton.utils import LinkDetached
 
 from mirror_harness import MAX_BACKLOG_BYTES, MIRROR_PASSWORD, MIRROR_USER, Sites
@@ -80,7 +80,7 @@ def assert_same(site: Sites) -> None:
         queue: len(site.ledger.remaining(queue)) for queue in MIRRORED}
 
 
-def test_mirror_under_load_through_a_cut(sites) -> None:
+def test_mirror_under_load_through_a_cut_then_the_site_lost(sites) -> None:
     site = sites(queues=["orders.*"])
     # publishers on three mirrored queues and an unmirrored one, a consumer on two of them, all at once
     under_load([(publish, site, q, 0, 400) for q in MIRRORED] + [(publish, site, "local.q", 0, 200)]
@@ -109,6 +109,25 @@ def test_mirror_under_load_through_a_cut(sites) -> None:
     assert not any(q["backlog_limit_reached"] for q in status["queues"]), status
     assert site.relay.accepted > accepted
     assert_same(site)
+
+    # the source's site lost: the link cut, more published and consumed there, its brokers killed. The standby,
+    # promoted (no --force needed: its source is gone), serves what was mirrored: what the source consumed since
+    # is redelivered, and nothing else; what it confirmed since is what the site's loss cost (the recovery point)
+    mirrored = {q: site.ledger.remaining(q) for q in MIRRORED}
+    consumed = {q: set(site.ledger.consumed.get(q, ())) for q in MIRRORED}
+    site.relay.cut()
+    under_load([(publish, site, q, 500, 20) for q in MIRRORED] + [(consume, site, "orders.0", 25)])
+    for broker in site.source:
+        site.source.kill(broker)
+    promoted = promote(site)
+    assert promoted.returncode == 0, promoted.stderr
+    for queue in MIRRORED:
+        resumed = [m.id for m in receive(site.standby.address, queue, len(mirrored[queue]))]
+        assert resumed == mirrored[queue], queue
+        redelivered = set(resumed) & site.ledger.consumed.get(queue, set())
+        assert redelivered == site.ledger.consumed.get(queue, set()) - consumed[queue], queue
+        assert [i for i in site.ledger.remaining(queue) if i not in resumed] == [f"{queue}-{i}" for i in range(500, 520)]
+    assert all(q["messages"] == 0 for q in mirror_status(site.standby.address)["standby"]["queues"])
 
 
 def test_a_new_source_primary_resumes_the_mirror(sites) -> None:
@@ -152,7 +171,9 @@ def test_mirror_over_tls(sites) -> None:
     assert [m.id for m in browse(site.standby.address, "orders.0", 20)] == site.ledger.remaining("orders.0")
 
 
-def test_mirror_is_read_only_on_the_standby(sites) -> None:
+def test_mirror_is_read_only_on_the_standby_until_promoted(sites) -> None:
+    """Read-only whichever way a publish comes; `mirror promote` refused while the source mirrors, forced: then
+    the queue is the standby's clients', and the source, fenced off by the epoch, says why it feeds it no more."""
     site = sites(queues=["orders.*"])
     publish(site, "orders.0", 0, 10)
     wait_for(lambda: _drained_one(site, "orders.0"), LAG_TIMEOUT, message="orders.0 mirrored")
@@ -160,10 +181,40 @@ def test_mirror_is_read_only_on_the_standby(sites) -> None:
     assert "queue 'orders.0' is a mirror of cluster 'site-a': read-only on this standby" in publishing
     assert "not publish to it" in publishing
     assert "not consume from it" in refusal(site.standby.address, "orders.0", sender=False)
+    # nor does it reach the queue another way: the anonymous relay (`to`), an exchange bound to it
+    assert "read-only on this standby" in publish_refused(site.standby.address, None, "orders.0")
+    with AdminClient(site.standby.address, 5.0) as admin:
+        for request in [("CREATE", "exchange", "fan", {"type": "fanout"}),
+                        ("CREATE", "binding", None, {"exchange": "fan", "queue": "orders.0"})]:
+            code, description, _ = admin.request(*request)
+            assert code < 300, description
+    assert "queue 'orders.0' is a mirror of cluster 'site-a'" in publish_refused(site.standby.address, "fan", None)
+    assert "read-only on this standby" in publish_refused(site.standby.address, None, "fan")
     assert [m.body for m in browse(site.standby.address, "orders.0", 10)] == list(range(10))
     # the mirror user may do nothing but mirror
     assert "user 'mirror' may not send to 'orders.9'" in refusal(site.standby.address, "orders.9", sender=True,
                                                                  user=MIRROR_USER, password=MIRROR_PASSWORD)
+
+    refused_promotion = promote(site)
+    assert refused_promotion.returncode != 0
+    assert "standby cannot be promoted: cluster 'site-a' is mirroring into it" in refused_promotion.stderr
+    promoted = promote(site, "--force")
+    assert promoted.returncode == 0, promoted.stderr
+    assert {k: json.loads(promoted.stdout)[k] for k in ("role", "epoch")} == {"role": "promoted", "epoch": 2}
+    fence = "fenced: this standby was promoted at mirror epoch 2"
+    wait_for(lambda: refused(site, fence), LAG_TIMEOUT, message="the source naming the fence")
+    publish(site, "orders.0", 10, 5)  # the source goes on serving its clients: none of it reaches the standby
+    assert "mirrors at epoch 1, from before it" in source_status(site)["down"]
+    # the standby's clients publish to and consume from the queue, directly and through the exchange
+    send_all(site.standby.address, "orders.0", [Message(id="standby-0", body=100, durable=True)])
+    send_all(site.standby.address, "fan", [Message(id="standby-1", body=101, durable=True)])
+    assert [m.body for m in receive(site.standby.address, "orders.0", 12)] == list(range(10)) + [100, 101]
+    assert mirror_status(site.standby.address)["standby"]["queues"][0]["messages"] == 0
+
+
+def promote(site: Sites, *options: str) -> Any:
+    """`haqueue admin mirror promote` on the standby, as an operator types it."""
+    return run_haqueue(["admin", "-b", site.standby.address, "mirror", "promote", *options])
 
 
 def refusal(address: str, queue: str, sender: bool, **auth: Any) -> str:
@@ -173,6 +224,19 @@ def refusal(address: str, queue: str, sender: bool, **auth: Any) -> str:
         with pytest.raises(LinkDetached) as refused:
             (conn.create_sender if sender else conn.create_receiver)(queue)
         return str(refused.value)
+    finally:
+        conn.close()
+
+
+def publish_refused(address: str, target: str | None, to: str | None) -> str:
+    """Why a message sent on a link to `target` (None: the anonymous relay), addressed `to`, is rejected (it must be)."""
+    conn = connect(address)
+    try:
+        delivery = conn.create_sender(target).link.send(Message(address=to, body="x", durable=True))
+        conn.wait(lambda: delivery.settled, timeout=10, msg="the publish's outcome")
+        assert delivery.remote_state == Delivery.REJECTED, delivery.remote_state
+        assert delivery.remote.condition.name == "amqp:not-allowed", delivery.remote.condition
+        return str(delivery.remote.condition.description)
     finally:
         conn.close()
 

@@ -1,0 +1,87 @@
+"""The standby's mirror epoch (design/mirroring.md, "Epochs and fencing"): the highest epoch it knows (a source's it
+accepted, or its own once promoted), and whether it was promoted.
+
+It is kept as the one message of the queue RECORD on the standby, so it is durable and replicated exactly as any
+message of that cluster (its journal, its HA backups): it survives the standby's restarts and failovers with no
+file, format or HA record of its own, and a promotion is answered once the standby's guards hold it. A newer
+record is enqueued before the older is dequeued: after a crash between the two, the newest (highest seq) counts.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any, Final
+
+from proton import Message
+
+from ..broker.completion import Completion
+from ..broker.queue import Queue
+from ..broker.registry import Registry
+from . import protocol
+
+RECORD: Final = "$mirror.epoch"  # the queue (clients may not touch it: target.py)
+RECORD_ARGS: Final = {"durable": True, "x-replicate": "all"}
+
+
+@dataclass(frozen=True)
+class Epoch:
+    epoch: int = 0  # the highest mirror epoch known here
+    promoted_at: float | None = None  # when this standby was promoted (unix time); None: its mirror queues are read-only
+
+    @property
+    def promoted(self) -> bool:
+        return self.promoted_at is not None
+
+    def fence(self, source: str, epoch: int) -> str | None:
+        """Why a source cluster mirroring at `epoch` is refused here, or None."""
+        if self.promoted_at is not None and epoch <= self.epoch:
+            when = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(self.promoted_at))
+            return (f"fenced: this standby was promoted at mirror epoch {self.epoch} ({when}); cluster '{source}' "
+                    f"mirrors at epoch {epoch}, from before it: it may not feed this cluster again (make it a "
+                    f"standby of this one)")
+        if epoch < self.epoch:
+            return f"fenced: cluster '{source}' mirrors at epoch {epoch}, older than this standby's {self.epoch}"
+        return None
+
+    def raise_to(self, epoch: int) -> "Epoch":
+        """A source accepted at `epoch`, newer than any before."""
+        return Epoch(max(self.epoch, epoch), self.promoted_at)
+
+    def promote(self) -> "Epoch":
+        return Epoch(max(self.epoch, protocol.FIRST_EPOCH) + 1, time.time())
+
+
+class EpochRecord:
+    """The record, read from its queue when first needed (after a start, or a promotion in the standby cluster)."""
+
+    def __init__(self, registry: Registry) -> None:
+        self.registry = registry
+        self._known: Epoch | None = None
+
+    def read(self) -> Epoch:
+        if self._known is None:
+            queue = self.registry.lookup(RECORD)
+            entries = queue.entries() if isinstance(queue, Queue) else []
+            self._known = Epoch()
+            if entries:
+                message = Message()
+                message.decode(entries[-1].data)
+                body: dict[str, Any] = message.body  # type: ignore[assignment]  # written by write()
+                self._known = Epoch(int(body["epoch"]), body.get("promoted_at"))
+        return self._known
+
+    def forget(self) -> None:
+        """Read it again when next needed: this broker was promoted in its own cluster."""
+        self._known = None
+
+    def write(self, epoch: Epoch, confirmed: Completion | None = None) -> None:
+        """Keep `epoch`; `confirmed` is released once the standby's guards (disk, backups) hold it."""
+        queue = self.registry.declare_queue(RECORD, dict(RECORD_ARGS))[0]
+        older = queue.live_seqs()
+        data = Message(body={"epoch": epoch.epoch, "promoted_at": epoch.promoted_at}, durable=True).encode()
+        queue.enqueue(bytes(data), 0.0, confirmed)
+        if confirmed is not None:
+            confirmed.release()
+        for seq in older:
+            queue.dequeue_range(seq, seq)
+        self._known = epoch
