@@ -46,6 +46,19 @@ def click(browser, by: str, value: str) -> None:
     wait_for(seen(clicked), 10, message=f"{value} clicked")
 
 
+def submit_login(browser, user: str, password: str) -> None:
+    wait_for(seen(lambda: browser.find_element(By.ID, "login-user").is_displayed()), 10, message="the login form")
+    for field, value in (("login-user", user), ("login-password", password)):
+        browser.find_element(By.ID, field).clear()
+        browser.find_element(By.ID, field).send_keys(value)
+    browser.find_element(By.CSS_SELECTOR, "#login-form button").click()
+
+
+def log_in(browser, user: str, password: str) -> None:
+    submit_login(browser, user, password)
+    wait_for(seen(lambda: text(browser, "user") == f"logged in as {user}"), 10, message=f"logged in as {user}")
+
+
 def nav(browser, page: str) -> None:
     click(browser, By.CSS_SELECTOR, f'nav a[data-page="{page}"]')
 

@@ -25,7 +25,7 @@ from selenium.webdriver.support.ui import Select
 from haqueue import __version__
 from haqueue.console.sessions import Sessions
 
-from console_setup import APP_PASSWORD, click, console_url, http_json, nav, queue_rows, seen, text
+from console_setup import APP_PASSWORD, click, console_url, http_json, log_in, nav, queue_rows, seen, submit_login, text
 from ha_harness import HA_USER, OPS_USER, connect
 from harness import wait_for
 
@@ -42,19 +42,6 @@ def _brokers(browser) -> dict[str, dict[str, str]]:
                                              "ready": row.get_attribute("data-ready"),
                                              "release": row.get_attribute("data-release")}
             for row in browser.find_elements(By.CSS_SELECTOR, "#brokers tbody tr")}
-
-
-def _submit_login(browser, user: str, password: str) -> None:
-    wait_for(seen(lambda: browser.find_element(By.ID, "login-user").is_displayed()), 10, message="the login form")
-    for field, value in (("login-user", user), ("login-password", password)):
-        browser.find_element(By.ID, field).clear()
-        browser.find_element(By.ID, field).send_keys(value)
-    browser.find_element(By.CSS_SELECTOR, "#login-form button").click()
-
-
-def _log_in(browser, user: str, password: str) -> None:
-    _submit_login(browser, user, password)
-    wait_for(seen(lambda: text(browser, "user") == f"logged in as {user}"), 10, message=f"logged in as {user}")
 
 
 OVERVIEW = {"broker", "admin", "user", "primary", "public", "brokers", "shards", "age", "totals", "rates"}
@@ -103,7 +90,7 @@ def _publish(cluster, n: int) -> None:
 def test_admin_sees_three_brokers_and_a_queue_filling(console_cluster, browser, screenshot):
     c = console_cluster
     browser.get(console_url(c[1]))  # a backup's console: the page moves to the primary's by itself
-    _log_in(browser, OPS_USER, c.password)
+    log_in(browser, OPS_USER, c.password)
     brokers = wait_for(seen(lambda: (lambda b: b if len(b) == 3 and [n for n, x in b.items() if x["role"] == "primary"]
                                       == ["b0"] and sum(x["ready"] == "true" for x in b.values()) == 2 else None)(
         _brokers(browser))), 10, message="three brokers: b0 primary, two ready backups")
@@ -307,11 +294,11 @@ def test_restricted_user_sees_only_its_queues_and_is_refused_a_purge(console_clu
     wait_for(lambda: browser.execute_script("return window.held !== null"), 5, message="a refresh held")
     browser.find_element(By.ID, "logout").click()
     # the HA peer user's password is in every broker's config: it is for brokers, not for people
-    _submit_login(browser, HA_USER, c.password)
+    submit_login(browser, HA_USER, c.password)
     _notice(browser, f"log in as {HA_USER}: refused: '{HA_USER}' is the HA peer user (ha.username)")
     assert browser.find_element(By.ID, "login-user").is_displayed()
     assert any(f"refused a login as '{HA_USER}'" in b.log() for b in (c[1], c[2]))
-    _log_in(browser, "app", APP_PASSWORD)
+    log_in(browser, "app", APP_PASSWORD)
     browser.execute_script("window.held()")
     browser.execute_script(COUNT_READS)
     nav(browser, "queues")
@@ -343,7 +330,7 @@ def test_admin_sees_the_latest_audit_report(console_cluster, browser, screenshot
     (report / "summary.txt").write_text("replication lag per queue and backup\nno confirmed message lost\n")
     (report / "lag.png").write_bytes(screenshot("audit-before").read_bytes())  # any PNG: the page shows it
     click(browser, By.ID, "logout")
-    _log_in(browser, OPS_USER, c.password)
+    log_in(browser, OPS_USER, c.password)
     nav(browser, "audit")
     wait_for(seen(lambda: "no confirmed message lost" in text(browser, "audit-summary")), 10, message="the summary")
     wait_for(lambda: browser.execute_script("const i = document.querySelector('img.lag'); "

@@ -14,9 +14,8 @@ from selenium.webdriver.support.ui import Select
 
 from haqueue.shard.ownership import shard_of_name
 
-from console_setup import APP_PASSWORD, click, http_json, nav, queue_rows, seen, text
+from console_setup import APP_PASSWORD, click, http_json, log_in, nav, queue_rows, seen, text
 from ha_harness import OPS_USER, send_all, wait_for
-from test_console_cluster import _log_in
 from test_ha_supervisor import Supervised
 
 pytestmark = pytest.mark.usefixtures("page_errors")
@@ -55,7 +54,7 @@ def test_every_process_serves_a_console_and_the_overview_maps_the_shards(sharded
     assert consoles == sorted(f"console http://127.0.0.{node}:{sharded.console + shard}/ n{node}.s{shard}"
                               for node in (1, 2) for shard in range(SHARDS)), sharded.seen
     browser.get(f"http://127.0.0.1:{sharded.console}/")  # n1.s0's
-    _log_in(browser, OPS_USER, OPS_PASSWORD)
+    log_in(browser, OPS_USER, OPS_PASSWORD)
 
     def shard_map():
         rows = browser.find_elements(By.CSS_SELECTOR, "#shards tbody tr")
@@ -113,6 +112,6 @@ def test_a_restricted_user_sees_only_its_queues(sharded, browser, screenshot):
     send_all(nodes[0], PAYMENTS_OF_SHARD_1, [0], user=OPS_USER, password=OPS_PASSWORD)
     _shard_1_queues(browser, {QUEUE_OF_SHARD_1: str(MESSAGES), PAYMENTS_OF_SHARD_1: "1"}, OPS_USER)
     click(browser, By.ID, "logout")
-    _log_in(browser, "app", APP_PASSWORD)
+    log_in(browser, "app", APP_PASSWORD)
     _shard_1_queues(browser, {QUEUE_OF_SHARD_1: str(MESSAGES)}, "app")
     screenshot("sharded-queues-restricted")
