@@ -579,6 +579,16 @@ def _add_cluster(commands: Subparsers) -> None:
     up.add_argument("--console-port", type=int, default=CONSOLE_PORT, metavar="PORT",
                     help=f"broker i serves the web console on 127.0.0.1:PORT + i (default {CONSOLE_PORT}; "
                          f"0: none); with --shards, shard i's processes on their node's address, PORT + i")
+    up.add_argument("--mirror-to", metavar="HOST:PORT", type=_address,
+                    help="mirror the queues matching --mirror-queues to the standby cluster whose clients' address "
+                         "this is, as --mirror-user, password $HAQUEUE_MIRROR_PASSWORD (design/mirroring.md); this "
+                         "cluster is named after --dir's last part")
+    up.add_argument("--mirror-queues", metavar="GLOB", action="append", default=[],
+                    help="with --mirror-to: the queues mirrored (repeatable)")
+    up.add_argument("--accept-mirror", action="store_true",
+                    help="a standby: accept a mirror from user --mirror-user, password $HAQUEUE_MIRROR_PASSWORD")
+    up.add_argument("--mirror-user", metavar="USER", default="mirror",
+                    help="the standby's user a source mirrors as (default mirror)")
     up.set_defaults(func=_cluster_up)
 
 
@@ -593,10 +603,19 @@ def _cluster_up(args: argparse.Namespace) -> int:
     if args.replicas is not None and args.shards is None:
         _error("--replicas goes with --shards")
         return EXIT_USAGE
-    from haqueue.coord.up_config import NO_FILE, cluster_settings
+    if bool(args.mirror_to) != bool(args.mirror_queues):
+        _error("--mirror-to and --mirror-queues go together: where to mirror, and which queues")
+        return EXIT_USAGE
+    if args.shards is not None and (args.mirror_to or args.accept_mirror):
+        _error("a sharded cluster is not mirrored yet (design/mirroring.md): no --mirror-to nor --accept-mirror "
+               "with --shards")
+        return EXIT_USAGE
+    from haqueue.coord.up_config import NO_FILE, MirrorOptions, cluster_settings
     origin = args.config or NO_FILE
+    mirror = MirrorOptions(os.path.basename(os.path.abspath(args.dir)), args.mirror_to, args.mirror_queues,
+                           args.mirror_user, args.accept_mirror)
     try:
-        extra = cluster_settings(args.config, args.audit_dir, args.sync, args.tls, args.console_port != 0)
+        extra = cluster_settings(args.config, args.audit_dir, args.sync, args.tls, args.console_port != 0, mirror)
         logging.basicConfig(stream=sys.stderr, level=logging.INFO, format=LOG_FORMAT)
         if args.shards is not None:
             from haqueue.shard.local_cluster import sharded_cluster_up

@@ -2,10 +2,15 @@
 anonymous, limits, store, queues, audit, http's tls, ha.sync...) every broker of the local cluster starts from.
 
 What `cluster up` sets itself (each broker's name, addresses and data, the HA peers and the peer user) is refused,
-naming the option to use instead; so is a key that an option (`--sync`, `--audit-dir`, `--tls`) sets to another
-value. Each broker's whole config is then checked as the broker checks it (config.py), before any broker starts
+naming the option to use instead; so is a key that an option (`--sync`, `--audit-dir`, `--tls`, the mirror's) sets
+to another value. Each broker's whole config is then checked as the broker checks it (config.py), before any broker starts
 (Supervisor.local, sharded_cluster_up), so a wrong key stops `cluster up` at once naming it. Relative paths in the
 file are the brokers' to read from the working directory, as `haqueue broker --config` does.
+
+The mirror's options (design/mirroring.md) wire two local clusters in two commands: `--accept-mirror` makes a
+standby (its user `--mirror-user`, allowed nothing but mirroring, and `mirror.accept_from`), `--mirror-to
+HOST:PORT --mirror-queues GLOB` a source (`mirror:` named after --dir's last part). Both take the user's password
+from $HAQUEUE_MIRROR_PASSWORD, which keeps it off the command line; TLS to the standby goes in --config's mirror.tls.
 """
 from __future__ import annotations
 
@@ -15,6 +20,7 @@ from typing import Any, NamedTuple
 from ..config import ConfigError, read_yaml
 
 TLS_FILES = {"ca_file": "ca.pem", "cert_file": "cert.pem", "key_file": "key.pem"}  # cluster up --tls DIR
+MIRROR_PASSWORD = "HAQUEUE_MIRROR_PASSWORD"  # the environment variable with the mirror user's password
 NO_FILE = "cluster up"  # what errors name when there is no --config
 _PEER_USER = "cluster up makes the HA peer user and its password (written in DIR/broker-0.yaml; DIR/cluster.yaml with " \
              "--shards), which the supervisor and the brokers log in with; give clients users of their own"
@@ -48,6 +54,16 @@ OWNED = {
 }
 
 
+class MirrorOptions(NamedTuple):
+    """cluster up's mirror options."""
+
+    cluster: str  # this cluster's name, as a source: --dir's last part
+    to: str | None  # --mirror-to HOST:PORT: the standby's public address
+    queues: list[str]  # --mirror-queues GLOB...
+    user: str  # --mirror-user: the standby's user the source logs in as
+    accept: bool  # --accept-mirror: a standby
+
+
 class _Setting(NamedTuple):
     key: str  # dotted: ha.sync
     value: Any
@@ -56,14 +72,14 @@ class _Setting(NamedTuple):
 
 
 def cluster_settings(path: str | None, audit_dir: str | None, sync: str | None, tls_dir: str | None,
-                     console: bool) -> dict[str, Any]:
+                     console: bool, mirror: MirrorOptions | None = None) -> dict[str, Any]:
     """The config every broker of `cluster up` starts from: the file's at `path`, with what the options set merged
     in; `console`: cluster up serves consoles (--console-port is not 0). ConfigError names the file and the key."""
     origin = path or NO_FILE
     raw = _read(path) if path else {}
     if "http" in raw and not console:
         raise ConfigError(f"{origin}: http: cluster up serves no console with --console-port 0")
-    for setting in _options(audit_dir, sync, tls_dir):
+    for setting in _options(audit_dir, sync, tls_dir) + (_mirror_options(mirror) if mirror else []):
         _merge(raw, setting, origin)
     return raw
 
@@ -112,6 +128,25 @@ def _options(audit_dir: str | None, sync: str | None, tls_dir: str | None) -> li
         if missing:
             raise ConfigError(f"--tls {tls_dir}: no {', '.join(missing)}")
         settings += [_Setting(f"ha.tls.{key}", file, f"--tls {tls_dir}", True) for key, file in files.items()]
+    return settings
+
+
+def _mirror_options(mirror: MirrorOptions) -> list[_Setting]:
+    if not (mirror.to or mirror.accept):
+        return []
+    option = f"--mirror-to {mirror.to}" if mirror.to else "--accept-mirror"
+    password = os.environ.get(MIRROR_PASSWORD)
+    if not password:
+        raise ConfigError(f"{option}: set ${MIRROR_PASSWORD} to the password of the standby's user {mirror.user!r} "
+                          f"(the same for the standby's cluster up --accept-mirror and the source's --mirror-to)")
+    settings = []
+    if mirror.accept:
+        settings += [_Setting(f"users.{mirror.user}", {"password": password, "allow": {}}, "--accept-mirror", False),
+                     _Setting("mirror.accept_from", [mirror.user], "--accept-mirror", False)]
+    if mirror.to:
+        settings += [_Setting(f"mirror.{key}", value, option, False) for key, value in (
+            ("cluster", mirror.cluster), ("to", [mirror.to]), ("username", mirror.user), ("password", password),
+            ("queues", mirror.queues))]
     return settings
 
 

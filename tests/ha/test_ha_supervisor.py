@@ -2,6 +2,7 @@
 address, fails over when the primary is killed, and exits cleanly (brokers and all) on SIGTERM."""
 from __future__ import annotations
 
+import json
 import os
 import queue
 import signal
@@ -16,7 +17,7 @@ import yaml
 from proton import ConnectionException
 from proton.utils import BlockingConnection
 
-from ha_harness import (HA_USER, AdminClient, AdminError, Load, can_connect, free_port, receive, send_all,
+from ha_harness import (HA_USER, AdminClient, AdminError, Load, browse, can_connect, free_port, receive, send_all,
                         split_address, wait_for)
 from harness import REPO_ROOT, process_state, run_haqueue
 from haqueue.config import TlsConfig
@@ -294,3 +295,24 @@ def test_cluster_up_with_tls_between_brokers(supervised, tmp_path):
     assert [m.body for m in receive(s.public, "tq", 3)] == [0, 1, 2]
     with pytest.raises(AdminError):  # no certificate, no entry
         AdminClient(addresses[0], 3.0, HA_USER, s.password()).close()
+
+
+def test_two_cluster_ups_wire_a_mirror(supervised, monkeypatch):
+    """Two local clusters wired in two commands (design/mirroring.md): `cluster up --accept-mirror` makes a standby,
+    `cluster up --mirror-to ITS_PUBLIC --mirror-queues GLOB` a source named after its --dir, mirroring into it."""
+    monkeypatch.setenv("HAQUEUE_MIRROR_PASSWORD", "mirror-secret")  # both commands' environment
+    standby = supervised(1, args=("--accept-mirror",))
+    standby.read_until("public ", 40)
+    source = supervised(2, args=("--mirror-to", standby.public, "--mirror-queues", "orders.*"))
+    source.read_until("public ", 40)
+    send_all(source.public, "orders.0", range(20))
+    send_all(source.public, "local.q", range(3))
+
+    def mirrored() -> list | None:
+        shown = run_haqueue(["admin", "-b", standby.public, "mirror", "status"])
+        assert shown.returncode == 0, shown.stderr
+        queues = json.loads(shown.stdout)["standby"]["queues"]
+        return queues if [q["messages"] for q in queues] == [20] else None
+    queues = wait_for(mirrored, 30, message="orders.0 mirrored to the standby, and nothing else")
+    assert (queues[0]["queue"], queues[0]["source"]) == ("orders.0", source.directory.name)
+    assert [m.body for m in browse(standby.public, "orders.0", 20)] == list(range(20))  # read-only: browsed

@@ -41,6 +41,8 @@ def haqueue(*args: str, timeout: float = 30) -> subprocess.CompletedProcess[str]
     (["broker", "--node", "n1"], "--node and --shard go together, with --config of a sharded cluster"),
     (["broker", "--config", "c.yaml", "--shard", "1"], "--node and --shard go together"),
     (["cluster", "up", "--replicas", "2"], "--replicas goes with --shards"),
+    (["cluster", "up", "--mirror-queues", "orders.*"], "--mirror-to and --mirror-queues go together"),
+    (["cluster", "up", "--shards", "2", "--accept-mirror"], "a sharded cluster is not mirrored yet"),
 ])
 def test_bad_usage(args: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(args) == 2
@@ -144,4 +146,22 @@ def test_cluster_up_config_refused_naming_the_key(args: tuple[str, ...], text: s
     directory = tmp_path / "cluster"
     assert main(["cluster", "up", "--dir", str(directory), "--config", str(config), *args]) == 2
     assert f"haqueue: {config}: {message}" in capsys.readouterr().err
+    assert not directory.exists()
+
+
+def test_cluster_up_mirror_options_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                           capsys: pytest.CaptureFixture[str]) -> None:
+    """The mirror's options need the mirror user's password in $HAQUEUE_MIRROR_PASSWORD; a --config whose mirror
+    section says otherwise than they do is refused naming the key; neither writes or starts anything."""
+    directory = tmp_path / "cluster"
+    monkeypatch.delenv("HAQUEUE_MIRROR_PASSWORD", raising=False)
+    assert main(["cluster", "up", "--dir", str(directory), "--accept-mirror"]) == 2
+    assert "haqueue: --accept-mirror: set $HAQUEUE_MIRROR_PASSWORD to the password" in capsys.readouterr().err
+    monkeypatch.setenv("HAQUEUE_MIRROR_PASSWORD", "mirror-secret")
+    config = tmp_path / "local.yaml"
+    config.write_text("mirror: {queues: [billing]}\n")
+    assert main(["cluster", "up", "--dir", str(directory), "--config", str(config), "--mirror-to", "127.0.0.1:5682",
+                 "--mirror-queues", "orders.*"]) == 2
+    assert (f"haqueue: {config}: mirror.queues: is ['billing'] here, but --mirror-to 127.0.0.1:5682 sets "
+            f"['orders.*']") in capsys.readouterr().err
     assert not directory.exists()
