@@ -42,9 +42,9 @@ class PromotionRequests:
         target = self.target
         try:
             if serving is not None:
-                raise BrokerError(NOT_ALLOWED, f"{target.broker.name} cannot be promoted: {serving}, so its source "
-                                               f"may be serving; stop the source's mirror or cut the site link "
-                                               f"first, or promote with --force (the source is then fenced off)")
+                raise BrokerError(NOT_ALLOWED, f"{target.broker.name} cannot be promoted: {serving}, and may be "
+                                               f"serving still; stop it or cut the site link first, or promote "
+                                               f"with --force (it is then fenced off)")
             target.promote(Completion(lambda: answer(200, "OK", target.status())))
         except Exception as e:  # noqa: BLE001 - answered, never raised into the loop
             answer(*failure(e), None)

@@ -126,7 +126,8 @@ def test_mirror_under_load_through_a_cut_then_the_site_lost(sites) -> None:
         assert resumed == mirrored[queue], queue
         redelivered = set(resumed) & site.ledger.consumed.get(queue, set())
         assert redelivered == site.ledger.consumed.get(queue, set()) - consumed[queue], queue
-        assert [i for i in site.ledger.remaining(queue) if i not in resumed] == [f"{queue}-{i}" for i in range(500, 520)]
+        lost = [i for i in site.ledger.remaining(queue) if i not in resumed]
+        assert lost == [f"{queue}-{i}" for i in range(500, 520)], queue
     assert all(q["messages"] == 0 for q in mirror_status(site.standby.address)["standby"]["queues"])
 
 
@@ -138,6 +139,8 @@ def test_a_new_source_primary_resumes_the_mirror(sites) -> None:
     wait_for(lambda: drained(site), LAG_TIMEOUT, message="the mirror's lag drains")
     site.relay.cut()
     under_load([(publish, site, q, 200, 100) for q in MIRRORED] + [(consume, site, "orders.1", 80)])
+    for queue in MIRRORED:  # a consumption the backup has not heard of yet is delivered again after it (at least once)
+        site.source.wait_depth(site.source[1], queue, len(site.ledger.remaining(queue)))
     site.source.kill(site.primary)
     site.primary = site.source[1]
     site.source.promote(site.primary)
@@ -149,7 +152,8 @@ def test_a_new_source_primary_resumes_the_mirror(sites) -> None:
 
 def test_a_new_standby_primary_takes_the_mirror_over(sites) -> None:
     """The standby is a pair; its primary is killed and its backup promoted: the new standby primary learns what it
-    holds of each source queue from the messages themselves, keeps the queues read-only, and takes the mirror on."""
+    holds of each source queue from the messages themselves, keeps the queues read-only, and takes the mirror on.
+    Once the standby is promoted, its next primary holds the epoch too, and fences the source off."""
     site = sites(queues=["orders.*"], standby_size=2)
     under_load([(publish, site, q, 0, 200) for q in MIRRORED] + [(consume, site, "orders.0", 50)])
     wait_for(lambda: drained(site), LAG_TIMEOUT, message="the mirror's lag drains")
@@ -161,6 +165,20 @@ def test_a_new_standby_primary_takes_the_mirror_over(sites) -> None:
     wait_for(lambda: drained(site), LAG_TIMEOUT, message="the mirror's lag drains at the new standby primary")
     assert_same(site)
     assert "read-only on this standby" in refusal(site.standby.address, "orders.2", sender=True)
+
+    # promoted (forced: the source mirrors into it), then failed over again: the epoch is the standby cluster's
+    assert promote(site, "--force").returncode == 0
+    cluster = site.standby_cluster
+    cluster.start(0)
+    cluster.wait_backups_ready(site.standby, ["b0"])
+    cluster.kill(site.standby)
+    site.standby = cluster[0]
+    cluster.promote(site.standby)
+    status = mirror_status(site.standby.address)["standby"]
+    assert (status["role"], status["epoch"]) == ("promoted", 2), status
+    wait_for(lambda: refused(site, "fenced: this standby was promoted at mirror epoch 2"), LAG_TIMEOUT,
+             message="the source fenced off by the new standby primary")
+    send_all(site.standby.address, "orders.2", [Message(id="orders.2-standby", body=-1, durable=True)])
 
 
 def test_mirror_over_tls(sites) -> None:
@@ -229,7 +247,8 @@ def refusal(address: str, queue: str, sender: bool, **auth: Any) -> str:
 
 
 def publish_refused(address: str, target: str | None, to: str | None) -> str:
-    """Why a message sent on a link to `target` (None: the anonymous relay), addressed `to`, is rejected (it must be)."""
+    """Why a message sent on a link to `target` (None: the anonymous relay), addressed `to`, is rejected (it must
+    be)."""
     conn = connect(address)
     try:
         delivery = conn.create_sender(target).link.send(Message(address=to, body="x", durable=True))
