@@ -369,9 +369,16 @@ def storm_python(b: R.Broker, n: int, args: argparse.Namespace) -> dict:
     procs = [subprocess.Popen([str(R.VENV_PY), str(R.BENCH / "py_clients.py"), "storm", "--port", str(b.port),
                                "--connections", str(min(share, n - i * share)), "--timeout", str(args.wait)],
                               stdout=subprocess.PIPE, text=True) for i in range(args.storm_processes) if i * share < n]
-    runs = [json.loads(p.communicate(timeout=args.wait + 30)[0].splitlines()[-1]) for p in procs]
+    runs = []
+    for proc in procs:
+        try:
+            runs.append(json.loads(proc.communicate(timeout=args.wait + 30)[0].splitlines()[-1]))
+        except (subprocess.TimeoutExpired, IndexError, ValueError):  # no result: its connections count as not admitted
+            proc.kill()
+            proc.wait()
     last = [r["last_s"] for r in runs if r["last_s"] is not None]
-    return {"connections": n, "processes": len(procs), "admitted": sum(r["admitted"] for r in runs),
+    return {"connections": n, "processes": len(procs), "no_result": len(procs) - len(runs),
+            "admitted": sum(r["admitted"] for r in runs),
             "closed": sum(r["closed"] for r in runs), "last_s": max(last) if last else None,
             "client_cpu_s": sum(r["cpu_us"] for r in runs) / 1e6}
 
