@@ -20,8 +20,9 @@ class PlainContainer(Container):
         # With `impl` given, proton's Container.__init__ skips its own set-up, SSLConfig() included: the same
         # set-up follows, without the SSL domains (a TLS connection brings its own).
         super().__init__(*handlers, impl=None)
-        self.ssl = None
-        self.global_handler = GlobalOverrides(self.global_handler)
+        self.ssl = None  # type: ignore[assignment]  # proton's own value without SSL, as its stub does not say
+        # proton's own handler is an IOHandler, as GlobalOverrides wants: its stub types it as any Handler
+        self.global_handler = GlobalOverrides(self.global_handler)  # type: ignore[arg-type]
         self.trigger = None
         self.container_id = str(uuid.uuid4())
         self.allow_insecure_mechs = True
