@@ -146,7 +146,7 @@ def audit_once(events: str, master: str | None, profile: bool, extra: dict[str, 
         started = time.monotonic()
         spark = sources.session(master, conf, size=sources.input_size(events))  # as `haqueue audit lag` sizes it
         session_s = time.monotonic() - started
-        started, busy = time.monotonic(), machine_busy_ticks()
+        started, busy, begun = time.monotonic(), machine_busy_ticks(), time.time() * 1000  # ms, as the event log's
         audit = lag.analyse(spark, events)
         Storage(spark).write(str(scratch / "out"), report.outputs(audit))
         audit_s = time.monotonic() - started
@@ -163,8 +163,9 @@ def audit_once(events: str, master: str | None, profile: bool, extra: dict[str, 
         if profile:
             print(report.summary(audit))
             for a in actions:
-                print(f"{a['wall_s']:7.1f} s  {a['jobs']:3d} jobs {a['tasks']:5d} tasks  task CPU {a['cpu_s']:6.1f} s  "
-                      f"GC {a['gc_s']:5.1f} s  {a['what']}")
+                print(f"{(a['start'] - begun) / 1000:6.1f}-{(a['end'] - begun) / 1000:5.1f} s {a['wall_s']:6.1f} s  "
+                      f"{a['jobs']:3d} jobs {a['tasks']:5d} tasks  task CPU {a['cpu_s']:6.1f} s  GC {a['gc_s']:5.1f} s  "
+                      f"{a['what']}")
         return {"events": audit.totals["events"], "summary": report.summary(audit), "session_s": session_s,
                 "audit_s": audit_s, "warm_s": warm_s,
                 "task_cpu_s": sum(a["cpu_s"] for a in actions), "gc_s": sum(a["gc_s"] for a in actions),
