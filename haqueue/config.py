@@ -70,7 +70,7 @@ class LimitsConfig:
     idle_timeout: float = 60.0  # seconds; 0 disables heartbeats
     output_buffer: int = 4 * 1024 * 1024
     # What one hostile client can hold (design/security.md).
-    handshake_timeout: float = 10.0  # seconds from accept to the client's AMQP open (TLS and SASL included)
+    handshake_timeout: float = 10.0  # seconds from the client's first byte to its AMQP open (TLS, SASL included)
     max_connections_per_user: int = 0  # 0: no limit; anonymous clients are limited per address only
     max_connections_per_address: int = 0  # 0: no limit; every connection from the address counts
 

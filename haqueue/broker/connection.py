@@ -58,6 +58,7 @@ class Connection:
         self.user: str | None = None
         self.logged_in = False  # admitted at open by ConnectionLimits.opened, counted (unless exempt) until closed
         self.handshake_deadline = 0  # ms (monotonic): closed unless the client opens by then; 0: opened
+        self.first_byte_due = False  # accepted, nothing received yet: the deadline is silence's (Engine._accept)
         self.tls: TlsPump | None = None
         self.raw_out = bytearray()  # bytes for the socket that did not come from proton directly
         self.writing = False  # registered for EPOLLOUT
@@ -101,11 +102,16 @@ class Connection:
         if not data:
             self.input_closed()
             return 0
+        phase = self.phase
+        if self.first_byte_due:
+            self.engine.handshake_progress(self)
         try:
             self.received(data)
         except Exception:  # what a peer sends must never stop the loop: drop that peer alone
             log.exception("connection %s dropped: its input could not be handled", self.peer)
             self.abort()
+        if self.phase != phase and self.handshake_deadline:
+            self.engine.handshake_progress(self)
         return len(data)
 
     def received(self, data: bytes) -> None:

@@ -151,12 +151,33 @@ class Engine(Loop):
             self._closed_since_trim = 0
             heap.release_free_memory()
 
+    def handshake_progress(self, conn: Connection) -> None:
+        """The client's first byte, or a step of its handshake done (a whole protocol header, the SASL exchange):
+        from now it has limits.handshake_timeout for the next. A client slow because it is handshaking thousands
+        of connections at once (a reconnect storm from one process) keeps going; one dribbling a step's bytes
+        is still cut at handshake_timeout, so a handshake is bounded by four of them (header, SASL, header, open)."""
+        conn.first_byte_due = False
+        conn.handshake_deadline = int(time.monotonic() * 1000) + int(self.limits.handshake_timeout * 1000)
+
     def _handshake_expired(self, conn: Connection) -> None:
-        """limits.handshake_timeout: a client that has not opened by now is dropped, however slowly it
-        was still sending (a slow-loris holds a socket and a transport for nothing)."""
-        log.info("connection %s closed: no AMQP open within %g s (limits.handshake_timeout); it was still in %s",
-                 conn.peer, self.limits.handshake_timeout, conn.handshake_stage())
+        """limits.handshake_timeout: a client that has not finished a step of its handshake by now is dropped,
+        however slowly it was still sending (a slow-loris holds a socket and a transport for nothing); a socket
+        that sent nothing at all, once silent for limits.idle_timeout."""
+        if conn.first_byte_due:
+            log.info("connection %s closed: nothing received within %g s (limits.idle_timeout)", conn.peer,
+                     self._silence_ms() / 1000)
+        else:
+            log.info("connection %s closed: no progress within %g s (limits.handshake_timeout); it was still in %s",
+                     conn.peer, self.limits.handshake_timeout, conn.handshake_stage())
         conn.abort()
+
+    def _silence_ms(self) -> int:
+        """How long an accepted socket may stay silent before its first byte: idle_timeout, as an open
+        connection may (never less than handshake_timeout). The handshake's own clock starts at that byte, so
+        clients that open many sockets before writing to any (a proton Container's connects, a reconnect storm)
+        are not dropped for their own slowness while the broker waits idle."""
+        silence = max(self.limits.idle_timeout, self.limits.handshake_timeout)
+        return int(silence * 1000)
 
     # -- connections and links -----------------------------------------------------------------
     def _accept(self, listener: Listener) -> None:
@@ -172,7 +193,8 @@ class Engine(Loop):
             self.events.by_ptr[conn.proton.ptr] = conn
             self.epoll.register(conn.fd, EPOLL_IN)
             now_ms = int(time.monotonic() * 1000)
-            conn.handshake_deadline = now_ms + int(self.limits.handshake_timeout * 1000)
+            conn.first_byte_due = True
+            conn.handshake_deadline = now_ms + self._silence_ms()
             conn.tick(now_ms)
 
     def _turn_away(self, sock: socket.socket, peer: str) -> None:
