@@ -43,6 +43,13 @@ class ShardProcess(BrokerProcess):
         return self._listen
 
 
+def no_copy(row: dict | None) -> bool:
+    """A queue of another shard, as a non-owner lists it (`queues` row): absent, or at most the forwarding queue it
+    takes from the owner's wiring (design/sharding.md), nothing enqueued through it. Whether that take ran before
+    a test looks is timing."""
+    return row is None or (row["args"].get("x-shard-forward") == 1 and row["enqueued"] == 0)
+
+
 def owned_by(shard: int, prefix: str, shards: int = 2) -> str:
     """A queue name (prefix-N) whose hash puts it in `shard`."""
     return next(name for name in (f"{prefix}-{i}" for i in range(1000)) if shard_of_name(name, shards) == shard)
