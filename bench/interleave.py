@@ -247,9 +247,9 @@ def turn(broker: R.Broker, args) -> dict:
 
 
 def saturation_turn(broker: R.Broker, args) -> dict:
-    out: dict = {"background_cores": R.wait_quiet(args.quiet_wait) if args.quiet_wait > 0 else None}
     if not broker.alive():
         return {"saturation": {"error": "set-up gone"}}
+    out: dict = {"background_cores": R.wait_quiet(args.quiet_wait) if args.quiet_wait > 0 else None}
     sat = R.saturation(broker, args.size, R.messages_for(args.messages, args.size), args, clients=args.clients,
                        pairs=args.pairs if args.pairs > 1 else broker.pairs)
     out["saturation"] = sat
@@ -308,8 +308,7 @@ def interleave(brokers: dict[str, R.Broker], args) -> dict[str, list[dict]]:
             if spec == FLOOR:
                 results[spec].append({"latency": floor_turn(args)})
             else:
-                results[spec].append(turn(brokers[spec], args) if brokers[spec].alive()
-                                     else {"saturation": {"error": "set-up gone"}})
+                results[spec].append(turn(brokers[spec], args))
     return results
 
 
@@ -336,7 +335,7 @@ def together(brokers: dict[str, R.Broker], results: dict[str, list[dict]], args)
 
 def floor_turn(args) -> dict:
     """The floor's share of a round: bench/floor/relay.c at --rate for --duration."""
-    if args.quiet_wait > 0 and not args.together:
+    if args.quiet_wait > 0:
         R.wait_quiet(args.quiet_wait)
     try:
         floor = S.floor_run(FLOOR_BACKUPS[args.floor], args.rate, args.duration)

@@ -103,14 +103,12 @@ class Connection:
             self.input_closed()
             return 0
         phase = self.phase
-        if self.first_byte_due:
-            self.engine.handshake_progress(self)
         try:
             self.received(data)
         except Exception:  # what a peer sends must never stop the loop: drop that peer alone
             log.exception("connection %s dropped: its input could not be handled", self.peer)
             self.abort()
-        if self.phase != phase and self.handshake_deadline:
+        if self.handshake_deadline and (self.first_byte_due or self.phase != phase):
             self.engine.handshake_progress(self)
         return len(data)
 
