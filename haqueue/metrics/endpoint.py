@@ -24,6 +24,7 @@ from ..config import MetricsConfig
 from ..loop_calls import LoopUnresponsive, on_loop
 from .broker_metrics import BrokerSource
 from .ha_metrics import HaSource
+from .mirror_metrics import mirror_metrics
 from .store_metrics import StoreSource
 
 if TYPE_CHECKING:
@@ -114,6 +115,9 @@ def serve_metrics(broker: "Broker", config: MetricsConfig, ha: "HaBroker | None"
         sources.append(HaSource(ha))
     if store is not None:
         sources.append(StoreSource(store))
+    mirror = mirror_metrics(broker.management.operations)  # plugged in before the metrics (cli.py)
+    if mirror is not None:
+        sources.append(mirror)
     host, port = config.listen
     try:
         server = make_server(host, port, metrics_app(LoopCollector(broker.engine.call_soon_threadsafe, sources)),
