@@ -27,6 +27,13 @@ def add_lag_arguments(lag: argparse.ArgumentParser) -> None:
                      help="client ledgers (JSON lines: client, queue, id, op confirmed|received, t); "
                           "reports per queue what producers had confirmed and consumers received: lost, "
                           "duplicated, unexpected")
+    lag.add_argument("--standby-events", metavar="DIR",
+                     help="the events of the standby cluster the audited one mirrors to (design/mirroring.md): per "
+                          "mirrored queue, the messages confirmed at the source that never reached the standby (the "
+                          "recovery point, in messages and seconds), duplicates, the mirror's lag")
+    lag.add_argument("--mirror-rpo-max", metavar="SECONDS", type=seconds,
+                     help="with --standby-events and --fail-on-loss: a confirmed message at risk of a site loss for "
+                          "longer than this is a loss (without it the mirror's lag is information)")
     lag.add_argument("--master", metavar="URL", help="Spark master (default local[*], or spark-submit's)")
     lag.add_argument("--since", metavar="T", type=instant, help="only events from T (ISO 8601, UTC unless "
                                                                 "it says; or seconds since the epoch)")
@@ -80,6 +87,17 @@ def setting(text: str) -> tuple[str, str]:
     return key.strip(), value
 
 
+def seconds(text: str) -> float:
+    """A number of seconds, not negative."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not value >= 0:  # NaN too
+        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}")
+    return value
+
+
 _UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400}
 
 
@@ -111,8 +129,12 @@ def run_lag(args: argparse.Namespace) -> int:
         from haqueue.audit.lag_command import run_audit
     except ImportError as e:
         return _missing_module(e, "PySpark and matplotlib")
+    if args.mirror_rpo_max is not None and args.standby_events is None:
+        print("haqueue audit: --mirror-rpo-max needs --standby-events: the standby cluster's events", file=sys.stderr)
+        return EXIT_USAGE
     return _guarded(lambda: run_audit(args.events, args.out, args.master, args.since, args.until, args.fail_on_loss,
-                                      args.ledger, args.bound, dict(args.conf), args.debug), args.debug)
+                                      args.ledger, args.bound, dict(args.conf), args.debug, args.standby_events,
+                                      args.mirror_rpo_max), args.debug)
 
 
 def run_watch(args: argparse.Namespace) -> int:

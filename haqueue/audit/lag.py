@@ -29,6 +29,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import TimestampType
 
 from haqueue.audit import facts, measures, schema
+from haqueue.audit.mirror_rpo import MirrorAudit, analyse_mirror
 from haqueue.audit.sources import EventInput, read_events, read_ledgers, tune_for, unusable, usable
 from haqueue.audit.storage import uri
 
@@ -59,12 +60,15 @@ class Audit:
     ledger_problems: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=LEDGER_PROBLEM_COLUMNS))
     # Per shard of a sharded cluster: the queues' and backups' figures added up (empty without shards).
     shards: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=SHARD_COLUMNS))
+    # The mirror's recovery point, given the standby cluster's events too (mirror_rpo.py); else None.
+    mirror: MirrorAudit | None = None
 
     @property
     def tables(self) -> dict[str, pd.DataFrame]:
         return {"queues": self.queues, "backups": self.backups, "epochs": self.epochs,
                 "lag_timeline": self.timeline, "problems": self.problems, "bad_input": self.bad_input,
-                "ledgers": self.ledgers, "ledger_problems": self.ledger_problems, "shards": self.shards}
+                "ledgers": self.ledgers, "ledger_problems": self.ledger_problems, "shards": self.shards,
+                **(self.mirror.tables if self.mirror is not None else {})}
 
     @property
     def missing(self) -> int:
@@ -109,10 +113,13 @@ def analyse(spark: SparkSession, directory: str, since: int | None = None, until
 
 
 def analyse_input(found: EventInput, since: int | None, until: int | None, ledgers: Sequence[str],
-                  bound: timedelta, prove: bool = True) -> Audit:
+                  bound: timedelta, prove: bool = True, standby: EventInput | None = None,
+                  rpo_limit: float | None = None) -> Audit:
     """The audit of the lines read_events found. Each query reads the files it needs, the columns it needs:
     Parquet files cheaply, so they are read as often as queries need them; JSON lines, parsed once, are kept
-    in memory (or on local disk) while the audit runs."""
+    in memory (or on local disk) while the audit runs. standby: the events of a standby cluster the audited one
+    mirrors to, for the mirror's recovery point (mirror_rpo.py; judged whole, as the ledgers); rpo_limit: its
+    --mirror-rpo-max."""
     spark = found.lines.sparkSession
     # Uncompressed: building a cache costs half as much CPU (strings' dictionaries are worked out per batch and
     # rarely pay: the events' ids are unique), and it is only about 20 % larger (bench/RESULTS.md).
@@ -131,6 +138,9 @@ def analyse_input(found: EventInput, since: int | None, until: int | None, ledge
             audit.ledgers, audit.ledger_problems = _ledger_tables(events, entries)
             audit.bad_input = pd.concat([audit.bad_input, _bad_table(bad_entries)], ignore_index=True)
             audit.totals["bad_lines"] = int(audit.bad_input["lines"].sum())
+        if standby is not None:
+            audit.mirror = analyse_mirror(events, usable(standby.lines), int(audit.totals["bucket_ms"] * 1000),
+                                          DETAIL_LIMIT, rpo_limit)
         return audit
     finally:
         lines.unpersist()

@@ -11,6 +11,7 @@ from matplotlib.figure import Figure  # not pyplot: no GUI backend, no global st
 
 if TYPE_CHECKING:
     from .lag import Audit
+    from .mirror_rpo import MirrorAudit
 
 CHART = "lag.png"
 SUMMARY = "summary.txt"
@@ -115,11 +116,26 @@ def summary(audit: "Audit") -> str:
                      f"unexpected {q['unexpected']}, {q['left_on_queue']:,} left on the queue"
                      + (f", {q['kept_local']:,} kept off the backups, gone with their broker (not lost)"
                         if q.get("kept_local") else ""))
+    if audit.mirror is not None:
+        lines += _mirror_lines(audit.mirror)
     return "\n".join(lines + _verdict(audit))
+
+
+def _mirror_lines(mirror: "MirrorAudit") -> list[str]:
+    """Per mirrored queue: what reached the standby, the recovery point (information, unless over --mirror-rpo-max),
+    duplicates and the mirror's lag."""
+    if mirror.queues.empty:
+        return ["mirror: no queue of these events was applied on the standby (is --standby-events the standby's?)"]
+    return [f"mirror, queue {q['queue']}: {q['confirmed']:,} confirmed at the source, {q['applied']:,} applied on the "
+            f"standby; {_count(q['unmirrored'], 'confirmed message')} never on the standby at the end of the source's "
+            f"log (the recovery point: lost with the source's site), at most {q['rpo_max_messages']:,} at risk at "
+            f"once, for at most {q['rpo_max_s']:g} s; {q['duplicates']} duplicates; lag p50 {_ms(q['lag_p50_ms'])} "
+            f"p99 {_ms(q['lag_p99_ms'])} max {_ms(q['lag_max_ms'])}" for _, q in mirror.queues.iterrows()]
 
 
 def _verdict(audit: "Audit") -> list[str]:
     """The summary's last lines: each kind of loss or risk found, what cannot be told, or no loss."""
+    over_rpo = _mirror_over_limit(audit)
     findings = [
         (audit.missing, f"LOSS: {_count(audit.missing, 'confirmed message')} missing on a ready backup "
                         f"(see problems.csv)"),
@@ -131,6 +147,7 @@ def _verdict(audit: "Audit") -> list[str]:
         (audit.diverged, f"DIVERGED: {_count(audit.diverged, 'confirmed message')} kept aside by a rejoining broker, never on "
                          f"the new primary: `haqueue diverged list` / `republish` on that broker's data_dir "
                          f"(see problems.csv)"),
+        (over_rpo, f"MIRROR RPO: {over_rpo}, over --mirror-rpo-max (see mirror_problems.csv)"),
         (audit.unattested, f"CANNOT TELL: {_count(audit.unattested, 'message')} held by backups with no record from "
                            f"the primary that sent them (its log lost its tail: a machine crash?), so loss there "
                            f"cannot be ruled out (see problems.csv)")]
@@ -143,6 +160,15 @@ def _verdict(audit: "Audit") -> list[str]:
                        f"a rejoining broker and never on the new primary (a publisher may have sent it again): "
                        f"`haqueue diverged list` / `republish` on that broker's data_dir (see problems.csv)")
     return verdict
+
+
+def _mirror_over_limit(audit: "Audit") -> str:
+    """The queues whose messages were at risk of a site loss for longer than --mirror-rpo-max, said; else ''."""
+    over = audit.mirror.over_limit if audit.mirror is not None else None
+    if over is None or over.empty:
+        return ""
+    return "; ".join(f"queue {q['queue']}'s confirmed messages were at risk of a site loss for up to "
+                     f"{q['rpo_max_s']:g} s" for _, q in over.iterrows())
 
 
 def _count(n: int, noun: str) -> str:
