@@ -452,6 +452,13 @@ def _add_mirror(actions: Subparsers) -> None:
                                                            "off their sources (a higher mirror epoch); refused while "
                                                            "a source is mirroring into it")
     promote.add_argument("--force", action="store_true", help="promote even while a source is mirroring into it")
+    reverse = _add_action(sub, "reverse", _mirror_reverse, "on a promoted standby (fail-back): mirror back, at a "
+                                                           "higher mirror epoch, to the cluster it was promoted over "
+                                                           "(its mirror.to); there its queues become mirrors of "
+                                                           "these, what they held that was never mirrored kept "
+                                                           "aside (haqueue diverged list)")
+    reverse.add_argument("--of", metavar="CLUSTER", help="the cluster to mirror back to, when it holds mirrors of "
+                                                         "several")
 
 
 def _mirror_status(client: AdminClient, args: argparse.Namespace) -> None:
@@ -462,6 +469,10 @@ def _mirror_status(client: AdminClient, args: argparse.Namespace) -> None:
 
 def _mirror_promote(client: AdminClient, args: argparse.Namespace) -> None:
     _print_json(_call(client, "PROMOTE", "mirror", body={"force": args.force}))
+
+
+def _mirror_reverse(client: AdminClient, args: argparse.Namespace) -> None:
+    _print_json(_call(client, "REVERSE", "mirror", body={"of": args.of} if args.of else {}))
 
 
 def _add_admin_cluster(actions: Subparsers) -> None:

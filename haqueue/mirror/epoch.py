@@ -1,5 +1,6 @@
 """The standby's mirror epoch (design/mirroring.md, "Epochs and fencing"): the highest epoch it knows (a source's it
-accepted, or its own once promoted), and whether it was promoted.
+accepted, or its own once promoted), whether it was promoted (and then what it held of each source queue), and
+whether it was reversed: it mirrors back, as a source at its own epoch, to the cluster it was promoted over.
 
 It is kept as the one message of the queue RECORD on the standby, so it is durable and replicated exactly as any
 message of that cluster (its journal, its HA backups): it survives the standby's restarts and failovers with no
@@ -9,8 +10,8 @@ record is enqueued before the older is dequeued: after a crash between the two, 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
-from typing import Any, Final
+from dataclasses import dataclass, field
+from typing import Any, Callable, Final
 
 from proton import Message
 
@@ -26,16 +27,26 @@ RECORD_ARGS: Final = {"durable": True, "x-replicate": "all"}
 @dataclass(frozen=True)
 class Epoch:
     epoch: int = 0  # the highest mirror epoch known here
-    promoted_at: float | None = None  # when this standby was promoted (unix time); None: its mirror queues are read-only
+    promoted_at: float | None = None  # when this cluster was promoted (unix time); None: its mirror queues read-only
+    # At the promotion: per mirror queue, the newest source seq it held. Every message the source held up to it was
+    # mirrored (the source sends in seq order and the standby applies in order): what the old source holds past it
+    # is what it never mirrored, kept aside when the old source's queue becomes a mirror (mirror reverse).
+    applied: dict[str, int] = field(default_factory=dict)
+    reverses: str | None = None  # reversed: the cluster this one mirrors back to, at mirror epoch `epoch`
 
     @property
     def promoted(self) -> bool:
         return self.promoted_at is not None
 
-    def fence(self, source: str, epoch: int) -> str | None:
-        """Why a source cluster mirroring at `epoch` is refused here, or None."""
-        if self.promoted_at is not None and epoch <= self.epoch:
+    def fence(self, source: str, epoch: int, reverse: bool) -> str | None:
+        """Why a source cluster mirroring at `epoch` is refused here, or None. Once promoted, only a newer epoch's
+        source reversing onto this cluster (`reverse`: its promotion's fail-back) may feed it."""
+        if self.promoted_at is not None and (epoch <= self.epoch or not reverse):
             when = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(self.promoted_at))
+            if epoch > self.epoch:
+                return (f"fenced: this cluster was promoted at mirror epoch {self.epoch} ({when}); cluster "
+                        f"'{source}' mirrors at epoch {epoch} but not as a reverse onto it: only the cluster it was "
+                        f"promoted over, itself promoted, may feed it (mirror reverse)")
             return (f"fenced: this standby was promoted at mirror epoch {self.epoch} ({when}); cluster '{source}' "
                     f"mirrors at epoch {epoch}, from before it: it may not feed this cluster again (make it a "
                     f"standby of this one)")
@@ -44,11 +55,16 @@ class Epoch:
         return None
 
     def raise_to(self, epoch: int) -> "Epoch":
-        """A source accepted at `epoch`, newer than any before."""
-        return Epoch(max(self.epoch, epoch), self.promoted_at)
+        """A source accepted at `epoch`, newer than any before: this cluster is its standby (a promotion, or a
+        reverse, at an older epoch is over)."""
+        return Epoch(epoch) if epoch > self.epoch else self
 
-    def promote(self) -> "Epoch":
-        return Epoch(max(self.epoch, protocol.FIRST_EPOCH) + 1, time.time())
+    def promote(self, applied: dict[str, int]) -> "Epoch":
+        return Epoch(max(self.epoch, protocol.FIRST_EPOCH) + 1, time.time(), applied)
+
+    def reverse(self, cluster: str) -> "Epoch":
+        """Mirroring back to `cluster`, at an epoch above the promotion's (which fenced it off)."""
+        return Epoch(self.epoch + 1, self.promoted_at, self.applied, cluster)
 
 
 class EpochRecord:
@@ -57,6 +73,7 @@ class EpochRecord:
     def __init__(self, registry: Registry) -> None:
         self.registry = registry
         self._known: Epoch | None = None
+        self.listeners: list[Callable[[], None]] = []  # told after each write (the source starts or stops)
 
     def read(self) -> Epoch:
         if self._known is None:
@@ -67,7 +84,9 @@ class EpochRecord:
                 message = Message()
                 message.decode(entries[-1].data)
                 body: dict[str, Any] = message.body  # type: ignore[assignment]  # written by write()
-                self._known = Epoch(int(body["epoch"]), body.get("promoted_at"))
+                self._known = Epoch(int(body["epoch"]), body.get("promoted_at"),
+                                    {str(k): int(v) for k, v in (body.get("applied") or {}).items()},
+                                    body.get("reverses"))
         return self._known
 
     def forget(self) -> None:
@@ -78,10 +97,13 @@ class EpochRecord:
         """Keep `epoch`; `confirmed` is released once the standby's guards (disk, backups) hold it."""
         queue = self.registry.declare_queue(RECORD, dict(RECORD_ARGS))[0]
         older = queue.live_seqs()
-        data = Message(body={"epoch": epoch.epoch, "promoted_at": epoch.promoted_at}, durable=True).encode()
+        data = Message(body={"epoch": epoch.epoch, "promoted_at": epoch.promoted_at, "applied": epoch.applied,
+                             "reverses": epoch.reverses}, durable=True).encode()
         queue.enqueue(bytes(data), 0.0, confirmed)
         if confirmed is not None:
             confirmed.release()
         for seq in older:
             queue.dequeue_range(seq, seq)
         self._known = epoch
+        for listener in self.listeners:
+            listener()

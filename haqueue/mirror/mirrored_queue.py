@@ -9,16 +9,16 @@ a source queue is whatever its queue holds: durable and replicated exactly as it
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import Any, Callable
 
 from ..broker.completion import Completion
 from ..broker.errors import DECODE
 from ..broker.message import expiry, is_message
 from ..broker.proton_adapter import ACCEPTED, REJECTED, Link, LinkHandler
 from ..broker.queue import Queue, seq_ranges
-from ..ha.protocol import decode_ranges, read_tag
+from ..ha.protocol import decode_ranges, read_tag, unpack_batch
 from . import protocol
-from .annotation import seq_of
+from .annotation import seq_of, with_seq
 
 log = logging.getLogger("haqueue.mirror")
 
@@ -42,11 +42,11 @@ class MirroredQueue:
         return seq_ranges(self.index)
 
     def apply(self, seq: int, data: bytes, confirmed: Completion) -> None:
-        """A message of the source: enqueued here once, confirmed when this cluster's guards have it."""
+        """A message of the source (carrying its seq, annotation.SEQ_ANNOTATION): enqueued here once; `confirmed`
+        is held until this cluster's guards have it."""
         if seq not in self.index:
             self.index[seq] = self.queue.enqueue(data, expiry(data), confirmed).seq
             self.last_applied = max(self.last_applied, seq)
-        confirmed.release()
 
     def dequeue(self, runs: list[tuple[int, int]]) -> None:
         own = [self.index.pop(seq) for first, last in runs for seq in range(first, last + 1) if seq in self.index]
@@ -61,19 +61,32 @@ class MirroredQueue:
 class MirrorReceiver(LinkHandler):
     """A source's `$mirror.queue/<name>` link: its transfers applied to the queue in the order they come."""
 
-    def __init__(self, mirrored: MirroredQueue, link: Link) -> None:
+    def __init__(self, mirrored: MirroredQueue, link: Link, delete: Callable[[Queue], None]) -> None:
         self.mirrored = mirrored
         self.link = link
+        self.delete = delete  # the queue was deleted at the source
         mirrored.links += 1
 
     def on_message(self, delivery: Any, data: bytes, settled: bool) -> None:
         kind, seq, _ = read_tag(Link.tag(delivery))
-        if kind == protocol.ENQUEUE and is_message(data):
-            self.mirrored.apply(seq, data, Completion(lambda: self._applied(delivery)))
+        if kind == protocol.BATCH:  # protocol 2: settled once every message of it is held here
+            confirmed = Completion(lambda: self._applied(delivery))
+            for seq, message in unpack_batch(data):
+                self.mirrored.apply(seq, with_seq(message, seq), confirmed)
+            confirmed.release()
+            return
+        if kind == protocol.ENQUEUE and is_message(data):  # protocol 1: the source annotated it
+            confirmed = Completion(lambda: self._applied(delivery))
+            self.mirrored.apply(seq, data, confirmed)
+            confirmed.release()
             return
         if kind == protocol.DEQUEUE:
             self.mirrored.dequeue(decode_ranges(data))
             self.link.settle(delivery, 0 if settled else ACCEPTED)
+            return
+        if kind == protocol.DELETED:
+            self.link.settle(delivery, 0 if settled else ACCEPTED)
+            self.delete(self.mirrored.queue)
             return
         log.warning("mirror of queue %s: a transfer of unknown kind %r from the source", self.mirrored.queue.name, kind)
         self.link.settle(delivery, 0 if settled else REJECTED, DECODE, f"no mirror transfer of kind {kind!r}")

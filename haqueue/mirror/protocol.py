@@ -7,10 +7,21 @@ does not share, naming both.
 """
 from __future__ import annotations
 
+import os
 from typing import Final
 
-PROTOCOL: Final = 1
+PROTOCOL: Final = 2
 OLDEST_PROTOCOL: Final = 1
+BATCH_PROTOCOL: Final = 2  # the first whose queue links carry BATCH transfers
+# A test hook, never a config key (as HA's HAQUEUE_TEST_PROTOCOLS): "OLDEST-NEWEST" makes this broker speak only
+# those, as a build of another release would; the tests of mirroring between releases set it. Warned of at start.
+TEST_PROTOCOLS: Final = "HAQUEUE_TEST_MIRROR_PROTOCOLS"
+
+
+def spoken() -> tuple[int, int]:
+    """The mirror protocols this broker speaks: [OLDEST_PROTOCOL, PROTOCOL], unless TEST_PROTOCOLS says."""
+    oldest, _, newest = os.environ.get(TEST_PROTOCOLS, "").partition("-")
+    return (int(oldest), int(newest)) if oldest.isdigit() and newest.isdigit() else (OLDEST_PROTOCOL, PROTOCOL)
 
 STATE: Final = "$mirror.state"  # the standby sends one message: what it holds of each of this source's queues
 QUEUE: Final = "$mirror.queue"  # one queue's mirror link: "$mirror.queue/<name>", the source sends
@@ -20,9 +31,12 @@ CLUSTER: Final = "x-mirror-cluster"  # the source cluster's name (mirror.cluster
 EPOCH: Final = "x-mirror-epoch"  # the source's mirror epoch: a standby refuses one lower than it has seen
 FIRST_EPOCH: Final = 1  # a source's until a promotion raises it (a later step: design/mirroring.md)
 PROTOCOLS: Final = "x-mirror-protocols"  # [oldest, newest] the source speaks
+REVERSES: Final = "x-mirror-reverses"  # (after `mirror reverse`) the cluster it was promoted over: its queues become
+# this source's mirrors, what they held that was never mirrored kept aside
 # ... and a queue link:
 UID: Final = "x-mirror-uid"  # the source queue's unique id: one deleted and re-created is another queue
 ARGS: Final = "x-mirror-args"  # its arguments, declared with it on the standby
+APPLIED: Final = "x-mirror-applied"  # (a reverse's) the newest seq of the old source's it held when promoted
 
 # The queue argument that marks a queue on the standby as a mirror of the source cluster it names: it is
 # replicated and journalled with the standby's wiring, and keeps the queue read-only for clients there.
@@ -36,7 +50,24 @@ SEQ_ANNOTATION: Final = "x-opt-mirror-seq"
 # Transfer kinds on a queue link, in the delivery tag (kind, source seq, source enqueue time in µs: HA's tag,
 # ha.protocol.message_tag; ranges as HA's, ha.protocol.encode_ranges).
 ENQUEUE: Final = b"E"  # a message; unsettled: the standby settles it once its own guards (backups, disk) have it
+# (protocol 2) the messages of one pass in one transfer, HA's layout (ha.protocol.batch_index: the messages as the
+# source holds them, then each one's seq and size); tag: the first seq. Settled once the standby's guards have them
+# all. The standby adds SEQ_ANNOTATION to each as it applies it: the source rewrites nothing.
+BATCH: Final = b"B"
 DEQUEUE: Final = b"D"  # body: source seq ranges dequeued at the source; pre-settled
+# (protocol 2) the queue was deleted at the source: the standby deletes its mirror. Pre-settled, the link's last; a
+# source that was away when it was deleted sends it, on a link of its own, for a queue the standby's state names
+# that matches its globs and that it no longer has.
+DELETED: Final = b"X"
+
+# The standby's state message names the protocol both use (the newest both speak); a standby of protocol 1 names
+# none, and 1 is used.
+STATE_PROTOCOL: Final = "protocol"
+
+
+def chosen(protocols: list[int]) -> int:
+    """The protocol a standby uses with a source announcing `protocols` (one it does not refuse)."""
+    return min(protocols[1], spoken()[1])
 
 
 def refusal(protocols: object) -> str | None:
@@ -44,7 +75,8 @@ def refusal(protocols: object) -> str | None:
     if not (isinstance(protocols, list) and len(protocols) == 2 and all(isinstance(p, int) for p in protocols)):
         return "the source announced no mirror protocol (x-mirror-protocols)"
     oldest, newest = protocols
-    if newest < OLDEST_PROTOCOL or oldest > PROTOCOL:
-        return (f"the source speaks mirror protocol {oldest}-{newest}, this standby {OLDEST_PROTOCOL}-{PROTOCOL}: "
-                f"upgrade the {'source' if newest < OLDEST_PROTOCOL else 'standby'}")
+    own_oldest, own_newest = spoken()
+    if newest < own_oldest or oldest > own_newest:
+        return (f"the source speaks mirror protocol {oldest}-{newest}, this standby {own_oldest}-{own_newest}: "
+                f"upgrade the {'source' if newest < own_oldest else 'standby'}")
     return None

@@ -3,8 +3,14 @@
 It reads what the queue publishes and nothing else: it is a browser of the queue (it sees every message in seq
 order, acquiring none, so consumers here are untouched) and an observer (told of each enqueue and dequeue). A
 publisher's confirmation never waits for it. Its link to the standby carries, in the queue's order, each message
-(`E`, with the source seq in the tag and in a message annotation) and the seqs dequeued here (`D`, batched once a
-pass). The standby settles each `E` once its own guards have it: that is the message mirrored.
+(protocol 2: the messages of a pass as one `B` transfer, untouched; protocol 1: each as an `E`, with the source seq in
+a message annotation) and the seqs dequeued here (`D`, once a pass). The standby settles each transfer once its own
+guards have it: that is its messages mirrored.
+
+The lag book is kept per transfer, not per message: counts (messages and bytes not yet on the standby), the batches
+in flight (their first and last seqs, counts and bytes), and a time mark every MARK_INTERVAL (the first seq enqueued
+then) from which the age of the oldest message waiting is read. So a message costs the source two additions and a
+clock reading as it is enqueued, a place in a list as it is sent, and nothing as it is confirmed.
 
 On each attach the standby says which seqs it holds (the connection's `$mirror.state`). The mirror then sends `D`
 for those no longer here, and browses the queue from its start, sending only what the standby lacks: nothing is
@@ -17,22 +23,27 @@ from __future__ import annotations
 import bisect
 import logging
 import time
-from collections import OrderedDict, deque
-from typing import Any, Protocol
+from collections import deque
+from typing import Any, Final, Protocol
 
 from ..broker.connection import Connection
 from ..broker.flow import LOW_WATER
 from ..broker.proton_adapter import ACCEPTED, Link, LinkHandler
 from ..broker.queue import DEFERRED, DEQUEUED, Entry, Queue, Returned, seq_ranges
 from ..broker.selector import Selector
-from ..ha.protocol import encode_ranges, message_tag
+from ..ha.protocol import batch_index, encode_ranges, message_tag
 from . import protocol
 from .annotation import with_seq
-from .standby_link import StandbyLink, runs
+from .standby_link import Deletion, StandbyLink, runs
 
 log = logging.getLogger("haqueue.mirror")
 
 CONNECTING, MIRRORING, REFUSED = "connecting", "mirroring", "refused"
+
+BATCH_BYTES: Final = 32 * 1024  # message bytes per transfer at most (as HA's); a larger message goes alone
+BATCH_MESSAGES: Final = 512  # messages per transfer at most: the browser's credit is the link's times this
+PER_PASS: Final = 2000  # messages the browser takes in one pass at most: a catch-up leaves the loop to the clients
+MARK_INTERVAL: Final = 0.01  # seconds between the lag book's time marks: lag_seconds is read to this
 
 
 class MirrorHost(Protocol):
@@ -60,6 +71,21 @@ class Holdings:
         return [seq for first, last in self.runs for seq in range(first, last + 1)]
 
 
+class Batch:
+    """One transfer's messages, sent (in flight) or being gathered: its seqs span [first, last] in order, and every
+    live message of the queue in that span not held by the standby is in it."""
+
+    __slots__ = ("first", "last", "count", "size", "done")
+
+    def __init__(self, first: int, last: int, count: int, size: int) -> None:
+        self.first, self.last, self.count, self.size = first, last, count, size  # count, size: still waiting
+        self.done = False  # the standby confirmed it (before one sent earlier)
+
+
+def _seq(entry: Entry) -> int:
+    return entry.seq
+
+
 class QueueMirror(LinkHandler):
     browse = True  # a Subscriber that reads without acquiring
     selector: Selector | None = None
@@ -73,24 +99,35 @@ class QueueMirror(LinkHandler):
         self.link: Link | None = None
         self.state = CONNECTING
         self.refusal: str | None = None
+        self.per_transfer = 1  # messages a transfer may carry: BATCH_MESSAGES with mirror protocol 2
         self.held = Holdings([])  # what the standby held when this link attached
-        self.sent_through = 0  # the newest seq sent on this link
+        self.sent_through = 0  # the newest seq taken into a transfer on this link
+        self.flushed_through = 0  # the newest seq sent on this link (a D may name it)
         self.passed = 0  # the newest seq the browser has handed over on this link, sent or held already
         self.to_pass = 0  # messages here the standby holds that the browser has not handed over yet
+        self.room = 0  # what the browser was told it may take this pass, when PER_PASS held it back; else 0
+        self.given = 0  # ... and what it took since
         self.last_mirrored = 0  # the newest seq the standby confirmed
-        self.in_flight: dict[int, int] = {}  # delivery -> seq
-        # Messages here the standby has not confirmed: seq -> (enqueue time, bytes), oldest first.
-        self.waiting: OrderedDict[int, tuple[float, int]] = OrderedDict()
+        self.confirmed_through = 0  # every live message up to this seq the standby holds or confirmed
+        # The lag book: messages here the standby has not confirmed (counts), the transfers in flight, oldest first
+        # (by delivery too), what is gathered for the next transfer, and the time marks: (seq, enqueue time).
+        self.waiting = 0
         self.held_back = 0  # their bytes
+        self.flight: deque[Batch] = deque()
+        self.in_flight: dict[int, Batch] = {}  # delivery -> batch
+        self.pending: list[Entry] = []
+        self.pending_bytes = 0
+        self.marks: deque[tuple[int, float]] = deque()
+        self.next_mark = 0.0
         self.over_limit = False
         self.dequeues: list[int] = []  # seqs dequeued here, for the next D
         # Scheduled messages, deferred until due: a browser passes them by, so each is sent in its place in the
         # queue's order by the mirror itself, before the next message the browser hands over.
         self.deferred: deque[Entry] = deque()
         self.deleted = False  # Dispatchable: stopped
-        now = time.time()
+        self.deletion: Deletion | None = None  # the queue was deleted: the standby is told on its link
         for entry in queue.entries():
-            self._wait(entry.seq, now, len(entry.data))
+            self._wait(entry)
             if entry.state == DEFERRED:
                 self.deferred.append(entry)
         queue.observers.append(self)
@@ -101,23 +138,38 @@ class QueueMirror(LinkHandler):
         if held is not None and held.get("uid") != self.queue.uid:
             held = None  # the standby's copy is of an earlier queue of this name: it starts over
         self.held = Holdings(runs(held))
+        standby = self.host.standby
+        self.per_transfer = BATCH_MESSAGES if standby.protocol >= protocol.BATCH_PROTOCOL else 1
         self.link = conn.open_link(True, f"{protocol.QUEUE}/{self.name}", f"{protocol.QUEUE}/{self.name}", self,
-                                   properties={**self.host.standby.link_properties(), protocol.UID: self.queue.uid,
+                                   properties={**standby.link_properties(self.name), protocol.UID: self.queue.uid,
                                                protocol.ARGS: dict(self.queue.args)})
-        self.state, self.refusal, self.sent_through, self.passed = MIRRORING, None, 0, 0
-        self.deferred = deque(e for e in self.queue.entries() if e.state == DEFERRED)
-        live = set(self.queue.live_seqs())
+        self.state, self.refusal = MIRRORING, None
+        self.sent_through = self.flushed_through = self.passed = self.confirmed_through = 0
+        self.flight.clear()
+        self.in_flight.clear()
+        self.pending, self.pending_bytes = [], 0
+        entries = self.queue.entries()
+        self.deferred = deque(e for e in entries if e.state == DEFERRED)
+        live = {e.seq for e in entries}
         gone = [seq for seq in self.held.seqs() if seq not in live]
-        self.to_pass = sum(1 for seq in live if seq in self.held)
         if gone:  # consumed here while the standby was away (or before this primary was promoted)
             self._send_dequeues(gone)
-        for seq in [seq for seq in self.waiting if seq in self.held]:
-            self._mirrored(seq)
+        # the book counted again: what the standby holds is no longer waiting
+        self.waiting = self.held_back = self.to_pass = 0
+        for entry in entries:
+            if entry.seq in self.held:
+                self.to_pass += 1
+            else:
+                self.waiting += 1
+                self.held_back += len(entry.data)
+        self._limit()
         self.queue.subscribe(self)  # from the start: deliver() passes what the standby holds
 
     def lost(self) -> None:
         self.link = None
+        self.flight.clear()  # their messages wait on (counted still)
         self.in_flight.clear()
+        self.pending, self.pending_bytes = [], 0
         self.dequeues.clear()
         self.queue.unsubscribe(self)
         if self.state != REFUSED:
@@ -125,24 +177,39 @@ class QueueMirror(LinkHandler):
 
     # -- the queue's browser ------------------------------------------------------------------------
     def credit(self) -> int:
-        """The link's credit, and the messages the standby holds already: passing those takes none."""
+        """What the browser may hand over now: the messages the link's credit carries, and those the standby holds
+        already (passing those takes none); at most PER_PASS of the former."""
         link = self.link
         credit = link.credit() if link is not None and not link.output_full() else 0
-        return credit + self.to_pass if credit > 0 else 0
+        if credit <= 0:
+            return 0
+        room = credit * self.per_transfer - len(self.pending)
+        self.room = self.given = 0
+        if room > PER_PASS:
+            room = self.room = PER_PASS
+        total = max(room, 0) + self.to_pass
+        return total if total > 0 else 0  # the queue browses while this is not 0
 
     def deliver(self, entry: Entry) -> None:
         seq = entry.seq
+        if self.room:
+            self.given += 1
+            if self.given == self.room:  # held back by PER_PASS: the next pass goes on
+                self.host.schedule(self.queue)
+        if seq <= self.sent_through:
+            return  # sent already (a scheduled message, now due)
         if self.deferred and self.deferred[0].seq < seq:
             self._send_deferred(seq)
         self.passed = seq
         if seq in self.held:
             self.to_pass -= 1
         elif self.link is not None:
-            self._send(entry)
+            self._take(entry)
 
     def after_dispatch(self) -> None:
         if self.deferred:
             self._send_deferred(None)
+        self._flush()
 
     def _send_deferred(self, before: int | None) -> None:
         """The scheduled messages older than `before` (None: all), those the browser did not hand over itself."""
@@ -150,24 +217,57 @@ class QueueMirror(LinkHandler):
             entry = self.deferred.popleft()
             if entry.state != DEQUEUED and entry.seq > self.sent_through and entry.seq not in self.held \
                     and self.link is not None:
-                self._send(entry)
+                self._take(entry)
 
-    def _send(self, entry: Entry) -> None:
-        assert self.link is not None
-        seq = entry.seq
-        waited = self.waiting.get(seq)
-        enqueued_us = int((waited[0] if waited else time.time()) * 1e6)
-        delivery = self.link.send(with_seq(entry.data, seq), tag=message_tag(protocol.ENQUEUE, seq, enqueued_us))
-        if delivery is not None:
-            self.in_flight[delivery] = seq
-        self.sent_through = seq
+    def _take(self, entry: Entry) -> None:
+        """Into the next transfer; sent when it is full, or the browser has handed over all there is."""
+        self.pending.append(entry)
+        self.pending_bytes += len(entry.data)
+        self.sent_through = entry.seq
+        if len(self.pending) >= self.per_transfer or self.pending_bytes >= BATCH_BYTES:
+            self._flush()
+
+    def _flush(self) -> None:
+        """What is gathered, in transfers of BATCH_BYTES at most, as far as the link's credit goes."""
+        pending, link = self.pending, self.link
+        if not pending or link is None:
+            return
+        credit = link.credit()
+        stamp = int(time.time() * 1e6)
+        start, count = 0, len(pending)
+        batched = self.per_transfer > 1
+        while start < count and credit > 0:
+            entry = pending[start]
+            size = len(entry.data)
+            end = start + 1
+            while end < count and end - start < self.per_transfer and size + len(pending[end].data) <= BATCH_BYTES:
+                size += len(pending[end].data)
+                end += 1
+            if batched:
+                batch = pending[start:end]
+                seqs = [e.seq for e in batch]
+                pieces = [e.data for e in batch]
+                pieces.append(batch_index(seqs, [len(e.data) for e in batch]))
+                delivery = link.send(pieces, tag=message_tag(protocol.BATCH, entry.seq, stamp))
+            else:
+                delivery = link.send(with_seq(entry.data, entry.seq), tag=message_tag(protocol.ENQUEUE, entry.seq,
+                                                                                      stamp))
+            sent = Batch(entry.seq, pending[end - 1].seq, end - start, size)
+            self.flight.append(sent)
+            if delivery is not None:
+                self.in_flight[delivery] = sent
+            self.flushed_through = sent.last
+            self.pending_bytes -= size
+            credit -= 1
+            start = end
+        del pending[:start]
 
     def queue_deleted(self) -> None:
-        self.stop()
+        self.stop(gone=True)
 
     # -- the queue's observer -----------------------------------------------------------------------
     def enqueued(self, queue: Queue, entry: Entry) -> None:
-        self._wait(entry.seq, time.time(), len(entry.data))
+        self._wait(entry)
         if entry.state == DEFERRED:  # scheduled: its hook deferred it before the observers heard of it
             self.deferred.append(entry)
 
@@ -176,13 +276,39 @@ class QueueMirror(LinkHandler):
 
     def dequeued(self, queue: Queue, entry: Entry) -> None:
         seq = entry.seq
-        self._mirrored(seq)  # nothing of it left to mirror but, if the standby has it, its dequeue
-        if seq > self.passed and seq in self.held:
+        held = seq in self.held
+        if not held and seq > self.confirmed_through:
+            self._gone(seq, len(entry.data))
+        if seq > self.passed and held:
             self.to_pass -= 1  # the browser will not see it
-        if self.link is not None and (seq <= self.sent_through or seq in self.held):
+        if self.link is not None and (seq <= self.flushed_through or held):
             if not self.dequeues:
                 self.host.schedule(self)
             self.dequeues.append(seq)
+
+    def _gone(self, seq: int, size: int) -> None:
+        """A message not known to be on the standby left the queue: it waits no more. One gathered for the next
+        transfer is taken out of it (the standby never hears of it); one in flight is counted out of its batch."""
+        pending = self.pending
+        if pending and seq >= pending[0].seq:
+            i = bisect.bisect_left(pending, seq, key=_seq)
+            if i < len(pending) and pending[i].seq == seq:
+                del pending[i]
+                self.pending_bytes -= size
+        elif seq <= self.flushed_through:
+            for batch in self.flight:
+                if batch.first > seq:
+                    break
+                if seq <= batch.last:
+                    if batch.done:
+                        return  # confirmed, before an older batch was
+                    batch.count -= 1
+                    batch.size -= size
+                    break
+        self.waiting -= 1
+        self.held_back -= size
+        if self.over_limit:
+            self._limit()
 
     def dispatch(self) -> None:
         """The dequeues of this pass, as one D."""
@@ -196,19 +322,33 @@ class QueueMirror(LinkHandler):
 
     # -- the standby's answers ------------------------------------------------------------------------
     def on_credit(self) -> None:
+        if self.deletion is not None:
+            self.deletion.on_credit()
+            return
+        self._flush()
         self.host.schedule(self.queue)
 
     def on_outcome(self, delivery: Any, outcome: int, failed: bool, undeliverable: bool) -> None:
-        seq = self.in_flight.pop(delivery, None)
-        if seq is None:
+        batch = self.in_flight.pop(delivery, None)
+        if batch is None:
             return
         if outcome == ACCEPTED:
-            self.last_mirrored = max(self.last_mirrored, seq)
-            self._mirrored(seq)
+            self.last_mirrored = max(self.last_mirrored, batch.last)
+            self.waiting -= batch.count
+            self.held_back -= batch.size
+            batch.done = True
+            flight = self.flight
+            while flight and flight[0].done:
+                self.confirmed_through = flight.popleft().last
+            marks = self.marks
+            while len(marks) > 1 and marks[1][0] <= self.confirmed_through + 1:
+                marks.popleft()
+            if self.over_limit:
+                self._limit()
         elif self.link is not None:  # the standby could not apply it: start again from what it holds
             error = Link.outcome_error(delivery)
-            log.warning("mirror of queue %s: the standby did not take seq %d (%s); attaching again", self.name, seq,
-                        f"{error[0]}: {error[1]}" if error else "released")
+            log.warning("mirror of queue %s: the standby did not take seqs %d-%d (%s); attaching again", self.name,
+                        batch.first, batch.last, f"{error[0]}: {error[1]}" if error else "released")
             self.link.close()
 
     def on_detach(self) -> None:
@@ -227,40 +367,72 @@ class QueueMirror(LinkHandler):
             if conn is not None and held is not None:
                 self.attach(conn, held.get(self.name))
 
-    def stop(self) -> None:
+    def stop(self, gone: bool = False) -> None:
+        """No more mirroring of the queue: it was deleted here (`gone`: the standby deletes its copy, told now if it
+        speaks protocol 2 and is connected, else when it next is), or this cluster became a standby."""
         self.deleted = True
         self.queue.unsubscribe(self)
         if self in self.queue.observers:
             self.queue.observers.remove(self)
         self.host.standby.remove(self)
         link, self.link = self.link, None
-        if link is not None:
+        if link is not None and gone and self.host.standby.protocol >= protocol.BATCH_PROTOCOL:
+            self.deletion = Deletion()
+            self.deletion.link = link
+            self.deletion.on_credit()
+        elif link is not None:
             link.close()
         self.host.stopped(self)
 
     # -- lag ------------------------------------------------------------------------------------------
-    def _wait(self, seq: int, when: float, size: int) -> None:
-        self.waiting[seq] = (when, size)
-        self.held_back += size
-        limit = self.host.max_backlog_bytes
-        if limit and not self.over_limit and self.held_back > limit:
-            self.over_limit = True
-            log.warning("mirror of queue %s: %d bytes not yet on the standby, over mirror.max_backlog_bytes (%d)",
-                        self.name, self.held_back, limit)
+    def _wait(self, entry: Entry) -> None:
+        """A message here the standby has not confirmed: counted, and its time marked if one is due."""
+        self.waiting += 1
+        self.held_back += len(entry.data)
+        now = time.time()
+        if now >= self.next_mark and not self.over_limit:  # past the limit the book keeps counts only
+            self.marks.append((entry.seq, now))
+            self.next_mark = now + MARK_INTERVAL
+        if not self.over_limit and self.held_back > self.host.max_backlog_bytes > 0:
+            self._limit()
 
-    def _mirrored(self, seq: int) -> None:
-        """Nothing more of seq to wait for: on the standby, or gone from here before it was sent."""
-        waited = self.waiting.pop(seq, None)
-        if waited is not None:
-            self.held_back -= waited[1]
-            if self.over_limit and self.held_back < self.host.max_backlog_bytes * LOW_WATER:  # no flapping at the edge
-                self.over_limit = False
-                log.info("mirror of queue %s: %d bytes not yet on the standby, back under mirror.max_backlog_bytes",
-                         self.name, self.held_back)
+    def _limit(self) -> None:
+        """Say so when the bytes held back pass mirror.max_backlog_bytes, and when they are back under 90 % of it
+        (no flapping at the edge)."""
+        limit = self.host.max_backlog_bytes
+        if not limit:
+            return
+        if not self.over_limit and self.held_back > limit:
+            self.over_limit = True
+            log.warning("mirror of queue %s: %d bytes not yet on the standby, over mirror.max_backlog_bytes (%d): "
+                        "the mirror keeps counts only until it is back under", self.name, self.held_back, limit)
+        elif self.over_limit and self.held_back < limit * LOW_WATER:
+            self.over_limit = False
+            log.info("mirror of queue %s: %d bytes not yet on the standby, back under mirror.max_backlog_bytes",
+                     self.name, self.held_back)
+
+    def _oldest(self) -> float | None:
+        """When the oldest message waiting was enqueued (to MARK_INTERVAL), None if none waits."""
+        if self.waiting <= 0 or not self.marks:
+            return None
+        if self.flight:
+            oldest = self.flight[0].first
+        elif self.pending:
+            oldest = self.pending[0].seq
+        else:
+            oldest = self.confirmed_through + 1
+        marks = self.marks
+        i = bisect.bisect_right(marks, oldest, key=_mark_seq) - 1
+        return marks[max(i, 0)][1]
 
     def status(self, now: float) -> dict[str, Any]:
-        oldest = next(iter(self.waiting.values()), None)
-        return {"queue": self.name, "state": self.state, "lag_messages": len(self.waiting),
-                "lag_seconds": round(max(0.0, now - oldest[0]), 3) if oldest else 0.0,
+        oldest = self._oldest()
+        return {"queue": self.name, "state": self.state, "lag_messages": self.waiting,
+                "lag_seconds": round(max(0.0, now - oldest), 3) if oldest is not None else 0.0,
                 "last_mirrored_seq": self.last_mirrored, "bytes_held_back": self.held_back,
-                "backlog_limit_reached": self.over_limit, "refused": self.refusal}
+                "backlog_limit_reached": self.over_limit, "refused": self.refusal,
+                "transfers_in_flight": len(self.in_flight), "messages_per_transfer": self.per_transfer}
+
+
+def _mark_seq(mark: tuple[int, float]) -> int:
+    return mark[0]

@@ -1,7 +1,12 @@
 """MirrorSource: the source cluster's end of the mirror, live only on its primary (or on a broker of no cluster).
 Each queue matching `mirror.queues` gets a QueueMirror when it is declared or when this broker is promoted; a
 queue that matches no glob gets nothing, and costs nothing. A primary never demotes in place (it restarts as a
-backup), so a mirror, once started, runs until its queue is deleted or the process ends.
+backup), so a mirror, once started, runs until its queue is deleted or the process ends, or until this cluster
+becomes a standby (a newer source reversed onto it).
+
+A broker that also accepts mirrors (`mirror.accept_from`) is a standby first: its source part mirrors only once its
+cluster was promoted and reversed (`mirror reverse`: promotion.py), at the epoch its record holds (epoch.py), naming
+the cluster it reverses onto. One without mirrors at the first epoch.
 """
 from __future__ import annotations
 
@@ -19,7 +24,7 @@ from ..broker.tls import client_context
 from ..config import MirrorConfig
 from ..ha.ha_broker import HaBroker
 from . import protocol
-from .epoch import RECORD
+from .epoch import RECORD, EpochRecord
 from .queue_mirror import QueueMirror
 from .standby_link import StandbyLink
 
@@ -27,24 +32,45 @@ log = logging.getLogger("haqueue.mirror")
 
 
 class MirrorSource:
-    def __init__(self, broker: Broker, ha: HaBroker | None, config: MirrorConfig) -> None:
+    def __init__(self, broker: Broker, ha: HaBroker | None, config: MirrorConfig, record: EpochRecord) -> None:
         self.broker = broker
         self.ha = ha
+        self.record = record
+        self.standby_first = bool(config.accept_from)
         self.pattern = re.compile("|".join(fnmatch.translate(glob) for glob in config.queues)) if config.queues else None
         self.max_backlog_bytes = config.max_backlog_bytes
         self.schedule: Callable[[Any], None] = broker.schedule
         tls = client_context(config.tls, "mirror.tls") if config.tls is not None else None
-        self.standby = StandbyLink(broker.engine, config, tls)
+        self.standby = StandbyLink(broker.engine, config, tls, self.gone)
         self.mirrors: dict[str, QueueMirror] = {}
         if self.pattern is None:
             return  # mirrors nothing
         broker.registry.queue_hooks.append(self._declared)
         broker.registry.observers.append(self)
+        record.listeners.append(self._epoch_changed)
         if ha is not None:
             ha.promotion_hooks.append(self._promoted)
 
+    def epoch(self) -> int | None:
+        """The mirror epoch this cluster mirrors at, None while it is a standby (it mirrors nothing)."""
+        if not self.standby_first:
+            return protocol.FIRST_EPOCH
+        known = self.record.read()
+        return known.epoch if known.reverses is not None else None
+
+    def _epoch_changed(self) -> None:
+        """Reversed: mirror at the new epoch, onto the cluster named; a standby again: mirror nothing."""
+        epoch = self.epoch()
+        if epoch is None:
+            for mirror in list(self.mirrors.values()):
+                mirror.stop()
+            return
+        known = self.record.read()
+        self.standby.epoch, self.standby.reverses, self.standby.applied = epoch, known.reverses, known.applied
+        self._start()
+
     def _declared(self, queue: Queue) -> None:
-        if self.ha is not None and self.ha.primary is None:
+        if self.ha is not None and self.ha.primary is None or self.epoch() is None:
             return
         if self.pattern is None or queue.temporary or queue.name == RECORD or not self.pattern.fullmatch(queue.name):
             return
@@ -55,6 +81,12 @@ class MirrorSource:
             self.mirrors[queue.name] = QueueMirror(self, queue)
 
     def _promoted(self) -> None:
+        if self.standby_first:
+            self._epoch_changed()  # from the record, read anew
+        else:
+            self._start()
+
+    def _start(self) -> None:
         for queue in self.broker.registry.queues():
             self._declared(queue)
 
@@ -65,7 +97,13 @@ class MirrorSource:
     def deleted(self, node: Node | Binding) -> None:
         mirror = self.mirrors.get(node.name) if isinstance(node, Queue) else None
         if mirror is not None and mirror.queue is node:
-            mirror.stop()
+            mirror.stop(gone=True)
+
+    def gone(self, name: str) -> bool:
+        """Was the queue of this name, which the standby holds a mirror of, deleted here (it matches the globs and
+        is no queue here): the standby deletes its copy (StandbyLink)."""
+        return (self.pattern is not None and self.pattern.fullmatch(name) is not None
+                and self.broker.registry.lookup(name) is None)
 
     def stopped(self, mirror: QueueMirror) -> None:
         if self.mirrors.get(mirror.name) is mirror:
@@ -74,5 +112,9 @@ class MirrorSource:
     def status(self) -> dict[str, Any]:
         now = time.time()
         active = self.ha is None or self.ha.primary is not None
-        return {"role": "source", "epoch": protocol.FIRST_EPOCH, "active": active, **self.standby.status(),
+        epoch = self.epoch()
+        return {"role": "source", "epoch": epoch or protocol.FIRST_EPOCH, "active": active,
+                "dormant": None if epoch is not None else "this cluster is a standby: it mirrors once promoted and "
+                                                          "reversed (haqueue admin mirror reverse)",
+                **self.standby.status(),
                 "queues": [m.status(now) for _, m in sorted(self.mirrors.items())]}

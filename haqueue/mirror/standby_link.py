@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import logging
 import ssl
-from typing import Any, Protocol
+from typing import Any, Callable, Protocol
 
 from ..broker.connection import Connection
 from ..broker.engine import Engine
 from ..broker.proton_adapter import ACCEPTED, Link, LinkHandler
 from ..config import MirrorConfig
-from ..ha.protocol import decode_map, unflatten
+from ..ha.protocol import decode_map, message_tag, unflatten
 from . import protocol
 
 log = logging.getLogger("haqueue.mirror")
@@ -38,13 +38,19 @@ class Mirrored(Protocol):
 
 
 class StandbyLink:
-    def __init__(self, engine: Engine, config: MirrorConfig, tls: ssl.SSLContext | None) -> None:
+    def __init__(self, engine: Engine, config: MirrorConfig, tls: ssl.SSLContext | None,
+                 gone: Callable[[str], bool]) -> None:
         self.engine = engine
         self.config = config
         self.tls = tls
+        self.gone = gone  # was the queue of this name deleted at the source (source.py)
         self.conn: Connection | None = None
         self.opened = False
         self.held: dict[str, dict[str, Any]] | None = None  # the standby's state, once read on this connection
+        self.protocol = protocol.OLDEST_PROTOCOL  # the mirror protocol the standby chose (its state says)
+        self.epoch = protocol.FIRST_EPOCH  # the source's (source.py sets them after a reverse)
+        self.reverses: str | None = None  # the cluster it reverses onto
+        self.applied: dict[str, int] = {}  # ... and per queue the newest seq of that cluster's it held when promoted
         self.mirrors: list[Mirrored] = []
         self.attempt = 0  # which of mirror.to is tried next
         self.down_reason: str | None = "not connected yet"  # why there is no open connection now (logged once)
@@ -88,20 +94,42 @@ class StandbyLink:
         reader.link = conn.open_link(False, protocol.STATE, f"{protocol.STATE}/{self.config.cluster}", reader,
                                      properties=self.link_properties(), credit=1)
 
-    def link_properties(self) -> dict[str, Any]:
-        return {protocol.CLUSTER: self.config.cluster, protocol.EPOCH: protocol.FIRST_EPOCH,
-                protocol.PROTOCOLS: [protocol.OLDEST_PROTOCOL, protocol.PROTOCOL]}
+    def link_properties(self, queue: str | None = None) -> dict[str, Any]:
+        """Every link's properties (and a reverse's queue link's APPLIED, with `queue`)."""
+        props: dict[str, Any] = {protocol.CLUSTER: self.config.cluster, protocol.EPOCH: self.epoch,
+                                 protocol.PROTOCOLS: list(protocol.spoken())}
+        if self.reverses is not None:
+            props[protocol.REVERSES] = self.reverses
+            if queue is not None:
+                props[protocol.APPLIED] = self.applied.get(queue, 0)
+        return props
 
     def state_read(self, conn: Connection, state: dict[str, Any]) -> None:
         if conn is not self.conn:
             return
         queues = state.get("queues")
         self.held = queues if isinstance(queues, dict) else {}
+        chosen = state.get(protocol.STATE_PROTOCOL)  # a standby of protocol 1 names none
+        own = protocol.spoken()
+        self.protocol = chosen if isinstance(chosen, int) and chosen <= own[1] else own[0]
         if self.down_reason is not None or self.refusal is not None:
             log.info("mirror: standby at %s takes the mirror of %d queues", conn.peer, len(self.mirrors))
         self.down_reason = self.refusal = None
         for mirror in list(self.mirrors):
             mirror.attach(conn, self.held.get(mirror.name))
+        if self.protocol >= protocol.BATCH_PROTOCOL:
+            mirrored = {mirror.name for mirror in self.mirrors}
+            for name, held in self.held.items():
+                if name not in mirrored and self.gone(name):
+                    self._delete(conn, name, held.get("uid"))
+
+    def _delete(self, conn: Connection, name: str, uid: Any) -> None:
+        """Tell the standby a queue it mirrors was deleted here while it was away: on a link of its own."""
+        deletion = Deletion()
+        deletion.link = conn.open_link(True, f"{protocol.QUEUE}/{name}", f"{protocol.QUEUE}/{name}", deletion,
+                                       properties={**self.link_properties(name), protocol.UID: uid,
+                                                   protocol.ARGS: {}})
+        log.info("mirror: queue %s was deleted here while the standby was away: it deletes its copy", name)
 
     def state_refused(self, conn: Connection, reason: str) -> None:
         """The standby refused `$mirror.state`: it will not take this mirror (a user it does not accept, a
@@ -126,8 +154,23 @@ class StandbyLink:
 
     def status(self) -> dict[str, Any]:
         return {"to": [f"{h}:{p}" for h, p in self.config.to], "connected": self.held is not None,
+                "protocol": self.protocol if self.held is not None else None,
                 "address": self.address if self.conn is not None else None,
                 "down": None if self.held is not None else self.refusal or self.down_reason}
+
+
+class Deletion(LinkHandler):
+    """A queue deleted at the source: DELETED on its link, the last transfer, once the standby grants credit (a
+    pre-settled transfer waits for credit too), then the link is closed."""
+
+    link: Link | None = None
+
+    def on_credit(self) -> None:
+        link = self.link
+        if link is not None and link.credit() > 0:
+            self.link = None
+            link.send(b"", settled=True, tag=message_tag(protocol.DELETED, 0, 0))
+            link.close()
 
 
 class _StateReader(LinkHandler):

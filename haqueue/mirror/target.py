@@ -24,6 +24,7 @@ from ..ha.protocol import encode_map, flatten
 from . import protocol
 from .epoch import RECORD, EpochRecord
 from .mirrored_queue import MirroredQueue, MirrorReceiver
+from .reverse import become_mirror
 from .standby_link import HEARTBEAT, RETRY_INTERVAL
 
 log = logging.getLogger("haqueue.mirror")
@@ -40,16 +41,15 @@ def source_of(queue: Queue) -> str | None:
 
 
 class MirrorTarget:
-    def __init__(self, broker: Broker, ha: HaBroker | None, config: MirrorConfig) -> None:
+    def __init__(self, broker: Broker, ha: HaBroker | None, config: MirrorConfig, record: EpochRecord) -> None:
         self.broker = broker
         self.ha = ha
         self.accept_from = frozenset(config.accept_from)
+        self.cluster = config.cluster  # this cluster's name (given with mirror.to): a reverse onto it names it
         self.mirrored: dict[str, MirroredQueue] = {}  # by queue name, made when first needed
-        self.record = EpochRecord(broker.registry)
+        self.record = record
         self.sources: dict[str, set[Connection]] = {}  # source cluster -> its connections here (that read the state)
         self.left: dict[str, float] = {}  # source cluster -> when (monotonic) its last connection here ended
-        if ha is not None:
-            ha.promotion_hooks.append(self.record.forget)  # kept by the cluster's former primary until now
         # A source's connection holds a link per mirrored queue: no client limit applies to it, as to HA's peers.
         broker.engine.connection_limits.exempt_users.update(self.accept_from)
         broker.endpoints[protocol.STATE] = self._state_endpoint
@@ -83,8 +83,9 @@ class MirrorTarget:
                 f"promoted; a client may browse it, not {verb} it")
 
     # -- the source's links ---------------------------------------------------------------------------
-    def _check(self, link: Link, sends: bool) -> str:
-        """The source cluster a `$mirror.*` link is from, once it may mirror here."""
+    def _check(self, link: Link, sends: bool) -> tuple[str, bool]:
+        """The source cluster a `$mirror.*` link is from, once it may mirror here, and whether it reverses onto this
+        cluster (its queues become that source's mirrors)."""
         user = link.conn.user
         if user not in self.accept_from:
             raise BrokerError(UNAUTHORIZED, f"user {user} may not mirror into {self.broker.name} (mirror.accept_from)")
@@ -106,16 +107,17 @@ class MirrorTarget:
         epoch = props.get(protocol.EPOCH)
         if not isinstance(epoch, int):
             raise BrokerError(NOT_ALLOWED, f"{link.address}: the source named no epoch ({protocol.EPOCH})")
+        reverse = bool(self.cluster) and props.get(protocol.REVERSES) == self.cluster
         known = self.record.read()
-        fence = known.fence(source, epoch)
+        fence = known.fence(source, epoch, reverse)
         if fence is not None:
             raise BrokerError(NOT_ALLOWED, fence)
         if epoch > known.epoch:  # so that a promotion's epoch is above every source's this standby accepted
             self.record.write(known.raise_to(epoch))
-        return source
+        return source, reverse
 
     def _state_endpoint(self, link: Link) -> LinkHandler:
-        source = self._check(link, sends=True)
+        source, _ = self._check(link, sends=True)
         queues = {}
         for queue in self.broker.registry.queues():
             if source_of(queue) == source:
@@ -124,7 +126,8 @@ class MirrorTarget:
         log.info("mirror: source cluster %s connected from %s (user %s); it finds %d queues here", source,
                  link.conn.peer, link.conn.user, len(queues))
         self.sources.setdefault(source, set()).add(link.conn)
-        return _StateSender(link, encode_map({"queues": queues}), lambda: self._left(source, link.conn))
+        state = {"queues": queues, protocol.STATE_PROTOCOL: protocol.chosen(link.properties[protocol.PROTOCOLS])}
+        return _StateSender(link, encode_map(state), lambda: self._left(source, link.conn))
 
     def _left(self, source: str, conn: Connection) -> None:
         self.sources.get(source, set()).discard(conn)
@@ -152,22 +155,34 @@ class MirrorTarget:
         if known.promoted:
             raise BrokerError(NOT_ALLOWED, f"{self.broker.name}'s cluster was promoted already, at mirror epoch "
                                            f"{known.epoch}")
-        promoted = known.promote()
+        applied = {}  # what a reverse keeps aside of its old source's messages: those past this
+        for queue in self.broker.registry.queues():
+            if source_of(queue) is not None:
+                mirrored = self._mirrored(queue)
+                mirrored.holdings()  # the index, of live messages only
+                applied[queue.name] = max(mirrored.index, default=0)
+        promoted = known.promote(applied)
         self.record.write(promoted, confirmed)
         for source, conns in self.sources.items():  # each at the epoch known before (it was accepted)
             for conn in list(conns):
-                conn.close(NOT_ALLOWED, promoted.fence(source, max(known.epoch, protocol.FIRST_EPOCH)) or "")
+                conn.close(NOT_ALLOWED, promoted.fence(source, max(known.epoch, protocol.FIRST_EPOCH), False) or "")
         log.warning("mirror: %s's cluster promoted at mirror epoch %d: its mirror queues are writable, and their "
                     "sources fenced off", self.broker.name, promoted.epoch)
 
     def _queue_endpoint(self, link: Link) -> LinkHandler:
-        source = self._check(link, sends=False)
+        source, reverse = self._check(link, sends=False)
         name = (link.address or "")[len(protocol.QUEUE) + 1:]
         props = link.properties
         uid, args = props.get(protocol.UID), props.get(protocol.ARGS)
         args = {str(k): v for k, v in args.items()} if isinstance(args, dict) else {}
         registry = self.broker.registry
         queue = registry.lookup(name)
+        if reverse and isinstance(queue, Queue) and not (source_of(queue) == source and queue.args.get(protocol.UID)
+                                                         == uid):
+            applied = props.get(protocol.APPLIED)
+            become_mirror(self.broker, queue, source, applied if isinstance(applied, int) else 0, link)
+            self.mirrored.pop(name, None)
+            queue = None
         if queue is not None and not (isinstance(queue, Queue) and source_of(queue) == source):
             raise BrokerError(NOT_ALLOWED, f"'{name}' on {self.broker.name} is not a mirror of cluster '{source}': "
                                            f"delete it here, or leave it out of the source's mirror.queues")
@@ -181,7 +196,14 @@ class MirrorTarget:
             queue = registry.declare_queue(name, {**args, protocol.SOURCE_ARG: source, protocol.UID: uid})[0]
             log.info("mirror: queue %s made here, a mirror of cluster %s's", name, source)
         assert isinstance(queue, Queue)
-        return MirrorReceiver(self._mirrored(queue), link)
+        return MirrorReceiver(self._mirrored(queue), link, lambda deleted: self._deleted(deleted, source))
+
+    def _deleted(self, queue: Queue, source: str) -> None:
+        """The source deleted the queue: so is its mirror here (and with it any browser of it)."""
+        if self.broker.registry.lookup(queue.name) is queue:
+            self.broker.registry.delete(queue.name, "queue")
+            self.mirrored.pop(queue.name, None)
+            log.info("mirror: queue %s was deleted at cluster %s: its mirror here too", queue.name, source)
 
     def _mirrored(self, queue: Queue) -> MirroredQueue:
         mirrored = self.mirrored.get(queue.name)
@@ -192,7 +214,8 @@ class MirrorTarget:
     def status(self) -> dict[str, Any]:
         known = self.record.read()
         return {"role": "promoted" if known.promoted else "standby", "epoch": known.epoch,
-                "promoted_at": known.promoted_at, "accept_from": sorted(self.accept_from),
+                "promoted_at": known.promoted_at, "reversed_to": known.reverses,
+                "accept_from": sorted(self.accept_from),
                 "sources": {source: {"connected": bool(conns)} for source, conns in sorted(self.sources.items())},
                 "queues": [self._mirrored(q).status() for q in sorted(self.broker.registry.queues(),
                                                                        key=lambda q: q.name)

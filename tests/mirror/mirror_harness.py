@@ -2,15 +2,19 @@
 cluster mirroring to it through the relay, and the clients' ledger.
 
 `sites_factory`  the body of the `sites` fixture (conftest.py), which yields
-                 ``sites(queues=["orders.*"], standby_size=0, standby_features=None, tls=False)``: it starts the
-                 standby, the relay in front of it, and a 2-broker source cluster whose `mirror:` section names the
-                 relay and the globs, and returns a `Sites` with the source cluster (`source`, its primary
+                 ``sites(queues=["orders.*"], standby_size=0, standby_features=None, tls=False, back=False)``: it
+                 starts the standby, the relay in front of it, and a 2-broker source cluster whose `mirror:` section
+                 names the relay and the globs, and returns a `Sites` with the source cluster (`source`, its primary
                  `primary`), the standby (`standby`, its primary if it is a cluster, `standby_cluster`), `relay`
                  and `ledger`. With `standby_size` 0 the standby is a broker of no cluster accepting the mirror
                  user, else a cluster of that size (a pair confirms with one broker down) whose public address the
                  relay leads to; `standby_features`: the feature flags it knows enabled (as a cluster upgraded from
                  a release without the others). With `tls`, the relay leads to a TLS listener of the standby's (a
-                 second one: its first, plain, serves the test's clients) and the source mirrors over TLS.
+                 second one: its first, plain, serves the test's clients) and the source mirrors over TLS. With
+                 `back`, the standby (of no cluster) may mirror back for a fail-back: its `mirror:` section names
+                 cluster `site-b`, the same globs, and a second relay (`relay_back`) in front of the source's public
+                 address; the source accepts it once `accept_back` was applied to its brokers' configs (before they
+                 start again). With `standby_env`, the standby runs with those environment variables (test hooks).
                  Everything is stopped after the test.
 """
 from __future__ import annotations
@@ -50,7 +54,14 @@ class Sites:
     standby: BrokerProcess
     standby_cluster: HaCluster | None
     relay: DelayRelay
+    relay_back: DelayRelay | None = None
     ledger: Ledger = field(default_factory=Ledger)
+
+
+def accept_back(config: dict[str, Any]) -> None:
+    """A source broker's config made to accept the standby's mirror back (a fail-back): the mirror user, accepted."""
+    config["users"][MIRROR_USER] = {"password": MIRROR_PASSWORD, "allow": {}}
+    config["mirror"]["accept_from"] = [MIRROR_USER]
 
 
 def standby_config(**extra: Any) -> dict[str, Any]:
@@ -67,18 +78,28 @@ def sites_factory(tmp_path: Path) -> Iterator[Callable[..., Sites]]:
     make_cluster = next(clusters)
 
     def make(queues: list[str], standby_size: int = 0, standby_features: list[str] | None = None,
-             tls: bool = False) -> Sites:
+             tls: bool = False, back: bool = False, standby_env: dict[str, str] | None = None) -> Sites:
         cluster = None
         mirror: dict[str, Any] = {"cluster": "site-a", "username": MIRROR_USER, "password": MIRROR_PASSWORD,
                                   "queues": queues, "max_backlog_bytes": MAX_BACKLOG_BYTES}
+        source = make_cluster(size=2, extra={"mirror": mirror})  # started last, once its mirror names the relay
+        relay_back = None
         if standby_size == 0:
             extra: dict[str, Any] = {}
+            if back:
+                assert source.public is not None
+                host, port = source.public.rsplit(":", 1)
+                relay_back = DelayRelay((host, int(port)), SITE_DELAY)
+                relays.append(relay_back)
+                extra = {"mirror": {"accept_from": [MIRROR_USER], "cluster": "site-b", "to": [relay_back.address],
+                                    "username": MIRROR_USER, "password": MIRROR_PASSWORD, "queues": queues}}
             if tls:
                 ca = CertificateAuthority(tmp_path / "ca", "ca")
                 extra = {"listen": ["127.0.0.1:0", {"address": "127.0.0.1:0", "tls": True}],
                          "tls": ca.issue("standby").config()}
                 mirror["tls"] = ca.issue("site-a").config()
-            standby = BrokerProcess(tmp_path / "standby", standby_config(**extra), name="standby").start()
+            standby = BrokerProcess(tmp_path / "standby", standby_config(**extra), name="standby",
+                                    env=standby_env).start()
             alone.append(standby)
             target = standby.addresses[-1]
         else:
@@ -95,8 +116,9 @@ def sites_factory(tmp_path: Path) -> Iterator[Callable[..., Sites]]:
         relay = DelayRelay((host, int(port)), SITE_DELAY)
         relays.append(relay)
         mirror["to"] = [relay.address]
-        source = make_cluster(size=2, extra={"mirror": mirror})
-        return Sites(source, source.start_cluster(), standby, cluster, relay)
+        for broker in source:  # each broker's config is its own copy, made before the standby was
+            broker.config["mirror"] = dict(mirror)
+        return Sites(source, source.start_cluster(), standby, cluster, relay, relay_back)
 
     yield make
     for relay in relays:

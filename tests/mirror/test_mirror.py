@@ -15,12 +15,13 @@ import pytest
 from proton import Delivery, Message, Timeout
 from proton.utils import LinkDetached
 
-from mirror_harness import MAX_BACKLOG_BYTES, MIRROR_PASSWORD, MIRROR_USER, Sites
+from mirror_harness import MAX_BACKLOG_BYTES, MIRROR_PASSWORD, MIRROR_USER, Sites, accept_back
 from ha_harness import browse, connect, receive, send_all
 from harness import run_haqueue, wait_for
 
 from haqueue.admin import AdminClient
 from haqueue.config import ConfigError, broker_config
+from haqueue.ha.quarantine import diverged_files, read_messages
 
 MIRRORED = ["orders.0", "orders.1", "orders.2"]
 LAG_TIMEOUT = 30.0
@@ -88,6 +89,7 @@ def test_mirror_under_load_through_a_cut_then_the_site_lost(sites) -> None:
     wait_for(lambda: drained(site), LAG_TIMEOUT, message="the mirror's lag drains")
     shown = site.source.cli(site.primary, "mirror", "status")  # what an operator types
     assert shown.returncode == 0, shown.stderr
+    assert json.loads(shown.stdout)["source"]["protocol"] == 2  # a pass's messages in one transfer (B)
     queues = {q["queue"]: q for q in json.loads(shown.stdout)["source"]["queues"]}
     assert sorted(queues) == MIRRORED and all(q["last_mirrored_seq"] > 0 and q["lag_seconds"] == 0.0
                                               for q in queues.values()), queues
@@ -104,9 +106,11 @@ def test_mirror_under_load_through_a_cut_then_the_site_lost(sites) -> None:
     lagging = {q["queue"]: q for q in cut["queues"]}
     assert lagging["orders.0"]["lag_messages"] == 100 and lagging["orders.0"]["lag_seconds"] > 0, lagging
     assert lagging["orders.0"]["bytes_held_back"] > MAX_BACKLOG_BYTES and lagging["orders.0"]["backlog_limit_reached"]
+    assert "mirror of queue orders.0: " in site.primary.log() and "over mirror.max_backlog_bytes" in site.primary.log()
     site.relay.heal()
     status = wait_for(lambda: drained(site), LAG_TIMEOUT, message="the mirror's lag drains after the heal")
     assert not any(q["backlog_limit_reached"] for q in status["queues"]), status
+    assert "back under mirror.max_backlog_bytes" in site.primary.log()
     assert site.relay.accepted > accepted
     assert_same(site)
 
@@ -189,6 +193,20 @@ def test_mirror_over_tls(sites) -> None:
     assert [m.id for m in browse(site.standby.address, "orders.0", 20)] == site.ledger.remaining("orders.0")
 
 
+def test_a_standby_of_mirror_protocol_1(sites) -> None:
+    """A standby that speaks only mirror protocol 1 (the test hook: as one of the release before): the source sends
+    each message alone, annotated (`E`), and the standby ends holding what the source holds, in order."""
+    site = sites(queues=["orders.*"], standby_env={"HAQUEUE_TEST_MIRROR_PROTOCOLS": "1-1"})
+    publish(site, "orders.0", 0, 30)
+    consume(site, "orders.0", 10)
+    status = wait_for(lambda: mirroring_only(site, ["orders.0"]), LAG_TIMEOUT, message="orders.0 mirrored")
+    assert status["protocol"] == 1 and status["queues"][0]["messages_per_transfer"] == 1, status
+    there = browse(site.standby.address, "orders.0", 20)
+    assert [m.id for m in there] == site.ledger.remaining("orders.0")
+    seqs = [m.annotations["x-opt-mirror-seq"] for m in there]
+    assert seqs == sorted(seqs) and len(set(seqs)) == 20
+
+
 def test_mirror_is_read_only_on_the_standby_until_promoted(sites) -> None:
     """Read-only whichever way a publish comes; `mirror promote` refused while the source mirrors, forced: then
     the queue is the standby's clients', and the source, fenced off by the epoch, says why it feeds it no more."""
@@ -228,6 +246,58 @@ def test_mirror_is_read_only_on_the_standby_until_promoted(sites) -> None:
     send_all(site.standby.address, "fan", [Message(id="standby-1", body=101, durable=True)])
     assert [m.body for m in receive(site.standby.address, "orders.0", 12)] == list(range(10)) + [100, 101]
     assert mirror_status(site.standby.address)["standby"]["queues"][0]["messages"] == 0
+
+
+def test_fail_back_reverses_the_mirror(sites) -> None:
+    """The source's site lost (what it confirmed after the cut never mirrored), the standby promoted and used; the
+    old site back, accepting the mirror, and `mirror reverse` on the new side: the old site's queues become mirrors
+    of the new source and end holding exactly what it holds, what the old site had that was never mirrored is kept
+    aside (a diverged file), and a client's link to one of its queues is closed as it is marked."""
+    site = sites(queues=["orders.*"], back=True)
+    queues = MIRRORED[:2]
+    under_load([(publish, site, q, 0, 100) for q in queues] + [(consume, site, "orders.0", 30)])
+    wait_for(lambda: mirroring_only(site, queues), LAG_TIMEOUT, message="the mirror's lag drains")
+    expected = {q: site.ledger.remaining(q) for q in queues}
+    site.relay.cut()
+    publish(site, "orders.0", 100, 10)  # confirmed at the old source, never mirrored
+    for broker in site.source:
+        site.source.kill(broker)
+    assert promote(site).returncode == 0
+    standby = site.standby.address
+    assert [m.id for m in receive(standby, "orders.0", 20)] == expected["orders.0"][:20]
+    send_all(standby, "orders.0", [Message(id=f"b-{i}", body=i, durable=True) for i in range(5)])
+    expected["orders.0"] = expected["orders.0"][20:] + [f"b-{i}" for i in range(5)]
+
+    for broker in site.source:  # the old site back, given the mirror user of the new source's and accepting it
+        accept_back(broker.config)
+    site.primary = site.source.start_cluster()
+    conn = connect(site.source.public)
+    sender = conn.create_sender("orders.0")  # attached before the queue becomes a mirror
+    reversed_ = run_haqueue(["admin", "-b", standby, "mirror", "reverse"])
+    assert reversed_.returncode == 0, reversed_.stderr
+    assert json.loads(reversed_.stdout)["reversed_to"] == "site-a"
+    status = wait_for(lambda: only(mirror_status(standby)["source"], queues), LAG_TIMEOUT,
+                      message="the mirror back drains")
+    assert status["epoch"] == 3, status
+    with pytest.raises(LinkDetached) as closed:
+        conn.wait(lambda: False, timeout=LAG_TIMEOUT, msg="the old site's client link closed")
+    assert "queue 'orders.0' is now a mirror of cluster 'site-b'" in str(closed.value)
+    conn.close()
+    for queue in queues:
+        assert [m.id for m in site.source.browse(site.primary, queue)] == expected[queue], queue
+        assert [m.id for m in browse(standby, queue, len(expected[queue]))] == expected[queue], queue
+    kept = diverged_files(site.primary.config["data_dir"])
+    assert len(kept) == 1 and "orders.0" in kept[0].name, kept
+    assert [_message_id(data) for _, data in read_messages(kept[0])] == [f"orders.0-{i}" for i in range(100, 110)]
+    old = mirror_status(site.primary.address, "ops", site.source.password)["standby"]
+    assert (old["role"], old["epoch"]) == ("standby", 3), old
+    assert "read-only on this standby" in refusal(site.source.public, "orders.1", sender=True)
+
+
+def _message_id(data: bytes) -> Any:
+    message = Message()
+    message.decode(data)
+    return message.id
 
 
 def promote(site: Sites, *options: str) -> Any:
@@ -284,9 +354,9 @@ def browsed(address: str, queue: str, n: int) -> list[str] | None:
         return None
 
 
-def test_a_queue_deleted_at_the_source_is_no_longer_mirrored(sites) -> None:
-    """Deleted while the site link is cut (its mirror between links): once the link is back, the rest is mirrored
-    and the deleted queue is not attached again (the standby keeps its copy: deletions are not mirrored yet)."""
+def test_a_queue_deleted_at_the_source_is_deleted_on_the_standby(sites) -> None:
+    """Deleted while the site link is cut (its mirror between links): once the link is back the standby deletes its
+    copy, and the rest is mirrored; deleted while the link is up: at once."""
     site = sites(queues=["orders.*"])
     for queue in MIRRORED:
         publish(site, queue, 0, 5)
@@ -298,11 +368,22 @@ def test_a_queue_deleted_at_the_source_is_no_longer_mirrored(sites) -> None:
     status = wait_for(lambda: mirroring_only(site, MIRRORED[1:]), LAG_TIMEOUT, message="orders.1 and .2 mirrored")
     assert [q["lag_messages"] for q in status["queues"]] == [0, 0]
     assert [m.id for m in browse(site.standby.address, "orders.1", 10)] == site.ledger.remaining("orders.1")
+    wait_for(lambda: standby_queues(site) == {"orders.1", "orders.2"}, LAG_TIMEOUT, message="orders.0 deleted there")
+    site.source.request(site.primary, "DELETE", "queue", "orders.2")
+    wait_for(lambda: standby_queues(site) == {"orders.1"}, LAG_TIMEOUT, message="orders.2 deleted there")
+
+
+def standby_queues(site: Sites) -> set[str]:
+    return {q["queue"] for q in mirror_status(site.standby.address)["standby"]["queues"]}
 
 
 def mirroring_only(site: Sites, queues: list[str]) -> dict[str, Any] | None:
     """The source's status once it mirrors exactly `queues`, connected, with nothing held back."""
-    status = source_status(site)
+    return only(source_status(site), queues)
+
+
+def only(status: dict[str, Any], queues: list[str]) -> dict[str, Any] | None:
+    """A source's `status` if it mirrors exactly `queues`, connected, with nothing held back."""
     ok = status["connected"] and [q["queue"] for q in status["queues"]] == queues and all(
         q["state"] == "mirroring" and q["lag_messages"] == 0 for q in status["queues"])
     return status if ok else None
