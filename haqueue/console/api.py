@@ -218,7 +218,8 @@ class ConsoleApi:
             # a user who is not an admin gets which broker is which, to reach the primary and another when one dies
             "brokers": view["brokers"] if admin else [{k: b.get(k) for k in ("name", "role", "console")}
                                                       for b in view["brokers"]],
-            "shards": view["shards"] if admin else None, "age": view["age"], "totals": None, "rates": None}
+            "shards": view["shards"] if admin else None, "age": view["age"], "totals": None, "rates": None,
+            "mirror": None}
         if admin:
             latest, _ = self.samples.current()
             rows = latest.rows.values()
@@ -227,7 +228,16 @@ class ConsoleApi:
                                 "connections": latest.connections, "memory_used": own["memory_used"],
                                 "memory_alarm": own["memory_alarm"]}
             answer["rates"] = [list(rate) for rate in self.samples.broker_rates]
+            answer["mirror"] = self._mirror(user)
         return _json(200, answer)
+
+    def _mirror(self, user: str) -> dict[str, Any] | None:
+        """`admin mirror status` (READ mirror), for the Overview's Mirror section; None on a broker without a `mirror:`
+        section, which registers no such operation (before the console is plugged in: the dict is not changed
+        after)."""
+        if ("mirror", "READ") not in self.broker.management.operations:
+            return None
+        return _plain(self._read(user, "READ", "mirror", refusals=(403,)))
 
     def _alone(self, own: dict[str, Any] | None) -> dict[str, Any]:
         """A broker without HA as a cluster view shows one: itself, read now."""

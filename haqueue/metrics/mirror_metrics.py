@@ -30,7 +30,8 @@ class MirrorMetrics:
 
     def families(self, s: Status) -> Iterable[Metric]:
         source, standby = s.get("source"), s.get("standby")
-        if source is not None and source["active"]:  # a backup of the source cluster mirrors nothing
+        # A backup of the source cluster mirrors nothing, nor does a standby's dormant source (until a reverse).
+        if source is not None and source["active"] and not source.get("dormant"):
             yield GaugeMetricFamily("haqueue_mirror_connected", "On a source's primary: 1 while its mirror is "
                                     "connected to the standby", value=int(source["connected"]))
             for name, key, help_ in QUEUE_GAUGES:

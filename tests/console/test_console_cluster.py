@@ -44,7 +44,7 @@ def _brokers(browser) -> dict[str, dict[str, str]]:
             for row in browser.find_elements(By.CSS_SELECTOR, "#brokers tbody tr")}
 
 
-OVERVIEW = {"broker", "admin", "user", "primary", "public", "brokers", "shards", "age", "totals", "rates"}
+OVERVIEW = {"broker", "admin", "user", "primary", "public", "brokers", "shards", "age", "totals", "rates", "mirror"}
 PRIMARY_ROW = {"name", "address", "role", "state", "epoch", "release", "protocols", "console", "connections", "queues",
                "sync", "min_confirmations", "holders", "confirming"}
 TOTALS = {"queues", "queues_left_out", "messages", "bytes", "connections", "memory_used", "memory_alarm"}

@@ -313,6 +313,7 @@ const views = {
     render() {
       return el("div", {},
         el("h2", {id: "brokers-title", text: "Brokers"}), el("div", {id: "brokers-box"}), el("div", {id: "shards-box"}),
+        el("div", {id: "mirror-box"}),
         el("h2", {text: "Totals"}), el("ul", {class: "figures", id: "totals"}),
         el("h2", {id: "rates-title", text: "Message rates (this broker, all queues)"}), el("div", {id: "rates", class: "chart"}));
     },
@@ -348,6 +349,7 @@ const views = {
         [el("li", {class: "muted", text: "(admins only)"})]));
       byId("rates-title").hidden = !o.rates;
       if (o.rates) chart("overview", byId("rates"), o.rates, "");
+      byId("mirror-box").replaceChildren(...(o.mirror ? mirrorSection(o.mirror) : []));
       if (o.broker.shard !== undefined) text(byId("brokers-title"), `Brokers of shard ${o.broker.shard}`);
       if (o.shards) byId("shards-box").replaceChildren(el("h2", {text: "Shards"}), table("shards",
         ["shard", "primary", "preferred", "direct address", {label: "epoch", num: 1}, "backups as the primary sees them"]
@@ -521,6 +523,46 @@ const views = {
     },
   },
 };
+
+// The Overview's Mirror section (design/mirroring.md), from `admin mirror status`: on a source, its connection to
+// the standby and each mirrored queue's lag; on a standby, its mirror queues and their source, and once promoted its
+// mirror epoch.
+function mirrorSection(m) {
+  const parts = [el("h2", {id: "mirror-title", text: "Mirror"})];
+  const s = m.source;
+  if (s && (!s.active || s.dormant)) parts.push(el("p", {class: "muted", id: "mirror-source", "data-connected": "false",
+                                                        text: s.dormant || "A source cluster's backup: its primary mirrors."}));
+  else if (s) {
+    parts.push(el("p", {id: "mirror-source", "data-connected": String(s.connected), class: s.connected ? null : "bad",
+                        text: s.connected ? `mirroring to ${s.address} (mirror epoch ${s.epoch})`
+                                          : `not connected to the standby (${s.to.join(", ")}): ${s.down || "connecting"}`}),
+               table("mirror-queues", ["queue", "state", {label: "lag msgs", num: 1}, {label: "lag s", num: 1},
+                                       {label: "held back", num: 1}, {label: "last mirrored seq", num: 1}, "backlog limit",
+                                       "refused"].map(h => typeof h === "string" ? {label: h} : h),
+                     s.queues.map(q => el("tr", {"data-name": q.queue, "data-state": q.state},
+                       el("th", {scope: "row", text: q.queue}), cell(q.state, false, q.state === "mirroring" ? null : "bad"),
+                       cell(number(q.lag_messages), true, "lag"), cell(q.lag_seconds.toFixed(3), true),
+                       cell(size(q.bytes_held_back), true), cell(number(q.last_mirrored_seq), true),
+                       cell(q.backlog_limit_reached ? "reached" : "", false, q.backlog_limit_reached ? "bad" : null),
+                       cell(q.refused || "")))));
+  }
+  const t = m.standby;
+  if (t) {
+    const sources = Object.entries(t.sources).map(([name, c]) => `${name} (${c.connected ? "connected" : "not connected"})`);
+    parts.push(el("p", {id: "mirror-standby", "data-role": t.role, "data-epoch": t.epoch,
+                        text: (t.role === "promoted" ? `promoted at mirror epoch ${t.epoch}` +
+                                 (t.promoted_at ? ` (${new Date(t.promoted_at * 1000).toISOString()})` : "") +
+                                 ": its mirror queues are writable, their sources fenced off"
+                               : `a standby at mirror epoch ${t.epoch}: its mirror queues are read-only until promoted`) +
+                              `; sources: ${sources.join(", ") || "none since it started"}`}),
+               table("mirror-copies", ["queue", "source", {label: "messages", num: 1}, {label: "last applied seq", num: 1},
+                                       "source connected"].map(h => typeof h === "string" ? {label: h} : h),
+                     t.queues.map(q => el("tr", {"data-name": q.queue, "data-source": q.source},
+                       el("th", {scope: "row", text: q.queue}), cell(q.source), cell(number(q.messages), true, "messages"),
+                       cell(number(q.last_applied_seq), true), cell(q.connected ? "yes" : "no")))));
+  }
+  return parts;
+}
 
 // The primary of an overview, and its state while it takes over ("b1 (recovering)").
 function primaryOf(o) {
