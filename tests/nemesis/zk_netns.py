@@ -89,7 +89,7 @@ class NsServer(zk_harness.Server):
         cfg.write_text("\n".join(config) + "\n")
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(
-                ["ip", "netns", "exec", self.node.ns, "java", "-Xmx256m", "-cp", ":".join(zk_harness.JARS),
+                ["ip", "netns", "exec", self.node.ns, *zk_harness.JAVA, "-cp", ":".join(zk_harness.JARS),
                  "org.apache.zookeeper.server.quorum.QuorumPeerMain", str(cfg)],
                 stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
 

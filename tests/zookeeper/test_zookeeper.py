@@ -79,6 +79,7 @@ def test_kill9_primary_under_load(zk_cluster):
 
 
 @pytest.mark.slow
+@pytest.mark.breaks_ensemble  # kills its leader
 def test_zookeeper_leader_killed_brokers_undisturbed(zk_cluster, ensemble):
     c = zk_cluster()
     c.start()
@@ -109,6 +110,7 @@ def test_zookeeper_leader_killed_brokers_undisturbed(zk_cluster, ensemble):
 
 
 @pytest.mark.slow
+@pytest.mark.breaks_ensemble  # stops every server
 def test_a_primary_cut_off_from_zookeeper_confirms_nothing_from_that_moment(zk_cluster, ensemble):
     """Every ZooKeeper server gone: the primary's session is suspended at once, and it holds every publish from
     then on, its backups healthy and its lease not yet run out (design/zookeeper.md); the lease then fences it."""

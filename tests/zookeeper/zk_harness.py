@@ -17,6 +17,9 @@ from pathlib import Path
 from harness import free_port, wait_for
 
 JARS = ("/usr/share/java/zookeeper.jar", "/usr/share/java/slf4j-simple.jar")
+# A test's server starts, elects and serves a few clients for seconds: C1 alone and the serial collector start it on
+# less CPU than the JIT's and G1's threads take (the machine is the tests' too).
+JAVA = ["java", "-Xmx256m", "-XX:TieredStopAtLevel=1", "-XX:+UseSerialGC"]
 TICK_MS = 500
 SERVING_TIMEOUT = 30.0
 
@@ -77,7 +80,7 @@ class Server:
         cfg = self.directory / "zoo.cfg"
         cfg.write_text("\n".join(config) + "\n")
         with open(self.log_path, "ab") as log:
-            self.proc = subprocess.Popen(["java", "-Xmx256m", "-cp", ":".join(JARS),
+            self.proc = subprocess.Popen([*JAVA, "-cp", ":".join(JARS),
                                           "org.apache.zookeeper.server.quorum.QuorumPeerMain", str(cfg)],
                                          stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                                          start_new_session=True)
