@@ -24,7 +24,7 @@ import bisect
 import logging
 import time
 from collections import deque
-from typing import Any, Final, Protocol
+from typing import Any, Callable, Final, Protocol
 
 from ..broker.connection import Connection
 from ..broker.flow import LOW_WATER
@@ -43,6 +43,10 @@ CONNECTING, MIRRORING, REFUSED = "connecting", "mirroring", "refused"
 BATCH_BYTES: Final = 32 * 1024  # message bytes per transfer at most (as HA's); a larger message goes alone
 BATCH_MESSAGES: Final = 512  # messages per transfer at most: the browser's credit is the link's times this
 PER_PASS: Final = 2000  # messages the browser takes in one pass at most: a catch-up leaves the loop to the clients
+# Seconds a transfer not yet full, and the dequeues, wait for more to ride with them (as HA's EVENT_DELAY): at 1,000
+# msg/s a pass holds a message, and a transfer, a settlement and a D each a pass cost a wake-up on both sides. The
+# lag this adds is small beside the sites' round trip; a full transfer goes at once.
+GATHER: Final = 0.005
 MARK_INTERVAL: Final = 0.01  # seconds between the lag book's time marks: lag_seconds is read to this
 
 
@@ -53,6 +57,7 @@ class MirrorHost(Protocol):
     max_backlog_bytes: int
 
     def schedule(self, item: Any) -> None: ...  # the broker's: dispatch at the end of the pass
+    def call_later(self, delay: float, fn: Callable[[], None]) -> Any: ...  # the engine's timer
     def stopped(self, mirror: "QueueMirror") -> None: ...
 
 
@@ -101,6 +106,7 @@ class QueueMirror(LinkHandler):
         self.refusal: str | None = None
         self.per_transfer = 1  # messages a transfer may carry: BATCH_MESSAGES with mirror protocol 2
         self.held = Holdings([])  # what the standby held when this link attached
+        self.held_last = 0  # its newest seq: every message after it is not held (asked first, on the hot path)
         self.sent_through = 0  # the newest seq taken into a transfer on this link
         self.flushed_through = 0  # the newest seq sent on this link (a D may name it)
         self.passed = 0  # the newest seq the browser has handed over on this link, sent or held already
@@ -121,15 +127,14 @@ class QueueMirror(LinkHandler):
         self.next_mark = 0.0
         self.over_limit = False
         self.dequeues: list[int] = []  # seqs dequeued here, for the next D
+        self.gathering = False  # a GATHER timer is set
         # Scheduled messages, deferred until due: a browser passes them by, so each is sent in its place in the
         # queue's order by the mirror itself, before the next message the browser hands over.
         self.deferred: deque[Entry] = deque()
-        self.deleted = False  # Dispatchable: stopped
+        self.deleted = False  # stopped: its queue deleted, or this cluster a standby now
         self.deletion: Deletion | None = None  # the queue was deleted: the standby is told on its link
         for entry in queue.entries():
-            self._wait(entry)
-            if entry.state == DEFERRED:
-                self.deferred.append(entry)
+            self.enqueued(queue, entry)
         queue.observers.append(self)
         host.standby.add(self)
 
@@ -138,6 +143,7 @@ class QueueMirror(LinkHandler):
         if held is not None and held.get("uid") != self.queue.uid:
             held = None  # the standby's copy is of an earlier queue of this name: it starts over
         self.held = Holdings(runs(held))
+        self.held_last = self.held.runs[-1][1] if self.held.runs else 0
         standby = self.host.standby
         self.per_transfer = BATCH_MESSAGES if standby.protocol >= protocol.BATCH_PROTOCOL else 1
         self.link = conn.open_link(True, f"{protocol.QUEUE}/{self.name}", f"{protocol.QUEUE}/{self.name}", self,
@@ -201,7 +207,7 @@ class QueueMirror(LinkHandler):
         if self.deferred and self.deferred[0].seq < seq:
             self._send_deferred(seq)
         self.passed = seq
-        if seq in self.held:
+        if seq <= self.held_last and seq in self.held:
             self.to_pass -= 1
         elif self.link is not None:
             self._take(entry)
@@ -209,7 +215,8 @@ class QueueMirror(LinkHandler):
     def after_dispatch(self) -> None:
         if self.deferred:
             self._send_deferred(None)
-        self._flush()
+        if self.pending:
+            self._gather()
 
     def _send_deferred(self, before: int | None) -> None:
         """The scheduled messages older than `before` (None: all), those the browser did not hand over itself."""
@@ -267,7 +274,15 @@ class QueueMirror(LinkHandler):
 
     # -- the queue's observer -----------------------------------------------------------------------
     def enqueued(self, queue: Queue, entry: Entry) -> None:
-        self._wait(entry)
+        """A message here the standby has not confirmed: counted, and its time marked if one is due."""
+        self.waiting += 1
+        self.held_back += len(entry.data)
+        now = time.time()
+        if now >= self.next_mark and not self.over_limit:  # past the limit the book keeps counts only
+            self.marks.append((entry.seq, now))
+            self.next_mark = now + MARK_INTERVAL
+        if not self.over_limit and self.held_back > self.host.max_backlog_bytes > 0:
+            self._limit()
         if entry.state == DEFERRED:  # scheduled: its hook deferred it before the observers heard of it
             self.deferred.append(entry)
 
@@ -276,15 +291,14 @@ class QueueMirror(LinkHandler):
 
     def dequeued(self, queue: Queue, entry: Entry) -> None:
         seq = entry.seq
-        held = seq in self.held
+        held = seq <= self.held_last and seq in self.held
         if not held and seq > self.confirmed_through:
             self._gone(seq, len(entry.data))
         if seq > self.passed and held:
             self.to_pass -= 1  # the browser will not see it
         if self.link is not None and (seq <= self.flushed_through or held):
-            if not self.dequeues:
-                self.host.schedule(self)
             self.dequeues.append(seq)
+            self._gather()
 
     def _gone(self, seq: int, size: int) -> None:
         """A message not known to be on the standby left the queue: it waits no more. One gathered for the next
@@ -306,15 +320,25 @@ class QueueMirror(LinkHandler):
                     batch.size -= size
                     break
         self.waiting -= 1
-        self.held_back -= size
+        self.held_back = self.held_back - size if self.waiting else 0  # see on_outcome
         if self.over_limit:
             self._limit()
 
-    def dispatch(self) -> None:
-        """The dequeues of this pass, as one D."""
-        if self.dequeues and self.link is not None:
+    def _gather(self) -> None:
+        """Send what is gathered (the transfer not yet full, the dequeues) GATHER from now."""
+        if not self.gathering:
+            self.gathering = True
+            self.host.call_later(GATHER, self._gathered)
+
+    def _gathered(self) -> None:
+        """The gathered transfer, then the dequeues as one D (each names only seqs sent before it)."""
+        self.gathering = False
+        if self.link is None:
+            return
+        self._flush()
+        if self.dequeues:
             self._send_dequeues(self.dequeues)
-        self.dequeues = []
+            self.dequeues = []
 
     def _send_dequeues(self, seqs: list[int]) -> None:
         assert self.link is not None
@@ -335,7 +359,9 @@ class QueueMirror(LinkHandler):
         if outcome == ACCEPTED:
             self.last_mirrored = max(self.last_mirrored, batch.last)
             self.waiting -= batch.count
-            self.held_back -= batch.size
+            # A message's bytes are counted as it is enqueued and again as it leaves the book, and a failed
+            # delivery may have grown its header (delivery-count) meanwhile: once nothing waits, nothing is held.
+            self.held_back = self.held_back - batch.size if self.waiting else 0
             batch.done = True
             flight = self.flight
             while flight and flight[0].done:
@@ -385,17 +411,6 @@ class QueueMirror(LinkHandler):
         self.host.stopped(self)
 
     # -- lag ------------------------------------------------------------------------------------------
-    def _wait(self, entry: Entry) -> None:
-        """A message here the standby has not confirmed: counted, and its time marked if one is due."""
-        self.waiting += 1
-        self.held_back += len(entry.data)
-        now = time.time()
-        if now >= self.next_mark and not self.over_limit:  # past the limit the book keeps counts only
-            self.marks.append((entry.seq, now))
-            self.next_mark = now + MARK_INTERVAL
-        if not self.over_limit and self.held_back > self.host.max_backlog_bytes > 0:
-            self._limit()
-
     def _limit(self) -> None:
         """Say so when the bytes held back pass mirror.max_backlog_bytes, and when they are back under 90 % of it
         (no flapping at the edge)."""
@@ -429,7 +444,7 @@ class QueueMirror(LinkHandler):
         oldest = self._oldest()
         return {"queue": self.name, "state": self.state, "lag_messages": self.waiting,
                 "lag_seconds": round(max(0.0, now - oldest), 3) if oldest is not None else 0.0,
-                "last_mirrored_seq": self.last_mirrored, "bytes_held_back": self.held_back,
+                "last_mirrored_seq": self.last_mirrored, "bytes_held_back": max(self.held_back, 0),
                 "backlog_limit_reached": self.over_limit, "refused": self.refusal,
                 "transfers_in_flight": len(self.in_flight), "messages_per_transfer": self.per_transfer}
 

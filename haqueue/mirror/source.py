@@ -40,6 +40,7 @@ class MirrorSource:
         self.pattern = re.compile("|".join(fnmatch.translate(glob) for glob in config.queues)) if config.queues else None
         self.max_backlog_bytes = config.max_backlog_bytes
         self.schedule: Callable[[Any], None] = broker.schedule
+        self.call_later = broker.engine.call_later
         tls = client_context(config.tls, "mirror.tls") if config.tls is not None else None
         self.standby = StandbyLink(broker.engine, config, tls, self.gone)
         self.mirrors: dict[str, QueueMirror] = {}
