@@ -2,6 +2,7 @@
 
 - the audit log's line formatter, written in C (haqueue/audit/_lines.c);
 - the hot path's calls into proton, written in C (haqueue/broker/_pn.c);
+- AMQP values of the control traffic through proton's codec, from C (haqueue/broker/_values.c);
 - the hot path (a message in, a message out, its journal records, its replication, the per-message work of
   priority, groups, last value and scheduled delivery), compiled by mypyc from its own typed
   Python source (design/performance.md). The .py files stay the source of truth: without the compiled
@@ -28,5 +29,6 @@ HOT_PATH = [
 setup(ext_modules=[
     Extension("haqueue.audit._lines", ["haqueue/audit/_lines.c"], extra_compile_args=["-O2", "-Wall", "-Werror"]),
     Extension("haqueue.broker._pn", ["haqueue/broker/_pn.c"], extra_compile_args=["-O2", "-Wall", "-Werror"]),
+    Extension("haqueue.broker._values", ["haqueue/broker/_values.c"], extra_compile_args=["-O2", "-Wall", "-Werror"]),
     *mypycify(["--ignore-missing-imports", "--follow-imports=silent", *HOT_PATH], group_name="haqueue._hot_path", opt_level="3"),
 ])

@@ -24,7 +24,7 @@ from cproton_ffi import ffi, lib
 from mypy_extensions import mypyc_attr
 from proton import Array, Data, Described, symbol, ulong
 
-from . import _pn
+from . import _pn, amqp_values
 from .errors import BrokerError, FRAMING_ERROR, MESSAGE_SIZE_EXCEEDED, NOT_IMPLEMENTED, RESOURCE_LIMIT
 from .receive_credit import RECEIVE_BYTES, RECEIVE_FIRST, RECEIVE_MIN
 
@@ -119,13 +119,9 @@ def _text(ptr: Any) -> str | None:
 
 
 def _data_object(ptr: Any) -> Any:
-    """Decode a pn_data_t (link properties, filters) through proton's Data: cold path only. proton gives
-    NULL for what the peer never sent (a link's properties), which Data would read through."""
-    if ptr == NULL:
-        return None
-    data = Data(ptr)
-    data.rewind()
-    return data.get_object() if data.next() else None
+    """Decode a pn_data_t (link properties, filters): cold path only. proton gives NULL for what the peer never sent
+    (a link's properties), which proton's Data would read through."""
+    return amqp_values.read(ptr)
 
 
 _OUTCOMES: Final = {"amqp:accepted:list": ACCEPTED, "amqp:rejected:list": REJECTED, "amqp:released:list": RELEASED,
@@ -236,7 +232,7 @@ class Link:
         if browse:
             lib.pn_terminus_set_distribution_mode(terminus, lib.PN_DIST_MODE_COPY)
         if properties:
-            Data(lib.pn_link_properties(ptr)).put_object(properties)
+            amqp_values.write(lib.pn_link_properties(ptr), properties)
         return Link(ptr, conn, address)
 
     def open(self, credit: int) -> None:
@@ -570,7 +566,7 @@ class ProtonConnection:
         lib.pn_decref(self.ptr)
 
     def set_properties(self, properties: dict[Any, Any]) -> None:
-        Data(lib.pn_connection_properties(self.ptr)).put_object(properties)
+        amqp_values.write(lib.pn_connection_properties(self.ptr), properties)
 
     @property
     def remote_properties(self) -> dict[str, Any]:

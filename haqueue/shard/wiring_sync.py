@@ -13,8 +13,7 @@ import logging
 import time
 from typing import Any
 
-from proton import Message
-
+from ..broker import amqp_values
 from ..broker.connection import Connection
 from ..broker.errors import BrokerError
 from ..broker.exchange import Binding, Exchange
@@ -57,7 +56,7 @@ class SnapshotSender(LinkHandler):
     def on_credit(self) -> None:
         if not self.sent and self.link.credit() > 0:
             self.sent = True
-            self.link.send(bytes(Message(body=snapshot(self.broker, self.shard)).encode()), settled=True)
+            self.link.send(amqp_values.encode_body(snapshot(self.broker, self.shard)), settled=True)
 
 
 class SnapshotPull(LinkHandler):
@@ -83,10 +82,9 @@ class SnapshotPull(LinkHandler):
         self.sync.broker.engine.call_later(RETRY_INTERVAL, lambda: self.sync.pull(shard))
 
     def on_message(self, delivery: int, data: bytes, settled: bool) -> None:
-        message = Message()
-        message.decode(data)
-        if isinstance(message.body, dict) and self.sync.ha.primary is not None:
-            self.sync.converge(message.body)
+        body = amqp_values.decode_body(data)
+        if isinstance(body, dict) and self.sync.ha.primary is not None:
+            self.sync.converge(body)
         self.owner.remove(self)
         link, self.link = self.link, None
         if link is not None:
