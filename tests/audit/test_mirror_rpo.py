@@ -3,7 +3,7 @@ cluster mirrors two queues (and not a third) to a standby broker 50 ms away (tes
 writing audit events. The site link is cut, more is published and confirmed at the source, and the source's site is
 lost (both brokers killed). `haqueue audit lag --standby-events` must find, per mirrored queue, exactly the messages
 the clients' ledger has confirmed at the source and the standby never got: the recovery point's count, and its age
-past `--mirror-rpo-max`, the one finding `--fail-on-loss` then fails on. One audit: the Spark run is what costs.
+past `--mirror-rpo-max`, the one finding `--fail-on-loss` then fails on. One audit: the Spark run is what costs. Before it, the definitions on a synthetic pair of logs with known answers.
 """
 from __future__ import annotations
 
@@ -17,9 +17,11 @@ import pytest
 from proton import Message
 
 from audit_command import run_audit_command
+from eventsets import MS, SECOND, T0, EventLog
 from ha_harness import browse, receive, send_all, wait_for
 from harness import BrokerProcess, unexpected_exits
 from haqueue.admin import AdminClient
+from haqueue.audit import schema
 from haqueue.audit.ledger import Ledger
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "mirror"))
@@ -135,3 +137,48 @@ def test_the_audit_counts_what_a_site_loss_cost(ha_cluster, tmp_path) -> None:
         standby.stop()
         print(standby.log()[-3000:])
         assert not crashed, crashed
+
+
+def test_the_definitions_on_known_events(spark, tmp_path) -> None:
+    """A source broker a0 and its standby s0, queue q (and local, never mirrored), with known answers: msg-1
+    mirrored 50 ms after its enqueue; msg-2 consumed at the source before it was mirrored (safe, not lost); msg-3
+    applied twice (a duplicate); msg-4 never mirrored, at risk from its confirmation to the end of a0's log (1.999 s);
+    msg-5 never mirrored either: the standby's client published an id of that name after the switch-over (it has a
+    `complete`), which is not the mirror's apply."""
+    from haqueue.audit.mirror_rpo import analyse_mirror
+    from haqueue.audit.sources import tune_for
+
+    source, standby = EventLog(), EventLog()
+    primary = (schema.STANDALONE, 0)
+
+    def at_source(event: str, t: int, seq: int, queue: str = "q") -> None:
+        source.message("a0", 1, event, t, *primary, seq, queue=queue, **({"backups": []} if event == "complete" else {}))
+
+    def at_standby(event: str, t: int, seq: int, own: int) -> None:
+        standby.add("s0", 2, event, T0 + t, *primary, queue="q", uid="uid-standby-q", seq=own, message_id=f"msg-{seq}",
+                    **({"backups": []} if event == "complete" else {}))
+    for seq, enqueued in ((1, 0), (2, 10 * MS), (3, 100 * MS), (4, SECOND), (5, 2 * SECOND + 400 * MS)):
+        at_source("enqueue", T0 + enqueued, seq)
+        at_source("complete", T0 + enqueued + (100 * MS if seq == 5 else MS), seq)
+    at_source("dequeue", T0 + 20 * MS, 2)
+    at_source("enqueue", T0, 9, queue="local")
+    at_source("complete", T0 + MS, 9, queue="local")
+    source.mark("a0", 1, T0 + 3 * SECOND, *primary)
+    at_standby("enqueue", 50 * MS, 1, own=1)
+    at_standby("enqueue", 200 * MS, 3, own=2)
+    at_standby("enqueue", 300 * MS, 3, own=3)
+    at_standby("enqueue", 4 * SECOND, 5, own=4)
+    at_standby("complete", 4 * SECOND + MS, 5, own=4)
+    tune_for(spark, 0)  # a shuffle partition for these few events, as the audit sizes them
+    read = spark.read.schema(schema.DDL)
+    found = analyse_mirror(read.json(str(source.write(tmp_path / "source"))),
+                           read.json(str(standby.write(tmp_path / "standby"))), SECOND, 100, rpo_limit=1.5)
+    table = found.queues.set_index("queue")
+    assert list(table.index) == ["q"]
+    q = table.loc["q"]
+    assert (q["confirmed"], q["applied"], q["unmirrored"], q["duplicates"], q["rpo_max_messages"]) == (5, 2, 2, 1, 2)
+    assert q["rpo_max_s"] == 1.999 and (q["lag_p50_ms"], q["lag_max_ms"]) == (50.0, 100.0), q.to_dict()
+    assert sorted(zip(found.problems["problem"], found.problems["message_id"])) == [
+        ("duplicate", "msg-3"), ("unmirrored", "msg-4"), ("unmirrored", "msg-5")]
+    assert [(row.unmirrored, row.age_s) for row in found.timeline.itertuples()] == [(1, 0.999), (2, 1.999)]
+    assert list(found.over_limit["queue"]) == ["q"]
