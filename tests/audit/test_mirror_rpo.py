@@ -3,7 +3,8 @@ cluster mirrors two queues (and not a third) to a standby broker 50 ms away (tes
 writing audit events. The site link is cut, more is published and confirmed at the source, and the source's site is
 lost (both brokers killed). `haqueue audit lag --standby-events` must find, per mirrored queue, exactly the messages
 the clients' ledger has confirmed at the source and the standby never got: the recovery point's count, and its age
-past `--mirror-rpo-max`, the one finding `--fail-on-loss` then fails on. One audit: the Spark run is what costs. Before it, the definitions on a synthetic pair of logs with known answers.
+past `--mirror-rpo-max`, the one finding `--fail-on-loss` then fails on. One audit: the Spark run is what costs.
+The definitions are checked apart, on a synthetic pair of logs with known answers.
 """
 from __future__ import annotations
 
@@ -152,11 +153,13 @@ def test_the_definitions_on_known_events(spark, tmp_path) -> None:
     primary = (schema.STANDALONE, 0)
 
     def at_source(event: str, t: int, seq: int, queue: str = "q") -> None:
-        source.message("a0", 1, event, t, *primary, seq, queue=queue, **({"backups": []} if event == "complete" else {}))
+        confirmed = {"backups": []} if event == "complete" else {}
+        source.message("a0", 1, event, t, *primary, seq, queue=queue, **confirmed)
 
     def at_standby(event: str, t: int, seq: int, own: int) -> None:
-        standby.add("s0", 2, event, T0 + t, *primary, queue="q", uid="uid-standby-q", seq=own, message_id=f"msg-{seq}",
-                    **({"backups": []} if event == "complete" else {}))
+        confirmed = {"backups": []} if event == "complete" else {}
+        standby.add("s0", 2, event, T0 + t, *primary, queue="q", uid="uid-standby-q", seq=own,
+                    message_id=f"msg-{seq}", **confirmed)
     for seq, enqueued in ((1, 0), (2, 10 * MS), (3, 100 * MS), (4, SECOND), (5, 2 * SECOND + 400 * MS)):
         at_source("enqueue", T0 + enqueued, seq)
         at_source("complete", T0 + enqueued + (100 * MS if seq == 5 else MS), seq)
