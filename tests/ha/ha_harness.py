@@ -105,9 +105,14 @@ class HaCluster:
 
     # -- processes ------------------------------------------------------------------------------
     def start(self, *indices: int) -> None:
-        for i in indices or range(len(self.brokers)):
-            if not self.brokers[i].running:
-                self.brokers[i].start()
+        """Start the brokers (all, or those at `indices`) that are not running, all at once: each then waits for
+        the others' listeners as it would for brokers on other machines (started one after another, a cluster
+        took a Python start-up per broker before its first promotion)."""
+        starting = [b for b in (self.brokers[i] for i in indices or range(len(self.brokers))) if not b.running]
+        for b in starting:
+            b.start(wait=False)
+        for b in starting:
+            b.wait_listening()
 
     def sigstop(self, b: BrokerProcess) -> None:
         os.kill(b.pid, signal.SIGSTOP)
