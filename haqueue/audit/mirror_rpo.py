@@ -30,6 +30,7 @@ UNMIRRORED, DUPLICATE = "unmirrored", "duplicate"
 QUEUE_COLUMNS: list[str] = ["queue", "confirmed", "applied", "unmirrored", "rpo_max_messages", "rpo_max_s",
                             "duplicates", "lag_p50_ms", "lag_p95_ms", "lag_p99_ms", "lag_max_ms"]
 _COUNTS = ["confirmed", "applied", "unmirrored", "rpo_max_messages", "duplicates"]
+TIMELINE_COLUMNS: list[str] = ["queue", "time", "unmirrored", "age_s"]
 
 
 @dataclass
@@ -151,21 +152,36 @@ def _queue_table(counts: pd.DataFrame | None, peaks: pd.DataFrame | None, lags: 
 
 def _timeline(rows: DataFrame | None, end: int = 0, bucket_us: int = 1) -> pd.DataFrame:
     """At each bucket's start: the messages at risk on each queue and how long the oldest of them had been (buckets
-    with none are left out)."""
+    with none are left out). Rows of the buckets' number, whatever the messages at risk: the count is a running sum
+    of +1 at each confirmation's first bucket start and -1 at its end's; the age is that of the oldest open message,
+    which message i is from when it and every earlier one (in confirmation order) is open, max(its confirmation,
+    the latest end of the earlier), to its own end: those spans never overlap."""
     if rows is None:
-        return pd.DataFrame(columns=["queue", "time", "unmirrored", "age_s"])
-    exposed = _exposed(rows)
-    stop = F.coalesce(F.col("safe_t"), F.lit(end + 1))
-    first = F.ceil(F.col("confirmed_t") / bucket_us).cast("long") * bucket_us
-    last = F.floor((stop - 1) / bucket_us).cast("long") * bucket_us
-    instants = exposed.filter(first <= last).select("queue", "confirmed_t",
-                                                    F.explode(F.sequence(first, last, F.lit(bucket_us))).alias("at"))
-    timeline: pd.DataFrame = (instants.groupBy("queue", "at")
-                              .agg(F.count("*").alias("unmirrored"), F.min("confirmed_t").alias("oldest"))
-                              .select("queue", F.timestamp_micros("at").alias("time"), "unmirrored",
-                                      F.round((F.col("at") - F.col("oldest")) / 1e6, 3).alias("age_s"))
-                              .toPandas())
-    return timeline.sort_values(["queue", "time"], ignore_index=True)  # a few hundred rows a queue: sorted here
+        return pd.DataFrame(columns=TIMELINE_COLUMNS)
+    exposed = _exposed(rows).withColumn("stop", F.coalesce(F.col("safe_t"), F.lit(end + 1)))
+
+    def start_at_or_after(t: Column) -> Column:
+        return F.ceil(t / bucket_us).cast("long") * bucket_us
+    changes: pd.DataFrame = (
+        exposed.select("queue", start_at_or_after(F.col("confirmed_t")).alias("at"), F.lit(1).alias("delta"))
+        .unionByName(exposed.select("queue", start_at_or_after(F.col("stop")).alias("at"), F.lit(-1).alias("delta")))
+        .groupBy("queue", "at").agg(F.sum("delta").alias("delta")).toPandas())
+    earlier = Window.partitionBy("queue").orderBy("confirmed_t", "stop").rowsBetween(Window.unboundedPreceding, -1)
+    oldest = exposed.withColumn("since", F.greatest("confirmed_t", F.coalesce(F.max("stop").over(earlier), F.lit(0))))
+    first = start_at_or_after(F.col("since"))
+    last = F.floor((F.col("stop") - 1) / bucket_us).cast("long") * bucket_us
+    samples = F.explode(F.sequence(first, last, F.lit(bucket_us))).alias("at")
+    ages: pd.DataFrame = (oldest.filter(first <= last).select("queue", "confirmed_t", samples)
+                          .select("queue", "at", F.timestamp_micros("at").alias("time"),
+                                  F.round((F.col("at") - F.col("confirmed_t")) / 1e6, 3).alias("age_s"))
+                          .toPandas())
+    if ages.empty:
+        return pd.DataFrame(columns=TIMELINE_COLUMNS)
+    changes = changes.sort_values(["queue", "at"], ignore_index=True)
+    changes["unmirrored"] = changes.groupby("queue")["delta"].cumsum()
+    timeline = pd.merge_asof(ages.sort_values("at"), changes[["queue", "at", "unmirrored"]].sort_values("at"),
+                             on="at", by="queue")  # the count as of each sample: the latest change at or before it
+    return timeline[TIMELINE_COLUMNS].sort_values(["queue", "time"], ignore_index=True)
 
 
 def _problems(rows: DataFrame | None, limit: int) -> pd.DataFrame:
