@@ -24,6 +24,10 @@ from pcmk_cluster import CLONE, PING_TIMEOUT, POLL_INTERVAL, VIP_ADDRESS, run
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(420)]
 
 OBSERVE = 4.0  # seconds a test watches for something that must not happen
+# kill -9 failovers in a row: three give bench/RESULTS.md its figures ($HAQUEUE_FAILOVER_RESULTS); the suite asserts
+# the same thing of each (nothing confirmed is lost, the killed broker comes back a ready backup), and the module's
+# later tests fail over from a primary Pacemaker promoted, so one round is enough there (12-24 s each).
+KILL9_ROUNDS = 3 if os.environ.get("HAQUEUE_FAILOVER_RESULTS") else 1
 
 
 def record(kind: str, **values) -> None:
@@ -105,7 +109,7 @@ def refuses_clients(address: str) -> bool:
 
 
 def test_kill9_of_primary_fails_over_through_the_vip_without_losing_confirmed_messages(cluster):
-    for round_ in range(3):
+    for round_ in range(KILL9_ROUNDS):
         old = cluster.wait_healthy(90) if round_ == 0 else cluster.restore()
         load = Load(VIP_ADDRESS, f"kill9-{round_}").start()
         try:
