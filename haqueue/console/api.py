@@ -424,14 +424,18 @@ class ConsoleApi:
             return Reply(200, f.read(), "image/png")
 
     def _audit_report(self, call: Call) -> str | None:
-        """The newest `haqueue audit lag` report in audit.dir or a directory in it (admins only: it names every
-        queue)."""
+        """The newest `haqueue audit lag` report in audit.dir or a directory in it, or, where audit.dir is named
+        after this broker (`cluster up --audit-dir DIR` gives each broker DIR/NAME, and the audit of them all is
+        written beside them), in DIR or a directory in it (admins only: it names every queue)."""
         if self._read(call.session.user, "READ", "broker", refusals=(403,)) is None:
             raise Refusal(403, f"user '{call.session.user}' may not run admin operations (the audit report)")
         if self.audit_dir is None:
             raise Refusal(404, f"{self.broker.name} writes no audit events (no audit.dir)")
-        places = [self.audit_dir] + [e.path for e in os.scandir(self.audit_dir) if e.is_dir()] \
-            if os.path.isdir(self.audit_dir) else []
+        roots = [self.audit_dir]
+        if os.path.basename(os.path.normpath(self.audit_dir)) == self.broker.name:
+            roots.append(os.path.dirname(os.path.normpath(self.audit_dir)))
+        places = [p for root in roots if os.path.isdir(root)
+                  for p in [root, *(e.path for e in os.scandir(root) if e.is_dir())]]
         found = [p for p in places if os.path.isfile(os.path.join(p, AUDIT_SUMMARY))]
         return max(found, key=lambda p: os.path.getmtime(os.path.join(p, AUDIT_SUMMARY)), default=None)
 

@@ -3,7 +3,8 @@ and a real headless Chromium (Debian's `chromium` and `chromium-driver`, which `
 Selenium. Selenium is given the browser and its driver, so it never looks for or downloads one of its own.
 
 `console_cluster`  a started 3-broker HaCluster (b0 primary), users `ops` (admin, allowed everything) and `app`
-                   (send and receive on orders.*), anonymous clients refused, audit events in `audit_dir`;
+                   (send and receive on orders.*), anonymous clients refused, audit events in a directory per
+                   broker named after it in `audit_dir`;
                    `console_setup.console_url(broker)` a broker's console.
 `browser`          a headless Chromium for the module; `screenshot(name)` saves the page into the module's
                    temporary output directory (not the repository); `page_errors` fails a test whose page's
@@ -34,6 +35,7 @@ def console_cluster(tmp_path_factory) -> Iterator[HaCluster]:
     c.audit_dir = audit
     for b in c:
         b.config["http"] = {"listen": f"127.0.0.1:{free_port()}"}
+        b.config["audit"] = {"dir": str(audit / b.name)}  # as `cluster up --audit-dir` lays them out
     try:
         c.start_cluster()
         yield c

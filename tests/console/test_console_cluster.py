@@ -323,7 +323,8 @@ def test_restricted_user_sees_only_its_queues_and_is_refused_a_purge(console_clu
 
 
 def test_admin_sees_the_latest_audit_report(console_cluster, browser, screenshot):
-    """A report `haqueue audit lag --out` wrote into audit.dir: its summary and lag.png on the Audit page."""
+    """A report `haqueue audit lag --out` wrote beside the brokers' audit directories (DIR/report, the brokers writing
+    to DIR/NAME as `cluster up --audit-dir DIR` has them): its summary and lag.png on the Audit page."""
     c = console_cluster
     report = c.audit_dir / "report"
     report.mkdir()
