@@ -9,7 +9,7 @@ guards have it: that is its messages mirrored.
 
 The lag book is kept per transfer, not per message: counts (messages and bytes not yet on the standby), the batches
 in flight (their first and last seqs, counts and bytes), and a time mark every MARK_INTERVAL (the first seq enqueued
-then) from which the age of the oldest message waiting is read. So a message costs the source two additions and a
+then; every second while the link is down) from which the age of the oldest message waiting is read. So a message costs the source two additions and a
 clock reading as it is enqueued, a place in a list as it is sent, and nothing as it is confirmed.
 
 On each attach the standby says which seqs it holds (the connection's `$mirror.state`). The mirror then sends `D`
@@ -47,7 +47,9 @@ PER_PASS: Final = 2000  # messages the browser takes in one pass at most: a catc
 # msg/s a pass holds a message, and a transfer, a settlement and a D each a pass cost a wake-up on both sides. The
 # lag this adds is small beside the sites' round trip; a full transfer goes at once.
 GATHER: Final = 0.005
-MARK_INTERVAL: Final = 0.01  # seconds between the lag book's time marks: lag_seconds is read to this
+MARK_INTERVAL: Final = 0.001  # seconds between the lag book's time marks: lag_seconds is read to this
+MARK_INTERVAL_DOWN: Final = 1.0  # ... while the link is down (an hour's partition: 3,600 marks)
+LAG_SAMPLES: Final = 10_000  # the latest transfers whose lag status shows (mirrored_lag_ms)
 
 
 class MirrorHost(Protocol):
@@ -124,6 +126,9 @@ class QueueMirror(LinkHandler):
         self.pending: list[Entry] = []
         self.pending_bytes = 0
         self.marks: deque[tuple[int, float]] = deque()
+        # Per confirmed transfer, seconds from its oldest message's enqueue (to MARK_INTERVAL) to the standby's
+        # confirmation: the lag of what was mirrored, as the source saw it.
+        self.lags: deque[float] = deque(maxlen=LAG_SAMPLES)
         self.next_mark = 0.0
         self.over_limit = False
         self.dequeues: list[int] = []  # seqs dequeued here, for the next D
@@ -280,7 +285,7 @@ class QueueMirror(LinkHandler):
         now = time.time()
         if now >= self.next_mark and not self.over_limit:  # past the limit the book keeps counts only
             self.marks.append((entry.seq, now))
-            self.next_mark = now + MARK_INTERVAL
+            self.next_mark = now + (MARK_INTERVAL if self.link is not None else MARK_INTERVAL_DOWN)
         if not self.over_limit and self.held_back > self.host.max_backlog_bytes > 0:
             self._limit()
         if entry.state == DEFERRED:  # scheduled: its hook deferred it before the observers heard of it
@@ -357,6 +362,9 @@ class QueueMirror(LinkHandler):
         if batch is None:
             return
         if outcome == ACCEPTED:
+            enqueued = self._enqueued(batch.first)
+            if enqueued is not None:
+                self.lags.append(time.time() - enqueued)
             self.last_mirrored = max(self.last_mirrored, batch.last)
             self.waiting -= batch.count
             # A message's bytes are counted as it is enqueued and again as it leaves the book, and a failed
@@ -428,16 +436,18 @@ class QueueMirror(LinkHandler):
 
     def _oldest(self) -> float | None:
         """When the oldest message waiting was enqueued (to MARK_INTERVAL), None if none waits."""
-        if self.waiting <= 0 or not self.marks:
+        if self.waiting <= 0:
             return None
         if self.flight:
-            oldest = self.flight[0].first
-        elif self.pending:
-            oldest = self.pending[0].seq
-        else:
-            oldest = self.confirmed_through + 1
+            return self._enqueued(self.flight[0].first)
+        return self._enqueued(self.pending[0].seq if self.pending else self.confirmed_through + 1)
+
+    def _enqueued(self, seq: int) -> float | None:
+        """When the message `seq` was enqueued, to MARK_INTERVAL (or earlier: past the backlog limit)."""
         marks = self.marks
-        i = bisect.bisect_right(marks, oldest, key=_mark_seq) - 1
+        if not marks:
+            return None
+        i = bisect.bisect_right(marks, seq, key=_mark_seq) - 1
         return marks[max(i, 0)][1]
 
     def status(self, now: float) -> dict[str, Any]:
@@ -446,7 +456,16 @@ class QueueMirror(LinkHandler):
                 "lag_seconds": round(max(0.0, now - oldest), 3) if oldest is not None else 0.0,
                 "last_mirrored_seq": self.last_mirrored, "bytes_held_back": max(self.held_back, 0),
                 "backlog_limit_reached": self.over_limit, "refused": self.refusal,
-                "transfers_in_flight": len(self.in_flight), "messages_per_transfer": self.per_transfer}
+                "transfers_in_flight": len(self.in_flight), "messages_per_transfer": self.per_transfer,
+                "mirrored_lag_ms": _percentiles(self.lags)}
+
+
+def _percentiles(lags: deque[float]) -> dict[str, Any]:
+    """p50, p99 and max of the latest confirmed transfers' lags, in ms, and how many there were."""
+    ordered = sorted(lags)
+    n = len(ordered)
+    at = (lambda p: round(ordered[min(n - 1, int(p * n))] * 1000, 1)) if n else (lambda p: None)
+    return {"transfers": n, "p50": at(0.5), "p99": at(0.99), "max": at(1.0)}
 
 
 def _mark_seq(mark: tuple[int, float]) -> int:
