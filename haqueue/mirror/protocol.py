@@ -25,6 +25,7 @@ def spoken() -> tuple[int, int]:
 
 STATE: Final = "$mirror.state"  # the standby sends one message: what it holds of each of this source's queues
 QUEUE: Final = "$mirror.queue"  # one queue's mirror link: "$mirror.queue/<name>", the source sends
+WIRING: Final = "$mirror.wiring"  # (protocol 2) the source sends its wiring into its mirrored queues (wiring.py)
 
 # Link properties the source gives both links.
 CLUSTER: Final = "x-mirror-cluster"  # the source cluster's name (mirror.cluster)

@@ -16,6 +16,7 @@ import re
 import time
 from typing import Any, Callable
 
+from ..broker.connection import Connection
 from ..broker.exchange import Binding
 from ..broker.queue import Queue
 from ..broker.registry import Node
@@ -27,6 +28,7 @@ from . import protocol
 from .epoch import RECORD, EpochRecord
 from .queue_mirror import QueueMirror
 from .standby_link import StandbyLink
+from .wiring import WIRING_DELAY, WiringSender, snapshot
 
 log = logging.getLogger("haqueue.mirror")
 
@@ -42,8 +44,10 @@ class MirrorSource:
         self.schedule: Callable[[Any], None] = broker.schedule
         self.call_later = broker.engine.call_later
         tls = client_context(config.tls, "mirror.tls") if config.tls is not None else None
-        self.standby = StandbyLink(broker.engine, config, tls, self.gone)
+        self.standby = StandbyLink(broker.engine, config, tls, self.gone, self._wire)
         self.mirrors: dict[str, QueueMirror] = {}
+        self.wiring = WiringSender()  # on the connection's `$mirror.wiring`, while there is one
+        self.rewiring = False  # a snapshot is due in WIRING_DELAY
         if self.pattern is None:
             return  # mirrors nothing
         broker.registry.queue_hooks.append(self._declared)
@@ -91,14 +95,35 @@ class MirrorSource:
         for queue in self.broker.registry.queues():
             self._declared(queue)
 
-    # -- the registry's observer: a mirrored queue deleted (its mirror may be between links, not browsing it) ----
+    # -- the registry's observer: a mirrored queue deleted (its mirror may be between links, not browsing it), and
+    # the wiring into mirrored queues changed
     def declared(self, node: Node | Binding) -> None:
-        pass
+        if not isinstance(node, Queue):
+            self._rewire()
 
     def deleted(self, node: Node | Binding) -> None:
         mirror = self.mirrors.get(node.name) if isinstance(node, Queue) else None
         if mirror is not None and mirror.queue is node:
             mirror.stop(gone=True)
+        if not isinstance(node, Queue):
+            self._rewire()
+
+    def _wire(self, conn: Connection) -> None:
+        """A connection took the mirror: the wiring goes on a link of its own, first whole."""
+        self.wiring = WiringSender()
+        self.wiring.link = conn.open_link(True, protocol.WIRING, f"{protocol.WIRING}/{self.standby.config.cluster}",
+                                          self.wiring, properties=self.standby.link_properties())
+        self.wiring.send(snapshot(self.broker.registry, self.mirrors.__contains__))
+
+    def _rewire(self) -> None:
+        if not self.rewiring and self.wiring.link is not None:
+            self.rewiring = True
+            self.call_later(WIRING_DELAY, self._rewired)
+
+    def _rewired(self) -> None:
+        self.rewiring = False
+        if self.wiring.link is not None:
+            self.wiring.send(snapshot(self.broker.registry, self.mirrors.__contains__))
 
     def gone(self, name: str) -> bool:
         """Was the queue of this name, which the standby holds a mirror of, deleted here (it matches the globs and

@@ -39,11 +39,12 @@ class Mirrored(Protocol):
 
 class StandbyLink:
     def __init__(self, engine: Engine, config: MirrorConfig, tls: ssl.SSLContext | None,
-                 gone: Callable[[str], bool]) -> None:
+                 gone: Callable[[str], bool], wire: Callable[[Connection], None]) -> None:
         self.engine = engine
         self.config = config
         self.tls = tls
         self.gone = gone  # was the queue of this name deleted at the source (source.py)
+        self.wire = wire  # the connection takes the mirror (protocol 2): the source sends its wiring on it
         self.conn: Connection | None = None
         self.opened = False
         self.held: dict[str, dict[str, Any]] | None = None  # the standby's state, once read on this connection
@@ -118,6 +119,7 @@ class StandbyLink:
         for mirror in list(self.mirrors):
             mirror.attach(conn, self.held.get(mirror.name))
         if self.protocol >= protocol.BATCH_PROTOCOL:
+            self.wire(conn)
             mirrored = {mirror.name for mirror in self.mirrors}
             for name, held in self.held.items():
                 if name not in mirrored and self.gone(name):

@@ -24,6 +24,7 @@ from ..ha.protocol import encode_map, flatten
 from . import protocol
 from .epoch import RECORD, EpochRecord
 from .mirrored_queue import MirroredQueue, MirrorReceiver
+from . import wiring
 from .reverse import become_mirror
 from .standby_link import HEARTBEAT, RETRY_INTERVAL
 
@@ -54,6 +55,9 @@ class MirrorTarget:
         broker.engine.connection_limits.exempt_users.update(self.accept_from)
         broker.endpoints[protocol.STATE] = self._state_endpoint
         broker.endpoints[protocol.QUEUE] = self._queue_endpoint
+        broker.endpoints[protocol.WIRING] = self._wiring_endpoint
+        # source cluster -> its last wiring snapshot (wiring.py), and whether it reverses onto this cluster
+        self.wiring: dict[str, tuple[dict[str, Any], bool]] = {}
         broker.link_routes.append(self._read_only)
         broker.registry.queue_hooks.append(self._close)
 
@@ -195,8 +199,18 @@ class MirrorTarget:
         if queue is None:
             queue = registry.declare_queue(name, {**args, protocol.SOURCE_ARG: source, protocol.UID: uid})[0]
             log.info("mirror: queue %s made here, a mirror of cluster %s's", name, source)
+            if source in self.wiring:  # its bindings, which came before it
+                wiring.apply(registry, source, *self.wiring[source])
         assert isinstance(queue, Queue)
         return MirrorReceiver(self._mirrored(queue), link, lambda deleted: self._deleted(deleted, source))
+
+    def _wiring_endpoint(self, link: Link) -> LinkHandler:
+        source, reverse = self._check(link, sends=False)
+
+        def wired(snapshot: dict[str, Any]) -> None:
+            self.wiring[source] = (snapshot, reverse)
+            wiring.apply(self.broker.registry, source, snapshot, reverse)
+        return wiring.WiringReceiver(link, wired)
 
     def _deleted(self, queue: Queue, source: str) -> None:
         """The source deleted the queue: so is its mirror here (and with it any browser of it)."""

@@ -209,10 +209,21 @@ def test_a_standby_of_mirror_protocol_1(sites) -> None:
 
 def test_mirror_is_read_only_on_the_standby_until_promoted(sites) -> None:
     """Read-only whichever way a publish comes; `mirror promote` refused while the source mirrors, forced: then
-    the queue is the standby's clients', and the source, fenced off by the epoch, says why it feeds it no more."""
+    the queue is the standby's clients', and the source, fenced off by the epoch, says why it feeds it no more. The
+    source's wiring into its mirrored queues is mirrored too: a promoted standby routes as the source did."""
     site = sites(queues=["orders.*"])
+    site.source.request(site.primary, "CREATE", "exchange", "orders", {"type": "topic"})
+    for queue, key in [("orders.0", "o.#"), ("orders.1", "p.#"), ("local.q", "o.#")]:
+        site.source.request(site.primary, "CREATE", "queue", queue, {})
+        site.source.request(site.primary, "CREATE", "binding", None, {"exchange": "orders", "queue": queue, "key": key})
     publish(site, "orders.0", 0, 10)
     wait_for(lambda: _drained_one(site, "orders.0"), LAG_TIMEOUT, message="orders.0 mirrored")
+    wired = {("orders", "orders.0", "o.#"), ("orders", "orders.1", "p.#")}
+    wait_for(lambda: standby_bindings(site) == wired, LAG_TIMEOUT, message="the wiring into orders.* mirrored")
+    site.source.request(site.primary, "DELETE", "binding", None, {"exchange": "orders", "queue": "orders.1",
+                                                                  "key": "p.#"})
+    wait_for(lambda: standby_bindings(site) == wired - {("orders", "orders.1", "p.#")}, LAG_TIMEOUT,
+             message="an unbinding mirrored")
     publishing = refusal(site.standby.address, "orders.0", sender=True)
     assert "queue 'orders.0' is a mirror of cluster 'site-a': read-only on this standby" in publishing
     assert "not publish to it" in publishing
@@ -244,7 +255,8 @@ def test_mirror_is_read_only_on_the_standby_until_promoted(sites) -> None:
     # the standby's clients publish to and consume from the queue, directly and through the exchange
     send_all(site.standby.address, "orders.0", [Message(id="standby-0", body=100, durable=True)])
     send_all(site.standby.address, "fan", [Message(id="standby-1", body=101, durable=True)])
-    assert [m.body for m in receive(site.standby.address, "orders.0", 12)] == list(range(10)) + [100, 101]
+    send_all(site.standby.address, "orders", [Message(id="standby-2", body=102, subject="o.x", durable=True)])
+    assert [m.body for m in receive(site.standby.address, "orders.0", 13)] == list(range(10)) + [100, 101, 102]
     assert mirror_status(site.standby.address)["standby"]["queues"][0]["messages"] == 0
 
 
@@ -371,6 +383,11 @@ def test_a_queue_deleted_at_the_source_is_deleted_on_the_standby(sites) -> None:
     wait_for(lambda: standby_queues(site) == {"orders.1", "orders.2"}, LAG_TIMEOUT, message="orders.0 deleted there")
     site.source.request(site.primary, "DELETE", "queue", "orders.2")
     wait_for(lambda: standby_queues(site) == {"orders.1"}, LAG_TIMEOUT, message="orders.2 deleted there")
+
+
+def standby_bindings(site: Sites) -> set[tuple[str, str, str]]:
+    with AdminClient(site.standby.address, 5.0) as admin:
+        return {(b["exchange"], b["queue"], b["key"]) for b in admin.query("binding")}
 
 
 def standby_queues(site: Sites) -> set[str]:
