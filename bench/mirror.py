@@ -2,8 +2,8 @@
 """The mirror's cost and lag (design/mirroring.md, issue 49), with the standby 50 ms away through
 tests/mirror/delay_relay.py (25 ms each way, in a child process of its own).
 
-Set-ups, run round by round in an order rotated each round (bench/interleave.py's way: this machine's speed
-drifts from minute to minute):
+Set-ups, run round by round in an order rotated each round (bench/interleave.py's way: this machine's speed drifts
+from minute to minute):
   off     a source broker of this tree without a mirror
   on      one of this tree mirroring every queue to the standby
   on@DIR  (--old DIR) one of another tree mirroring (git archive COMMIT | tar -x -C DIR, with the compiled modules
@@ -14,9 +14,9 @@ of the same round. Then, per mirroring set-up, two lag runs: a producer alone at
 --rate for --duration s and then --lag-messages as fast as it goes; the lag is the source's own (its status,
 `mirrored_lag_ms`): per transfer, from its oldest message's enqueue (to the millisecond) to the standby's
 confirmation, once its guards hold them. (A client browsing the standby, tried first, measured itself: on this
-loaded 2-core machine a Python browser fell seconds behind at 1,000 msg/s.) And a partition: its relay cut, --partition s of publishing at --rate (no consumer), the relay healed, and
-the time until the source's status shows no lag: the catch-up rate (messages / time from the reconnection to the
-last confirmed).
+loaded 2-core machine a Python browser fell seconds behind at 1,000 msg/s.) And a partition: its relay cut,
+--partition s of publishing at --rate (no consumer), the relay healed, and the time until the source's status
+shows no lag: the catch-up rate (messages / time from the reconnection to the last confirmed).
 
 The standby is one broker of this tree (it speaks mirror protocols 1-2: an old source uses 1).
 
@@ -102,7 +102,8 @@ class Source(ConfigBroker):
         self.relay = Relay((R.HOST, standby.port)) if kind == "on" else None
         extra = ""
         if self.relay is not None:
-            extra = (f"mirror:\n  cluster: 'site-{spec.replace('@', '-').replace('/', '_')}'\n  to: ['{self.relay.address}']\n"
+            cluster = "site-" + spec.replace("@", "-").replace("/", "_")
+            extra = (f"mirror:\n  cluster: '{cluster}'\n  to: ['{self.relay.address}']\n"
                      f"  username: {MIRROR_USER}\n  password: {MIRROR_PASSWORD}\n  queues: ['*']\n")
         super().__init__(Path(tree) if tree else R.REPO, label, extra)
         self.standby = standby.endpoint

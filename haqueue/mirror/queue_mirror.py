@@ -3,14 +3,16 @@
 It reads what the queue publishes and nothing else: it is a browser of the queue (it sees every message in seq
 order, acquiring none, so consumers here are untouched) and an observer (told of each enqueue and dequeue). A
 publisher's confirmation never waits for it. Its link to the standby carries, in the queue's order, each message
-(protocol 2: the messages of a pass as one `B` transfer, untouched; protocol 1: each as an `E`, with the source seq in
-a message annotation) and the seqs dequeued here (`D`, once a pass). The standby settles each transfer once its own
-guards have it: that is its messages mirrored.
+(protocol 2: the messages of a pass, or of GATHER, as one `B` transfer, untouched; protocol 1: each as an `E`, with
+the source seq in a message annotation) and the seqs dequeued here (`D`, at most one per GATHER), and, once the
+queue is deleted here, `X`. The standby settles each transfer once its own guards have it: that is its messages
+mirrored.
 
 The lag book is kept per transfer, not per message: counts (messages and bytes not yet on the standby), the batches
 in flight (their first and last seqs, counts and bytes), and a time mark every MARK_INTERVAL (the first seq enqueued
-then; every second while the link is down) from which the age of the oldest message waiting is read. So a message costs the source two additions and a
-clock reading as it is enqueued, a place in a list as it is sent, and nothing as it is confirmed.
+then; every second while the link is down) from which the age of the oldest message waiting, and each confirmed
+transfer's lag, are read. So a message costs the source two additions and a clock reading as it is enqueued, a
+place in a list as it is sent, and nothing as it is confirmed.
 
 On each attach the standby says which seqs it holds (the connection's `$mirror.state`). The mirror then sends `D`
 for those no longer here, and browses the queue from its start, sending only what the standby lacks: nothing is

@@ -39,7 +39,8 @@ class MirrorSource:
         self.ha = ha
         self.record = record
         self.standby_first = bool(config.accept_from)
-        self.pattern = re.compile("|".join(fnmatch.translate(glob) for glob in config.queues)) if config.queues else None
+        globs = config.queues
+        self.pattern = re.compile("|".join(fnmatch.translate(glob) for glob in globs)) if globs else None
         self.max_backlog_bytes = config.max_backlog_bytes
         self.schedule: Callable[[Any], None] = broker.schedule
         self.call_later = broker.engine.call_later
