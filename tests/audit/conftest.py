@@ -7,6 +7,9 @@
               they are skipped.
 `local_spark` the same for module- and session-scoped fixtures: a function returning the session.
 `event_dir`   a fresh directory for an event set.
+`scenario_dir`     eventsets.failover_scenario written once for the run, and `failover_audit` its audit
+                   (lag.analyse), once: test_lag checks its figures, test_facts that judging every message gives
+                   the same (an audit of it is some 15 s; the tests that change the set copy it first).
 `ha_cluster`  HA clusters of real brokers (tests/ha/ha_harness.py), stopped at the end of the test.
 """
 from __future__ import annotations
@@ -42,6 +45,20 @@ def spark(local_spark):
 @pytest.fixture
 def event_dir(tmp_path: Path) -> Path:
     return tmp_path / "events"
+
+
+@pytest.fixture(scope="session")
+def scenario_dir(tmp_path_factory) -> Path:
+    from eventsets import failover_scenario
+
+    return failover_scenario().write(tmp_path_factory.mktemp("scenario") / "events")
+
+
+@pytest.fixture(scope="session")
+def failover_audit(local_spark, scenario_dir):
+    from haqueue.audit import lag
+
+    return lag.analyse(local_spark(), str(scenario_dir))
 
 
 @pytest.fixture

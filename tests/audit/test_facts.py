@@ -8,7 +8,7 @@ import random
 import pandas as pd
 import pytest
 
-from eventsets import MS, RUNS, SECOND, T0, EventLog, failover_scenario, partition_scenario
+from eventsets import MS, RUNS, SECOND, T0, EventLog, partition_scenario
 from haqueue.audit import schema
 
 pytestmark = pytest.mark.slow  # Spark: a session, then seconds per audit
@@ -94,43 +94,56 @@ def mixed_set(seed: int) -> tuple[EventLog, set[int]]:
     return log, healthy
 
 
-def assert_same_audits(spark, events: str) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """Audits `events` judging suspects alone and every message; the problems found and the epochs."""
-    from haqueue.audit import lag
-
-    proven, judged = lag.analyse(spark, events), lag.analyse(spark, events, prove=False)
+def assert_same(proven, judged) -> None:
+    """The audit judging suspects alone (`proven`) found what judging every message by every check did."""
     assert proven.totals == judged.totals
     for name, table in judged.tables.items():
         pd.testing.assert_frame_equal(proven.tables[name], table, check_dtype=False, obj=name)
-    return judged.problems, judged.epochs
 
 
-def test_every_kind_of_problem_is_found_as_when_every_message_is_judged(spark, tmp_path):
+@pytest.fixture(scope="module")
+def mixed(tmp_path_factory) -> tuple[str, set[int]]:
+    """mixed_set(29) written (its directory), and the seqs of its healthy messages logged whole."""
+    log, healthy = mixed_set(29)
+    return str(log.write(tmp_path_factory.mktemp("mixed") / "events")), healthy
+
+
+@pytest.fixture(scope="module")
+def mixed_judged(local_spark, mixed):
+    """The mixed set's audit judging every message by every check: what both of its tests compare with."""
     from haqueue.audit import lag
 
-    log, _ = mixed_set(29)
-    problems, epochs = assert_same_audits(spark, str(log.write(tmp_path / "events")))
-    assert epochs["inherited_dequeued"].sum() > 0
-    assert set(problems["problem"]) == {lag.MISSING, lag.UNVERIFIED, lag.DUPLICATE, lag.NOT_MIRRORED,
-                                        lag.UNATTESTED, lag.AT_RISK, lag.DIVERGED}
+    return lag.analyse(local_spark(), mixed[0], prove=False)
 
 
-def test_the_scenarios_audit_as_when_every_message_is_judged(spark, tmp_path):
-    for name, scenario in (("failover", failover_scenario), ("partition", partition_scenario)):
-        assert_same_audits(spark, str(scenario().write(tmp_path / name)))
+def test_every_kind_of_problem_is_found_as_when_every_message_is_judged(spark, mixed, mixed_judged):
+    from haqueue.audit import lag
+
+    assert_same(lag.analyse(spark, mixed[0]), mixed_judged)
+    assert mixed_judged.epochs["inherited_dequeued"].sum() > 0
+    assert set(mixed_judged.problems["problem"]) == {lag.MISSING, lag.UNVERIFIED, lag.DUPLICATE, lag.NOT_MIRRORED,
+                                                     lag.UNATTESTED, lag.AT_RISK, lag.DIVERGED}
 
 
-def test_healthy_messages_never_reach_the_checks_and_every_message_with_a_problem_does(spark, tmp_path):
+def test_the_scenarios_audit_as_when_every_message_is_judged(spark, scenario_dir, failover_audit, tmp_path):
+    """The failover scenario's audit is made once for the run (conftest.py), its figures checked by test_lag."""
+    from haqueue.audit import lag
+
+    assert_same(failover_audit, lag.analyse(spark, str(scenario_dir), prove=False))
+    partition = str(partition_scenario().write(tmp_path / "partition"))
+    assert_same(lag.analyse(spark, partition), lag.analyse(spark, partition, prove=False))
+
+
+def test_healthy_messages_never_reach_the_checks_and_every_message_with_a_problem_does(spark, mixed, mixed_judged):
     from pyspark.sql import functions as F
 
-    from haqueue.audit import facts, lag, measures
+    from haqueue.audit import facts, measures
     from haqueue.audit.sources import read_events, usable
 
-    log, healthy = mixed_set(29)
-    events = str(log.write(tmp_path / "events"))
+    events, healthy = mixed
     ev = measures.timed(usable(read_events(spark, events).lines)).withColumn("judged", F.lit(True))
     proof = facts.prove(ev, ["b0", "b1", "b2"], 3)
     doubtful = {row.seq for row in proof.suspects.collect()}
     proof.unpersist()
     assert len(healthy) > MESSAGES // 4 and not doubtful & healthy
-    assert set(lag.analyse(spark, events, prove=False).problems["seq"]) <= doubtful
+    assert set(mixed_judged.problems["seq"]) <= doubtful

@@ -23,23 +23,17 @@ import pandas as pd
 import pytest
 
 from audit_command import run_audit_command
-from eventsets import EPOCH2, SECOND, T0, EventLog, failover_scenario, partition_scenario
+from eventsets import EPOCH2, SECOND, T0, EventLog, partition_scenario
 from harness import REPO_ROOT
 from haqueue.audit import schema
 
 pytestmark = pytest.mark.slow  # Spark: a session, then seconds per audit
 
 
-@pytest.fixture(scope="module")
-def scenario_dir(tmp_path_factory):
-    return failover_scenario().write(tmp_path_factory.mktemp("scenario") / "events")
-
-
-@pytest.fixture(scope="module")
-def audit(local_spark, scenario_dir):
-    from haqueue.audit import lag
-
-    return lag.analyse(local_spark(), str(scenario_dir))
+@pytest.fixture
+def audit(failover_audit):
+    """The audit of the failover scenario (scenario_dir), made once for the run (conftest.py)."""
+    return failover_audit
 
 
 def rows(table: pd.DataFrame, columns: list[str]) -> list[tuple]:
@@ -128,56 +122,41 @@ def test_lag_timeline_and_summary(audit):
     assert text.endswith("LOSS: 1 confirmed message missing on a ready backup (see problems.csv)")
 
 
-def test_bad_lines_are_counted_and_the_rest_audited(spark, scenario_dir, tmp_path):
-    from haqueue.audit import lag
-
-    events = tmp_path / "events"
-    shutil.copytree(scenario_dir, events)
-    b2_log = next(events.glob("b2-*.jsonl"))
-    good = json.loads(b2_log.read_text().splitlines()[1])
-    with open(b2_log, "a", encoding="utf-8") as f:
-        f.write(json.dumps({**good, "event": "teleport"}) + "\n")
-        f.write(json.dumps({k: v for k, v in good.items() if k != "seq"}) + "\n")
-        f.write(json.dumps({**good, "seq": "seven"}) + "\n")  # a wrong type: the line cannot be read
-        f.write(json.dumps(good)[:40])  # torn by a crash
-    (events / "notes.txt").write_text("not an event file\n")
-    audit = lag.analyse(spark, str(events))
-    assert rows(audit.bad_input, ["file", "problem", "lines"]) == [
-        (b2_log.name, "missing field", 1), (b2_log.name, "unknown event", 1), (b2_log.name, "unparsable", 2)]
-    assert audit.totals["bad_lines"] == 4
-    assert "teleport" in audit.bad_input["example"].iloc[1]
-    b2 = audit.backups[audit.backups["backup"] == "b2"].iloc[0]
-    assert (b2["received"], b2["missing"], b2["duplicates"]) == (12, 1, 1)
-
-
-def test_a_set_converted_to_parquet_audits_as_its_json_lines(audit, spark, scenario_dir, tmp_path):
-    """The scenario's files converted to Parquet (columnar.py), b2's with lines that are not events: the same
-    figures, and the same bad lines counted under the Parquet file's name. b1's JSON lines, left beside their
-    Parquet twin, are read once; b0's second file stays JSON lines."""
+def test_bad_lines_are_counted_and_the_rest_audited_as_the_scenario(audit, spark, scenario_dir, tmp_path):
+    """The scenario's files, most converted to Parquet (columnar.py), lines that are not events added to b2's (then
+    converted) and to b0's second file (left JSON lines), beside a file that is not an event file: the same figures
+    as the scenario's own files, and the bad lines counted, each kind under its file's name. b1's JSON lines, left
+    beside their Parquet twin, are read once."""
     from haqueue.audit import columnar, lag, parts
 
     events = tmp_path / "events"
     events.mkdir()
-    good = json.loads((scenario_dir / "b2-000004.jsonl").read_text().splitlines()[1])
-    bad = [{**good, "event": "teleport"}, {k: v for k, v in good.items() if k != "seq"}, {**good, "seq": "seven"}]
+
+    def bad_lines(log: Path) -> str:
+        """An unknown event, a missing field, a wrong type (the line cannot be read), a line torn by a crash."""
+        good = json.loads(log.read_text().splitlines()[1])
+        bad = [{**good, "event": "teleport"}, {k: v for k, v in good.items() if k != "seq"}, {**good, "seq": "seven"}]
+        return "".join(json.dumps(line) + "\n" for line in bad) + json.dumps(good)[:40]
+
     for log in scenario_dir.glob("*.jsonl"):
         if log.name == "b0-000002.jsonl":
-            shutil.copy(log, events)
+            (events / log.name).write_text(log.read_text() + bad_lines(log))
             continue
-        text = log.read_text() + ("".join(json.dumps(line) + "\n" for line in bad) + json.dumps(good)[:40]
-                                  if log.name.startswith("b2") else "")
+        text = log.read_text() + (bad_lines(log) if log.name.startswith("b2") else "")
         counts = columnar.convert(io.BytesIO(text.encode()), str(events / (log.stem + parts.PARQUET)))
         assert counts.kept == (2 if log.name.startswith("b2") else 0)  # the wrong type and the torn line
         if log.name.startswith("b1"):
             shutil.copy(log, events)
+    (events / "notes.txt").write_text("not an event file\n")
     converted = lag.analyse(spark, str(events))
-    assert converted.totals == {**audit.totals, "bad_lines": 4}
+    assert converted.totals == {**audit.totals, "bad_lines": 8}
     for name, table in audit.tables.items():
         if name != "bad_input":
             pd.testing.assert_frame_equal(converted.tables[name], table)
     assert rows(converted.bad_input, ["file", "problem", "lines"]) == [
-        ("b2-000004.parquet", "missing field", 1), ("b2-000004.parquet", "unknown event", 1),
-        ("b2-000004.parquet", "unparsable", 2)]
+        (file, problem, lines) for file in ("b0-000002.jsonl", "b2-000004.parquet")
+        for problem, lines in (("missing field", 1), ("unknown event", 1), ("unparsable", 2))]
+    assert "teleport" in converted.bad_input["example"].iloc[1]
 
 
 def test_files_of_0_1_0_and_of_this_build_are_read_alike_and_a_newer_format_is_refused(spark, scenario_dir,
