@@ -73,7 +73,12 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         groups[item.nodeid] = GROUPS.get(path.parts[0], str(path))
         item.add_marker(pytest.mark.xdist_group(groups[item.nodeid]))
     items.sort(key=lambda item: FIRST.index(groups[item.nodeid]) if groups[item.nodeid] in FIRST else len(FIRST))
-    if any("upgrade" in item.nodeid for item in items):  # the upgrade tests run the previous release (releases.py)
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """The upgrade tests run the previous release (releases.py): its build starts with the run, if any of them is
+    to run (once -m and -k have deselected: `make quick` runs none, and a build is minutes of a core)."""
+    if any("upgrade" in item.nodeid for item in session.items):
         PREVIOUS.build_soon()
 
 
