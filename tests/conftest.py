@@ -77,9 +77,15 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 def pytest_collection_finish(session: pytest.Session) -> None:
     """The upgrade tests run the previous release (releases.py): its build starts with the run, if any of them is
-    to run (once -m and -k have deselected: `make quick` runs none, and a build is minutes of a core)."""
-    if any("upgrade" in item.nodeid for item in session.items):
+    to run once -m and -k have deselected (`make quick` runs none, and a build is minutes of a core)."""
+    if any(_runs_previous_release(item) for item in session.items):
         PREVIOUS.build_soon()
+
+
+def _runs_previous_release(item: pytest.Item) -> bool:
+    """tests/upgrade's tests, and those of a module that imports PREVIOUS (not every test named "upgrade")."""
+    module = getattr(item, "module", None)
+    return Path(item.fspath).relative_to(TESTS).parts[0] == "upgrade" or getattr(module, "PREVIOUS", None) is PREVIOUS
 
 
 def _log_tail(broker: BrokerProcess) -> str:
