@@ -47,7 +47,7 @@ $(VENV)/.installed: pyproject.toml setup.py haqueue/audit/_lines.c | apt
 	@$(PROTON_OK) || { echo "python-qpid-proton was built without TLS or SASL" >&2; exit 1; }
 	touch $@
 
-$(VENV)/.compiled: $(VENV)/.installed $(wildcard haqueue/broker/*.py haqueue/broker/*.c haqueue/store/*.py haqueue/ha/*.py) haqueue/shard/relayed_links.py haqueue/mirror/queue_mirror.py $(wildcard haqueue/messaging/*.py) haqueue/audit/_lines.c
+$(VENV)/.compiled: $(VENV)/.installed $(wildcard haqueue/broker/*.py haqueue/broker/*.c haqueue/broker/*.h haqueue/store/*.py haqueue/ha/*.py) haqueue/shard/relayed_links.py haqueue/mirror/queue_mirror.py $(wildcard haqueue/messaging/*.py) haqueue/audit/_lines.c
 	$(VENV)/bin/python setup.py -q build_ext --inplace
 	@# A source touched but unchanged compiles to the same code, which the build does not rewrite: the
 	@# group's library is made newer than the sources, as haqueue/_compiled.py expects of a fresh build.

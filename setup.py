@@ -28,7 +28,9 @@ HOT_PATH = [
 
 setup(ext_modules=[
     Extension("haqueue.audit._lines", ["haqueue/audit/_lines.c"], extra_compile_args=["-O2", "-Wall", "-Werror"]),
-    Extension("haqueue.broker._pn", ["haqueue/broker/_pn.c"], extra_compile_args=["-O2", "-Wall", "-Werror"]),
-    Extension("haqueue.broker._values", ["haqueue/broker/_values.c"], extra_compile_args=["-O2", "-Wall", "-Werror"]),
+    Extension("haqueue.broker._pn", ["haqueue/broker/_pn.c"], depends=["haqueue/broker/_proton_lib.h"],
+              extra_compile_args=["-O2", "-Wall", "-Werror"]),
+    Extension("haqueue.broker._values", ["haqueue/broker/_values.c"], depends=["haqueue/broker/_proton_lib.h"],
+              extra_compile_args=["-O2", "-Wall", "-Werror"]),
     *mypycify(["--ignore-missing-imports", "--follow-imports=silent", *HOT_PATH], group_name="haqueue._hot_path", opt_level="3"),
 ])

@@ -22,14 +22,12 @@
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
-#include <dlfcn.h>
+#include "_proton_lib.h"
 #include <errno.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <string.h>
 #include <sys/socket.h>
-
-typedef struct { size_t size; const char *start; } pn_bytes;
 
 static void *(*collector_peek)(void *);
 static bool (*collector_pop)(void *);
@@ -79,15 +77,6 @@ enum { RAW = 0, TRANSFER = 1, OUTCOME = 2, FLOW = 3, EVENT = 4 };
 enum { WRITTEN = 0, FULL = 1, FAILED = -1, CLOSED = 2 };
 enum { MAX_BATCH = 4096 };
 
-#define FIND(var, name)                                                                            \
-    do {                                                                                           \
-        *(void **)(&var) = dlsym(lib, name);                                                       \
-        if (var == NULL) {                                                                         \
-            PyErr_Format(PyExc_ImportError, "proton function %s not found in %s", name, path);     \
-            return NULL;                                                                           \
-        }                                                                                          \
-    } while (0)
-
 static PyObject *bind_library(PyObject *self, PyObject *args)
 {
     const char *path;
@@ -107,9 +96,9 @@ static PyObject *bind_library(PyObject *self, PyObject *args)
     Py_DECREF(types);
     if (PyErr_Occurred())
         return NULL;
-    void *lib = dlopen(path, RTLD_NOW | RTLD_NOLOAD); /* the copy cffi loaded, not a second one */
+    void *lib = proton_library(path);
     if (lib == NULL)
-        return PyErr_Format(PyExc_ImportError, "cannot find the loaded proton library %s: %s", path, dlerror());
+        return NULL;
     FIND(collector_peek, "pn_collector_peek");
     FIND(collector_pop, "pn_collector_pop");
     FIND(event_type, "pn_event_type");

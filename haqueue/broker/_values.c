@@ -19,12 +19,10 @@
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
-#include <dlfcn.h>
+#include "_proton_lib.h"
 #include <stdbool.h>
 #include <stdint.h>
 #include <string.h>
-
-typedef struct { size_t size; const char *start; } pn_bytes;
 
 static void *(*data_new)(size_t);
 static void (*data_free)(void *);
@@ -71,22 +69,15 @@ enum { NUL = 1, BOOL = 2, UINT_T = 7, INT_T = 8, ULONG_T = 10, LONG = 11, DOUBLE
  * header and an empty properties, then the amqp-value descriptor. */
 static const char PREFIX[] = {0x00, 0x53, 0x70, 0x45, 0x00, 0x53, 0x73, 0x45, 0x00, 0x53, 0x77};
 
-#define FIND(var, name)                                                                            \
-    do {                                                                                           \
-        *(void **)(&var) = dlsym(lib, name);                                                       \
-        if (var == NULL)                                                                           \
-            return PyErr_Format(PyExc_ImportError, "proton function %s not found in %s", name, path); \
-    } while (0)
-
 static PyObject *bind_library(PyObject *self, PyObject *args)
 {
     const char *path;
     PyObject *unsupported, *symbol, *ulong, *uint, *int32;
     if (!PyArg_ParseTuple(args, "sOOOOO", &path, &unsupported, &symbol, &ulong, &uint, &int32))
         return NULL;
-    void *lib = dlopen(path, RTLD_NOW | RTLD_NOLOAD); /* the copy cffi loaded, not a second one */
+    void *lib = proton_library(path);
     if (lib == NULL)
-        return PyErr_Format(PyExc_ImportError, "cannot find the loaded proton library %s: %s", path, dlerror());
+        return NULL;
     FIND(data_new, "pn_data");
     FIND(data_free, "pn_data_free");
     FIND(data_rewind, "pn_data_rewind");
