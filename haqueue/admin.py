@@ -63,6 +63,9 @@ class AdminClient:
                                             **auth)
             self._sender = self._conn.create_sender(MANAGEMENT_ADDRESS)
             self._receiver = self._conn.create_receiver(None, dynamic=True)
+        except Timeout as e:  # a broker stopped or hung: the kernel takes the connection, nobody answers
+            self.close()
+            raise AdminError(f"cannot connect to {address}: no answer within {timeout:g} s ({e})") from e
         except (ProtonException, OSError, ValueError) as e:
             self.close()
             raise AdminError(f"cannot connect to {address}: {e}") from e
