@@ -313,6 +313,7 @@ static void *filled(PyObject *o, bool *supported)
 {
     void *d = data_new(16);
     if (d == NULL) {
+        *supported = true; /* the error is the memory, not the value */
         PyErr_NoMemory();
         return NULL;
     }

@@ -118,12 +118,6 @@ def _text(ptr: Any) -> str | None:
     return None if ptr == NULL else ffi.string(ptr).decode("utf-8")
 
 
-def _data_object(ptr: Any) -> Any:
-    """Decode a pn_data_t (link properties, filters): cold path only. proton gives NULL for what the peer never sent
-    (a link's properties), which proton's Data would read through."""
-    return amqp_values.read(ptr)
-
-
 _OUTCOMES: Final = {"amqp:accepted:list": ACCEPTED, "amqp:rejected:list": REJECTED, "amqp:released:list": RELEASED,
              "amqp:modified:list": MODIFIED}
 
@@ -148,7 +142,7 @@ def _delivery(handle: int) -> Any:
 
 def _remote_state_fields(handle: int) -> Any:
     """The fields of the state the peer gave a delivery (a transaction's `declared` or `transactional-state`)."""
-    return _data_object(lib.pn_disposition_data(lib.pn_delivery_remote(_delivery(handle))))
+    return amqp_values.read(lib.pn_disposition_data(lib.pn_delivery_remote(_delivery(handle))))
 
 
 def _set_condition(cond: Any, name: str, description: str, info: dict[str, Any] | None = None) -> None:
@@ -244,7 +238,7 @@ class Link:
 
     @property
     def properties(self) -> dict[Any, Any]:
-        value = _data_object(self._properties_ptr)
+        value = amqp_values.read(self._properties_ptr)
         return {str(k): v for k, v in value.items()} if isinstance(value, dict) else {}
 
     @property
@@ -252,7 +246,7 @@ class Link:
         """The filters of the source the peer gave (a link the broker sends on): key -> described value."""
         if not self.is_sender:
             return {}
-        value = _data_object(lib.pn_terminus_filter(lib.pn_link_remote_source(self.ptr)))
+        value = amqp_values.read(lib.pn_terminus_filter(lib.pn_link_remote_source(self.ptr)))
         return dict(value) if isinstance(value, dict) else {}
 
     # -- the source terminus the peer gave a link the broker sends on (cold paths: at attach) ---------------
@@ -274,7 +268,7 @@ class Link:
     @property
     def source_capabilities(self) -> list[str]:
         """The source's capabilities (one symbol or an array of them), as strings."""
-        value = _data_object(lib.pn_terminus_capabilities(lib.pn_link_remote_source(self.ptr)))
+        value = amqp_values.read(lib.pn_terminus_capabilities(lib.pn_link_remote_source(self.ptr)))
         values = value.elements if isinstance(value, Array) else value if isinstance(value, list) else \
             [] if value is None else [value]
         return [str(v) for v in values]
@@ -570,7 +564,7 @@ class ProtonConnection:
 
     @property
     def remote_properties(self) -> dict[str, Any]:
-        value = _data_object(lib.pn_connection_remote_properties(self.ptr))
+        value = amqp_values.read(lib.pn_connection_remote_properties(self.ptr))
         return {str(k): v for k, v in value.items()} if isinstance(value, dict) else {}
 
 
