@@ -20,6 +20,7 @@ from __future__ import annotations
 import logging
 import os
 import signal
+from typing import Final
 
 log = logging.getLogger("haqueue.ha")
 
@@ -31,8 +32,8 @@ PROTOCOLS = "HAQUEUE_TEST_PROTOCOLS"
 
 # Read once: a broker's environment is set before it starts, and asking os.environ for each of 10,000 queue links
 # was 3 % of a new primary's CPU as its backups re-subscribed.
-_SET: dict[str, str] = {name: os.environ[name] for name in (DROP_REPLICA, HOLD_CAUGHT_UP, REFUSE_QUEUE,
-                                                             STOP_IN_CATCHUP, PROTOCOLS) if name in os.environ}
+_SET: Final = {name: os.environ[name] for name in (DROP_REPLICA, HOLD_CAUGHT_UP, REFUSE_QUEUE, STOP_IN_CATCHUP,
+                                                  PROTOCOLS) if name in os.environ}
 
 
 def _numbered(variable: str, queue: str) -> int:
@@ -67,23 +68,24 @@ def link_refused(queue: str) -> bool:
 
 def announced_protocols() -> tuple[int, int] | None:
     """The (oldest, newest) replication protocols to announce instead of this build's; None: this build's."""
-    oldest, _, newest = _SET.get(PROTOCOLS, "").partition("-")
+    return protocols(_SET.get(PROTOCOLS, ""))
+
+
+def protocols(hook: str) -> tuple[int, int] | None:
+    """(oldest, newest) of a protocols hook's value, "OLDEST-NEWEST" (this one's, or the mirror's); None: unset."""
+    oldest, _, newest = hook.partition("-")
     return (int(oldest), int(newest)) if oldest.isdigit() and newest.isdigit() else None
 
 
+_WARNINGS: Final = {
+    DROP_REPLICA: "this backup will drop a replicated message",
+    HOLD_CAUGHT_UP: "as primary, this broker never lets a backup catch up on it",
+    REFUSE_QUEUE: "as primary, this broker refuses that queue's replication links",
+    STOP_IN_CATCHUP: "as backup, this broker stops its own process part way through a catch-up",
+    PROTOCOLS: "this broker announces replication protocols it does not speak",
+}
+
+
 def warn_if_set() -> None:
-    if DROP_REPLICA in os.environ:
-        log.warning("TEST HOOK %s=%s is set: this backup will drop a replicated message", DROP_REPLICA,
-                    os.environ[DROP_REPLICA])
-    if HOLD_CAUGHT_UP in os.environ:
-        log.warning("TEST HOOK %s=%s is set: as primary, this broker never lets a backup catch up on it",
-                    HOLD_CAUGHT_UP, os.environ[HOLD_CAUGHT_UP])
-    if REFUSE_QUEUE in os.environ:
-        log.warning("TEST HOOK %s=%s is set: as primary, this broker refuses that queue's replication links",
-                    REFUSE_QUEUE, os.environ[REFUSE_QUEUE])
-    if STOP_IN_CATCHUP in os.environ:
-        log.warning("TEST HOOK %s=%s is set: as backup, this broker stops its own process part way through a "
-                    "catch-up", STOP_IN_CATCHUP, os.environ[STOP_IN_CATCHUP])
-    if PROTOCOLS in os.environ:
-        log.warning("TEST HOOK %s=%s is set: this broker announces replication protocols it does not speak",
-                    PROTOCOLS, os.environ[PROTOCOLS])
+    for name, value in _SET.items():
+        log.warning("TEST HOOK %s=%s is set: %s", name, value, _WARNINGS[name])

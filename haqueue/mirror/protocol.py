@@ -10,6 +10,8 @@ from __future__ import annotations
 import os
 from typing import Final
 
+from ..ha import test_hooks
+
 PROTOCOL: Final = 2
 OLDEST_PROTOCOL: Final = 1
 BATCH_PROTOCOL: Final = 2  # the first whose queue links carry BATCH transfers
@@ -20,8 +22,7 @@ TEST_PROTOCOLS: Final = "HAQUEUE_TEST_MIRROR_PROTOCOLS"
 
 def spoken() -> tuple[int, int]:
     """The mirror protocols this broker speaks: [OLDEST_PROTOCOL, PROTOCOL], unless TEST_PROTOCOLS says."""
-    oldest, _, newest = os.environ.get(TEST_PROTOCOLS, "").partition("-")
-    return (int(oldest), int(newest)) if oldest.isdigit() and newest.isdigit() else (OLDEST_PROTOCOL, PROTOCOL)
+    return test_hooks.protocols(os.environ.get(TEST_PROTOCOLS, "")) or (OLDEST_PROTOCOL, PROTOCOL)
 
 STATE: Final = "$mirror.state"  # the standby sends one message: what it holds of each of this source's queues
 QUEUE: Final = "$mirror.queue"  # one queue's mirror link: "$mirror.queue/<name>", the source sends
