@@ -36,7 +36,7 @@ class Load(ha_harness.Load):
     def _connect(self, stop: threading.Event) -> BlockingConnection:
         if self.heartbeat is None:
             return connect(self.address, timeout=self.connect_timeout)
-        return BlockingConnection(f"amqp://{self.address}", timeout=self.connect_timeout, heartbeat=self.heartbeat,
+        return ha_harness.Connection(f"amqp://{self.address}", timeout=self.connect_timeout, heartbeat=self.heartbeat,
                                   reconnect=False, sasl_enabled=False)
 
     def stop(self, drain_timeout: float = 30.0) -> None:
