@@ -463,16 +463,31 @@ def _add_mirror(actions: Subparsers) -> None:
 
 def _mirror_status(client: AdminClient, args: argparse.Namespace) -> None:
     from haqueue.admin_stat import repeat
-    repeat(lambda: _print_json(_call(client, "READ", "mirror")), args.interval, _watching(args), args.count,
+    repeat(lambda: _print_json(_mirror_call(client, "READ")), args.interval, _watching(args), args.count,
            wait_first=False)
 
 
 def _mirror_promote(client: AdminClient, args: argparse.Namespace) -> None:
-    _print_json(_call(client, "PROMOTE", "mirror", body={"force": args.force}))
+    _print_json(_mirror_call(client, "PROMOTE", {"force": args.force}))
 
 
 def _mirror_reverse(client: AdminClient, args: argparse.Namespace) -> None:
-    _print_json(_call(client, "REVERSE", "mirror", body={"of": args.of} if args.of else {}))
+    _print_json(_mirror_call(client, "REVERSE", {"of": args.of} if args.of else {}))
+
+
+def _mirror_call(client: AdminClient, operation: str, body: dict | None = None) -> Any:
+    """A mirror operation. Which a broker has depends on its `mirror:` section (none without one; PROMOTE and REVERSE
+    only with accept_from); one it lacks is answered 501, "unknown operation", and said here for what it is."""
+    try:
+        return _call(client, operation, "mirror", body=body)
+    except Refused as e:
+        if e.code != 501:
+            raise
+        if operation != "READ" and client.request("READ", "mirror")[0] < 400:
+            raise Refused(e.code, f"{client.address} is not a standby: its mirror: section accepts no mirror "
+                                  f"(mirror.accept_from)") from None
+        raise Refused(e.code, f"no mirror configured on {client.address}: its config has no mirror: section "
+                              f"(design/mirroring.md)") from None
 
 
 def _add_admin_cluster(actions: Subparsers) -> None:

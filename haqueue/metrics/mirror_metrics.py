@@ -1,13 +1,13 @@
 """The mirror's metrics (design/metrics.md, design/mirroring.md): on a source's primary the connection to the standby
-and each mirrored queue's lag, bytes held back and backlog limit; on a standby each source's connection and the
-mirror epoch. Read from the mirror's own status, the one `haqueue admin mirror status` prints (management's
+and each mirrored queue's lag, bytes held back and backlog limit; on a standby each source's connection, the
+mirror epoch, and the messages applied to each mirror queue. Read from the mirror's own status, the one `haqueue admin mirror status` prints (management's
 `READ mirror`), so the two never disagree; a broker without a `mirror:` section has no such operation and gets no
 source of these metrics at all."""
 from __future__ import annotations
 
 from typing import Any, Callable, Iterable
 
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
 
 Status = dict[str, Any]  # READ mirror's answer: {"broker", "source", "standby"}
@@ -51,6 +51,12 @@ class MirrorMetrics:
             for name, seen in standby["sources"].items():
                 connected.add_metric([name], int(seen["connected"]))
             yield connected
+            applied = CounterMetricFamily("haqueue_mirror_applied", "On a standby, per mirror queue and its source "
+                                          "cluster: messages the mirror applied to it on this broker (its "
+                                          "cluster's primary: a backup replicates them)", labels=["source", "queue"])
+            for queue in standby["queues"]:
+                applied.add_metric([str(queue["source"]), queue["queue"]], queue["applied"])
+            yield applied
 
 
 def mirror_metrics(operations: dict[tuple[str, str], tuple[Callable[..., Any], Any]]) -> MirrorMetrics | None:

@@ -11,7 +11,7 @@ from ..broker.server import Broker
 from ..config import MirrorConfig
 from ..ha.ha_broker import HaBroker
 from . import protocol
-from .epoch import EpochRecord
+from .epoch import EpochRecord, guard
 from .promotion import PromotionRequests, ReverseRequests
 from .source import MirrorSource
 from .target import MirrorTarget
@@ -23,6 +23,7 @@ def install(broker: Broker, ha: HaBroker | None, config: MirrorConfig) -> None:
                                                     "protocols", protocol.TEST_PROTOCOLS,
                                                     os.environ[protocol.TEST_PROTOCOLS])
     record = EpochRecord(broker.registry)  # the cluster's mirror epoch: the standby's, and a reversed source's
+    guard(broker.management)  # ... which no admin may delete or purge
     if ha is not None:
         ha.promotion_hooks.append(record.forget)  # kept by the cluster's former primary until now: read it anew
     source = MirrorSource(broker, ha, config, record) if config.to else None

@@ -16,12 +16,15 @@ from typing import Any, Callable, Final
 from proton import Message
 
 from ..broker.completion import Completion
+from ..broker.errors import NOT_ALLOWED, BrokerError
+from ..broker.management import Answer, Deferred, Management, Operation
 from ..broker.queue import Queue
 from ..broker.registry import Registry
 from . import protocol
 
 RECORD: Final = "$mirror.epoch"  # the queue (clients may not touch it: target.py)
 RECORD_ARGS: Final = {"durable": True, "x-replicate": "all"}
+REMOVING: Final = ("DELETE", "PURGE")  # management's operations on a queue that would drop the record
 
 
 @dataclass(frozen=True)
@@ -107,3 +110,36 @@ class EpochRecord:
         self._known = epoch
         for listener in self.listeners:
             listener()
+
+
+def guard(management: Management) -> None:
+    """Management's delete and purge of a queue refuse RECORD (an admin's, as any): either would drop the epoch, and
+    with it the fence, so that a source this cluster was promoted over could feed it again at its old epoch."""
+    for operation in REMOVING:
+        key = ("queue", operation)
+        handler, needs = management.operations[key]
+        management.register("queue", operation, _refusing(handler, operation), needs)
+        deferred = management.deferred.get(key)
+        if deferred is not None:
+            management.deferred[key] = _refusing_deferred(deferred, operation)
+
+
+def _check(name: str | None, operation: str) -> None:
+    if name == RECORD:
+        raise BrokerError(NOT_ALLOWED, f"queue '{RECORD}' holds this cluster's mirror epoch, its fence against the "
+                                       f"sources it was promoted over: an admin may not {operation.lower()} it "
+                                       f"(design/mirroring.md, \"Epochs and fencing\")")
+
+
+def _refusing(handler: Operation, operation: str) -> Operation:
+    def refusing(name: str | None, body: dict[str, Any]) -> tuple[int, Any]:
+        _check(name, operation)
+        return handler(name, body)
+    return refusing
+
+
+def _refusing_deferred(deferred: Deferred, operation: str) -> Deferred:
+    def refusing(name: str | None, body: dict[str, Any], user: str | None, answer: Answer) -> None:
+        _check(name, operation)  # raised: answered as a refusal (Management.answer)
+        deferred(name, body, user, answer)
+    return refusing

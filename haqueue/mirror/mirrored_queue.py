@@ -32,6 +32,7 @@ class MirroredQueue:
             if seq is not None:
                 self.index[seq] = entry.seq
         self.last_applied = max(self.index, default=0)
+        self.applied = 0  # messages the mirror applied here since this broker made the index (a start, a promotion)
         self.links = 0  # attached sources feeding it (one, but for a moment during a reconnection)
 
     def holdings(self) -> list[tuple[int, int]]:
@@ -47,6 +48,7 @@ class MirroredQueue:
         if seq not in self.index:
             self.index[seq] = self.queue.enqueue(data, expiry(data), confirmed).seq
             self.last_applied = max(self.last_applied, seq)
+            self.applied += 1
 
     def dequeue(self, runs: list[tuple[int, int]]) -> None:
         own = [self.index.pop(seq) for first, last in runs for seq in range(first, last + 1) if seq in self.index]
@@ -55,7 +57,8 @@ class MirroredQueue:
 
     def status(self) -> dict[str, Any]:
         return {"queue": self.queue.name, "source": self.queue.args.get(protocol.SOURCE_ARG),
-                "messages": self.queue.depth, "last_applied_seq": self.last_applied, "connected": self.links > 0}
+                "messages": self.queue.depth, "last_applied_seq": self.last_applied, "applied": self.applied,
+                "connected": self.links > 0}
 
 
 class MirrorReceiver(LinkHandler):
@@ -68,6 +71,8 @@ class MirrorReceiver(LinkHandler):
         mirrored.links += 1
 
     def on_message(self, delivery: Any, data: bytes, settled: bool) -> None:
+        if self.mirrored.queue.deleted:
+            return  # by an admin: its source's connection is closing (target.py), nothing on it is settled
         kind, seq, _ = read_tag(Link.tag(delivery))
         if kind == protocol.BATCH:  # protocol 2: settled once every message of it is held here
             confirmed = Completion(lambda: self._applied(delivery))

@@ -14,8 +14,10 @@ from typing import Any, Callable
 from ..broker.completion import Completion
 from ..broker.connection import Connection
 from ..broker.errors import NOT_ALLOWED, UNAUTHORIZED, BrokerError
+from ..broker.exchange import Binding
 from ..broker.proton_adapter import Link, LinkHandler
 from ..broker.queue import Queue
+from ..broker.registry import Node
 from ..broker.server import Broker
 from ..config import MirrorConfig
 from ..ha.features import MIRROR, SUPPORTED
@@ -60,6 +62,9 @@ class MirrorTarget:
         self.wiring: dict[str, tuple[dict[str, Any], bool]] = {}
         broker.link_routes.append(self._read_only)
         broker.registry.queue_hooks.append(self._close)
+        broker.registry.observers.append(self)  # a mirror queue deleted by an admin while mirrored
+        if ha is not None:  # a backup's index (read for its status) is not kept as it replicates: made anew
+            ha.promotion_hooks.append(self.mirrored.clear)
 
     # -- clients ------------------------------------------------------------------------------------
     def _read_only(self, link: Link) -> LinkHandler | None:
@@ -184,8 +189,8 @@ class MirrorTarget:
         if reverse and isinstance(queue, Queue) and not (source_of(queue) == source and queue.args.get(protocol.UID)
                                                          == uid):
             applied = props.get(protocol.APPLIED)
-            become_mirror(self.broker, queue, source, applied if isinstance(applied, int) else 0, link)
             self.mirrored.pop(name, None)
+            become_mirror(self.broker, queue, source, applied if isinstance(applied, int) else 0, link)
             queue = None
         if queue is not None and not (isinstance(queue, Queue) and source_of(queue) == source):
             raise BrokerError(NOT_ALLOWED, f"'{name}' on {self.broker.name} is not a mirror of cluster '{source}': "
@@ -193,8 +198,8 @@ class MirrorTarget:
         if isinstance(queue, Queue) and queue.args.get(protocol.UID) != uid:
             log.warning("mirror: queue %s of cluster %s was deleted and made again there: its copy here is replaced",
                         name, source)
-            registry.delete(name, "queue")
             self.mirrored.pop(name, None)
+            registry.delete(name, "queue")
             queue = None
         if queue is None:
             queue = registry.declare_queue(name, {**args, protocol.SOURCE_ARG: source, protocol.UID: uid})[0]
@@ -215,9 +220,29 @@ class MirrorTarget:
     def _deleted(self, queue: Queue, source: str) -> None:
         """The source deleted the queue: so is its mirror here (and with it any browser of it)."""
         if self.broker.registry.lookup(queue.name) is queue:
-            self.broker.registry.delete(queue.name, "queue")
             self.mirrored.pop(queue.name, None)
+            self.broker.registry.delete(queue.name, "queue")
             log.info("mirror: queue %s was deleted at cluster %s: its mirror here too", queue.name, source)
+
+    # -- the registry's observer: a mirror queue deleted here other than by its mirror (which forgets it first)
+    def declared(self, node: Node | Binding) -> None:
+        pass
+
+    def deleted(self, node: Node | Binding) -> None:
+        """An admin deleted a mirror queue while its source's link fed it: what comes on that link has no queue to
+        go to, and the source believes the standby holds what it had. The source's connection is closed, naming
+        why: it connects again (within RETRY_INTERVAL), the queue is made again here, and the source sends it whole
+        (the state names no such queue); its other queues resume from what this standby holds of them."""
+        mirrored = self.mirrored.get(node.name) if isinstance(node, Queue) else None
+        if mirrored is None or mirrored.queue is not node or not mirrored.links:
+            return
+        del self.mirrored[node.name]
+        source = source_of(node) or ""
+        reason = (f"queue '{node.name}', a mirror of cluster '{source}', was deleted on {self.broker.name} while "
+                  f"mirrored: it is made again here and sent whole once the source connects again")
+        log.warning("mirror: %s", reason)
+        for conn in list(self.sources.get(source, ())):
+            conn.close(NOT_ALLOWED, reason)
 
     def _mirrored(self, queue: Queue) -> MirroredQueue:
         mirrored = self.mirrored.get(queue.name)

@@ -15,7 +15,11 @@ cluster mirroring to it through the relay, and the clients' ledger.
                  cluster `site-b`, the same globs, and a second relay (`relay_back`) in front of the source's public
                  address; the source accepts it once `accept_back` was applied to its brokers' configs (before they
                  start again). With `standby_env`, the standby runs with those environment variables (test hooks).
+                 With `source_goes_on`, the source pair goes on confirming with one broker down (PAIR_GOES_ON): its
+                 backup, promoted after a kill of its primary, serves the clients alone.
                  Everything is stopped after the test.
+`Side`           one side of ha_harness.Load on a queue, its producer or its consumer alone, each with its ledger
+                 (`confirmed`, `received`, by body).
 """
 from __future__ import annotations
 
@@ -25,7 +29,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from delay_relay import DelayRelay
-from ha_harness import PAIR_GOES_ON, HaCluster, cluster_factory  # tests/conftest.py puts tests/ha on the path
+from ha_harness import PAIR_GOES_ON, HaCluster, Load, cluster_factory  # tests/conftest.py puts tests/ha on the path
 from harness import BrokerProcess, unexpected_exits
 from tls_certs import CertificateAuthority
 
@@ -58,6 +62,15 @@ class Sites:
     ledger: Ledger = field(default_factory=Ledger)
 
 
+class Side(Load):
+    """A Load's producer (bodies from `first`, each confirmed before the next, reconnecting through the source's
+    public address) or its consumer (accepting each) alone."""
+
+    def __init__(self, address: str, queue: str, producer: bool, first: int = 0) -> None:
+        super().__init__(address, queue, first)
+        self.threads = self.threads[:1] if producer else self.threads[1:]
+
+
 def accept_back(config: dict[str, Any]) -> None:
     """A source broker's config made to accept the standby's mirror back (a fail-back): the mirror user, accepted."""
     config["users"][MIRROR_USER] = {"password": MIRROR_PASSWORD, "allow": {}}
@@ -78,11 +91,13 @@ def sites_factory(tmp_path: Path) -> Iterator[Callable[..., Sites]]:
     make_cluster = next(clusters)
 
     def make(queues: list[str], standby_size: int = 0, standby_features: list[str] | None = None,
-             tls: bool = False, back: bool = False, standby_env: dict[str, str] | None = None) -> Sites:
+             tls: bool = False, back: bool = False, standby_env: dict[str, str] | None = None,
+             source_goes_on: bool = False) -> Sites:
         cluster = None
         mirror: dict[str, Any] = {"cluster": "site-a", "username": MIRROR_USER, "password": MIRROR_PASSWORD,
                                   "queues": queues, "max_backlog_bytes": MAX_BACKLOG_BYTES}
-        source = make_cluster(size=2, extra={"mirror": mirror})  # started last, once its mirror names the relay
+        # started last, once its mirror names the relay
+        source = make_cluster(size=2, extra={"mirror": mirror}, ha_extra=PAIR_GOES_ON if source_goes_on else None)
         relay_back = None
         if standby_size == 0:
             extra: dict[str, Any] = {}

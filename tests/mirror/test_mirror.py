@@ -15,7 +15,7 @@ import pytest
 from proton import Delivery, Message, Timeout
 from proton.utils import LinkDetached
 
-from mirror_harness import MAX_BACKLOG_BYTES, MIRROR_PASSWORD, MIRROR_USER, Sites, accept_back
+from mirror_harness import MAX_BACKLOG_BYTES, MIRROR_PASSWORD, MIRROR_USER, Side, Sites, accept_back
 from ha_harness import browse, connect, receive, send_all
 from harness import run_haqueue, wait_for
 
@@ -39,8 +39,13 @@ def drained(site: Sites) -> dict[str, Any] | None:
     return mirroring_only(site, MIRRORED)
 
 
+def named(queue: str, body: int) -> str:
+    """A message's name in the ledger: its queue and body (a number, per queue, in the order published)."""
+    return f"{queue}-{body}"
+
+
 def publish(site: Sites, queue: str, first: int, n: int) -> None:
-    ids = [f"{queue}-{i}" for i in range(first, first + n)]
+    ids = [named(queue, i) for i in range(first, first + n)]
     send_all(site.source.public, queue, [Message(id=i, body=int(i.rsplit("-", 1)[1]), durable=True) for i in ids])
     site.ledger.confirmed.setdefault(queue, []).extend(ids)  # send_all returns once every one is confirmed
 
@@ -71,9 +76,9 @@ def assert_same(site: Sites) -> None:
     does the source), each with its source seq."""
     for queue in MIRRORED:
         expected = site.ledger.remaining(queue)
-        assert [m.id for m in site.source.browse(site.primary, queue)] == expected, queue
+        assert [named(queue, m.body) for m in site.source.browse(site.primary, queue)] == expected, queue
         there = browse(site.standby.address, queue, len(expected)) if expected else []
-        assert [m.id for m in there] == expected, queue
+        assert [named(queue, m.body) for m in there] == expected, queue
         seqs = [m.annotations["x-opt-mirror-seq"] for m in there]
         assert seqs == sorted(seqs) and len(set(seqs)) == len(seqs), queue
     standby_queues = {q["queue"]: q for q in mirror_status(site.standby.address)["standby"]["queues"]}
@@ -135,44 +140,106 @@ def test_mirror_under_load_through_a_cut_then_the_site_lost(sites) -> None:
     assert all(q["messages"] == 0 for q in mirror_status(site.standby.address)["standby"]["queues"])
 
 
-def test_a_new_source_primary_resumes_the_mirror(sites) -> None:
-    """The source's primary is killed while the site link is cut and the standby lags (messages published and
-    consumed meanwhile); the backup promoted in its place resumes from what the standby holds: nothing skipped."""
-    site = sites(queues=["orders.*"])
-    under_load([(publish, site, q, 0, 200) for q in MIRRORED] + [(consume, site, "orders.0", 50)])
-    wait_for(lambda: drained(site), LAG_TIMEOUT, message="the mirror's lag drains")
-    site.relay.cut()
-    under_load([(publish, site, q, 200, 100) for q in MIRRORED] + [(consume, site, "orders.1", 80)])
-    for queue in MIRRORED:  # a consumption the backup has not heard of yet is delivered again after it (at least once)
-        site.source.wait_depth(site.source[1], queue, len(site.ledger.remaining(queue)))
-    site.source.kill(site.primary)
-    site.primary = site.source[1]
-    site.source.promote(site.primary)
-    site.relay.heal()
-    status = wait_for(lambda: drained(site), LAG_TIMEOUT, message="the new primary's mirror drains")
-    assert status["active"]
-    assert_same(site)
+def test_a_new_source_primary_resumes_the_mirror_under_load_then_the_site_lost(sites) -> None:
+    """Ten mirrored queues under continuous load (a producer on each, a consumer on five), the site link 50 ms long.
+    The source's primary is killed (-9) mid-load and its backup promoted: the new primary resumes the mirror from
+    what the standby holds while the clients go on. Then the consumers stop (their dequeues reach the standby) and
+    the whole source is killed mid-publish. The standby, promoted, holds every message confirmed at the source up
+    to the last one mirrored, less what the source's consumers took, in the order published, and nothing twice
+    but a publish retried across the kill; consumers resume there and are given none of what they took."""
+    site = sites(queues=["orders.*"], source_goes_on=True)
+    queues = [f"orders.{i}" for i in range(10)]
+    producers = {q: Side(site.source.public, q, producer=True).start() for q in queues}
+    consumers = {q: Side(site.source.public, q, producer=False).start() for q in queues[:5]}
+    try:
+        def confirmed_and_mirrored(more: dict[str, int]) -> bool:
+            """`more` confirmed on each queue, and this source primary's mirror confirmed by the standby on each."""
+            return all(producers[q].confirmed_count() >= n for q, n in more.items()) and mirrored_here(site, queues)
+        wait_for(lambda: confirmed_and_mirrored({q: 20 for q in queues}), LAG_TIMEOUT, message="mirrored under load")
+        site.source.kill(site.primary)
+        site.primary = site.source[1]
+        site.source.promote(site.primary)
+        more = {q: p.confirmed_count() + 20 for q, p in producers.items()}
+        wait_for(lambda: confirmed_and_mirrored(more), LAG_TIMEOUT,
+                 message="the clients served and the mirror resumed by the new source primary")
+        for consumer in consumers.values():
+            consumer.stop()
+        wait_for(lambda: all(head(site.source.request(site.primary, "PEEK", "queue", q, {"count": 1})) ==
+                             head(standby_peek(site, q)) for q in consumers), LAG_TIMEOUT,
+                 message="the consumers' dequeues applied on the standby")
+        site.source.kill(site.primary)  # the whole source (its first primary is dead already), mid-publish
+    finally:
+        for side in [*producers.values(), *consumers.values()]:
+            side.stop()
+    promoted = promote(site, "--force")  # forced, not to wait for a source that is gone (the first test waits)
+    assert promoted.returncode == 0, promoted.stderr
+    held = {q["queue"]: q["messages"] for q in mirror_status(site.standby.address)["standby"]["queues"]}
+    for queue in queues:
+        got = [m.body for m in receive(site.standby.address, queue, held[queue])]
+        producer = producers[queue]
+        confirmed = list(producer.confirmed)  # in the order published: each was confirmed before the next was sent
+        taken = set(consumers[queue].received) if queue in consumers else set()
+        assert got == sorted(got) and set(got) - set(confirmed) <= {producer.next}, (queue, got)
+        assert len(got) - len(set(got)) <= len(producer.error_times), (queue, got)  # a publish retried at the kill
+        skipped = [b for b in confirmed if b <= max(got) and b not in got and b not in taken]
+        assert not skipped and not set(got) & taken, (queue, skipped, set(got) & taken)
+        lost = [b for b in confirmed if b > max(got) and b not in taken]  # confirmed, never mirrored: the RPO
+        print(f"{queue}: {len(confirmed)} confirmed, {len(taken)} consumed at the source, {len(set(got))} on the "
+              f"standby, {len(lost)} lost with the site")
+    assert all(q["messages"] == 0 for q in mirror_status(site.standby.address)["standby"]["queues"])
+
+
+def head(peeked: list[dict[str, Any]]) -> Any:
+    """The body of the first message a PEEK answered, None if the queue is empty."""
+    return _decoded(peeked[0]["message"]).body if peeked else None
+
+
+def standby_peek(site: Sites, queue: str) -> list[dict[str, Any]]:
+    with AdminClient(site.standby.address, 5.0) as admin:
+        code, description, answer = admin.request("PEEK", "queue", queue, {"count": 1})
+    assert code == 200, description
+    return answer
 
 
 def test_a_new_standby_primary_takes_the_mirror_over(sites) -> None:
-    """The standby is a pair; its primary is killed and its backup promoted: the new standby primary learns what it
-    holds of each source queue from the messages themselves, keeps the queues read-only, and takes the mirror on.
-    Once the standby is promoted, its next primary holds the epoch too, and fences the source off."""
-    site = sites(queues=["orders.*"], standby_size=2)
-    under_load([(publish, site, q, 0, 200) for q in MIRRORED] + [(consume, site, "orders.0", 50)])
-    wait_for(lambda: drained(site), LAG_TIMEOUT, message="the mirror's lag drains")
-    assert site.standby_cluster is not None
-    site.standby_cluster.kill(site.standby)
-    site.standby = site.standby_cluster[1]
-    site.standby_cluster.promote(site.standby)
-    under_load([(publish, site, q, 200, 100) for q in MIRRORED] + [(consume, site, "orders.1", 70)])
+    """The standby is a cluster of three; its primary is killed (-9) while the source's clients publish and consume,
+    and a backup promoted: the new standby primary learns what it holds of each source queue from the messages
+    themselves (though its mirror status was read while it was a backup, as a scrape does), keeps the queues
+    read-only, and takes the mirror on: it ends holding exactly what the source holds, in order. Once the standby
+    is promoted, its next primary holds the epoch too, and fences the source off."""
+    site = sites(queues=["orders.*"], standby_size=3)
+    cluster = site.standby_cluster
+    assert cluster is not None
+    producers = {q: Side(site.source.public, q, producer=True).start() for q in MIRRORED}
+    consumer = Side(site.source.public, "orders.0", producer=False).start()
+    try:
+        wait_for(lambda: all(p.confirmed_count() >= 30 for p in producers.values()) and mirrored_here(site, MIRRORED),
+                 LAG_TIMEOUT, message="mirrored under load")
+        for backup in cluster[1], cluster[2]:  # as a scrape of every broker would
+            assert {q["queue"] for q in cluster.request(backup, "READ", "mirror")["standby"]["queues"]} == \
+                set(MIRRORED)
+        more = {q: p.confirmed_count() + 30 for q, p in producers.items()}
+        wait_for(lambda: all(producers[q].confirmed_count() >= n for q, n in more.items()), LAG_TIMEOUT,
+                 message="more published, replicated to the standby's backups")
+        cluster.kill(site.standby)
+        site.standby = cluster[1]
+        cluster.promote(site.standby)
+        more = {q: p.confirmed_count() + 30 for q, p in producers.items()}
+        wait_for(lambda: all(producers[q].confirmed_count() >= n for q, n in more.items()), LAG_TIMEOUT,
+                 message="more published after the standby's failover")
+    finally:
+        for side in [*producers.values(), consumer]:
+            side.stop()
+    for queue, producer in producers.items():  # the ledger: what each client was told
+        assert not producer.error_times, producer.errors  # the source was not touched
+        site.ledger.confirmed[queue] = [named(queue, b) for b in producer.confirmed]
+    site.ledger.consumed["orders.0"] = {named("orders.0", b) for b in consumer.received}
     wait_for(lambda: drained(site), LAG_TIMEOUT, message="the mirror's lag drains at the new standby primary")
     assert_same(site)
     assert "read-only on this standby" in refusal(site.standby.address, "orders.2", sender=True)
 
     # promoted (forced: the source mirrors into it), then failed over again: the epoch is the standby cluster's
     assert promote(site, "--force").returncode == 0
-    cluster = site.standby_cluster
     cluster.start(0)
     cluster.wait_backups_ready(site.standby, ["b0"])
     cluster.kill(site.standby)
@@ -183,6 +250,13 @@ def test_a_new_standby_primary_takes_the_mirror_over(sites) -> None:
     wait_for(lambda: refused(site, "fenced: this standby was promoted at mirror epoch 2"), LAG_TIMEOUT,
              message="the source fenced off by the new standby primary")
     send_all(site.standby.address, "orders.2", [Message(id="orders.2-standby", body=-1, durable=True)])
+
+
+def mirrored_here(site: Sites, queues: list[str]) -> bool:
+    """The source primary mirrors exactly `queues`, and the standby confirmed a transfer of each from it."""
+    status = source_status(site)
+    return status["connected"] and [q["queue"] for q in status["queues"]] == queues and all(
+        q["state"] == "mirroring" and q["last_mirrored_seq"] > 0 for q in status["queues"])
 
 
 def test_mirror_over_tls(sites) -> None:
@@ -250,6 +324,11 @@ def test_mirror_is_read_only_on_the_standby_until_promoted(sites) -> None:
     assert {k: json.loads(promoted.stdout)[k] for k in ("role", "epoch")} == {"role": "promoted", "epoch": 2}
     fence = "fenced: this standby was promoted at mirror epoch 2"
     wait_for(lambda: refused(site, fence), LAG_TIMEOUT, message="the source naming the fence")
+    for command, verb in (("del", "delete"), ("purge", "purge")):  # the fence is not an admin's to lift
+        dropped = run_haqueue(["admin", "-b", site.standby.address, "queue", command, "$mirror.epoch"])
+        assert dropped.returncode != 0
+        assert f"queue '$mirror.epoch' holds this cluster's mirror epoch, its fence against the sources it was " \
+               f"promoted over: an admin may not {verb} it" in dropped.stderr, dropped.stderr
     publish(site, "orders.0", 10, 5)  # the source goes on serving its clients: none of it reaches the standby
     assert "mirrors at epoch 1, from before it" in source_status(site)["down"]
     # the standby's clients publish to and consume from the queue, directly and through the exchange
@@ -300,16 +379,16 @@ def test_fail_back_reverses_the_mirror(sites) -> None:
         assert [m.id for m in browse(standby, queue, len(expected[queue]))] == expected[queue], queue
     kept = diverged_files(site.primary.config["data_dir"])
     assert len(kept) == 1 and "orders.0" in kept[0].name, kept
-    assert [_message_id(data) for _, data in read_messages(kept[0])] == [f"orders.0-{i}" for i in range(100, 110)]
+    assert [_decoded(data).id for _, data in read_messages(kept[0])] == [f"orders.0-{i}" for i in range(100, 110)]
     old = mirror_status(site.primary.address, "ops", site.source.password)["standby"]
     assert (old["role"], old["epoch"]) == ("standby", 3), old
     assert "read-only on this standby" in refusal(site.source.public, "orders.1", sender=True)
 
 
-def _message_id(data: bytes) -> Any:
+def _decoded(data: bytes) -> Message:
     message = Message()
-    message.decode(data)
-    return message.id
+    message.decode(bytes(data))
+    return message
 
 
 def promote(site: Sites, *options: str) -> Any:
@@ -368,7 +447,9 @@ def browsed(address: str, queue: str, n: int) -> list[str] | None:
 
 def test_a_queue_deleted_at_the_source_is_deleted_on_the_standby(sites) -> None:
     """Deleted while the site link is cut (its mirror between links): once the link is back the standby deletes its
-    copy, and the rest is mirrored; deleted while the link is up: at once."""
+    copy, and the rest is mirrored; deleted while the link is up: at once. A mirror queue an admin deletes on the
+    standby while it is mirrored is made again and sent whole (the standby ends the source's connection, naming
+    why, and the source resumes), and said in the standby's log."""
     site = sites(queues=["orders.*"])
     for queue in MIRRORED:
         publish(site, queue, 0, 5)
@@ -383,6 +464,15 @@ def test_a_queue_deleted_at_the_source_is_deleted_on_the_standby(sites) -> None:
     wait_for(lambda: standby_queues(site) == {"orders.1", "orders.2"}, LAG_TIMEOUT, message="orders.0 deleted there")
     site.source.request(site.primary, "DELETE", "queue", "orders.2")
     wait_for(lambda: standby_queues(site) == {"orders.1"}, LAG_TIMEOUT, message="orders.2 deleted there")
+
+    with AdminClient(site.standby.address, 5.0) as admin:  # an admin's delete on the standby, the link attached
+        code, description, _ = admin.request("DELETE", "queue", "orders.1")
+    assert code == 204, description
+    publish(site, "orders.1", 10, 5)
+    wait_for(lambda: mirroring_only(site, ["orders.1"]), LAG_TIMEOUT, message="orders.1 mirrored again")
+    assert [m.id for m in browse(site.standby.address, "orders.1", 15)] == site.ledger.remaining("orders.1")
+    assert "queue 'orders.1', a mirror of cluster 'site-a', was deleted on standby while mirrored: it is made " \
+           "again here and sent whole" in site.standby.log()
 
 
 def standby_bindings(site: Sites) -> set[tuple[str, str, str]]:

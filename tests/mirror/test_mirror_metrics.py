@@ -1,7 +1,8 @@
 """The mirror's Prometheus metrics (design/metrics.md, "Mirror"): a source broker mirroring to a standby 50 ms away
 (the delaying relay) shows its connection and each queue's lag on its scrape, the same figures `admin mirror status`
 prints; the lag and the backlog limit show while the site link is cut and clear after the heal; the standby shows
-its source connected and its epoch; every family is documented; a broker without a `mirror:` section exports none.
+its source connected, its epoch and the messages applied to each mirror queue; every family is documented; a broker
+without a `mirror:` section exports none.
 """
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from proton import Message
 
 from delay_relay import DelayRelay
 from ha_harness import send_all
-from harness import free_port, wait_for
+from harness import free_port, run_haqueue, wait_for
 from metrics_scrape import families, scrape, value
 from mirror_harness import MIRROR_PASSWORD, MIRROR_USER, SITE_DELAY, standby_config
 from monitoring_files import documented
@@ -38,6 +39,15 @@ def queue_values(metrics: str, queue: str) -> dict[str, float | None]:
             for name in ("lag_messages", "lag_seconds", "bytes_held_back", "backlog_limit_reached")}
 
 
+def applied(samples: Any) -> dict[str, float | None]:
+    """The standby's haqueue_mirror_applied_total of each queue mirrored from site-a."""
+    return {q: value(samples, "haqueue_mirror_applied_total", source="site-a", queue=q) for q in QUEUES}
+
+
+def applied_status(address: str) -> dict[str, int]:
+    return {q["queue"]: q["applied"] for q in mirror_status(address)["standby"]["queues"]}
+
+
 def test_mirror_metrics_follow_the_status_through_a_cut(broker_factory) -> None:
     standby_metrics, source_metrics = (f"127.0.0.1:{free_port()}" for _ in range(2))
     standby = broker_factory(standby_config(metrics={"listen": standby_metrics}), name="standby")
@@ -61,6 +71,7 @@ def test_mirror_metrics_follow_the_status_through_a_cut(broker_factory) -> None:
                  message="the standby shows its source connected")
         on_standby = scrape(standby_metrics)
         assert (value(on_standby, "haqueue_mirror_epoch"), value(on_standby, "haqueue_mirror_promoted")) == (1, 0)
+        assert applied(on_standby) == {"orders.0": 10, "orders.1": 10} == applied_status(standby.address)
         assert value(on_standby, "haqueue_mirror_lag_messages", queue="orders.0") is None  # a source's series only
 
         # the site link cut: what is published meanwhile is the lag, over the backlog limit, as status says
@@ -77,6 +88,10 @@ def test_mirror_metrics_follow_the_status_through_a_cut(broker_factory) -> None:
         relay.heal()
         wait_for(drained, 30, message="the lag drains after the heal")
         assert queue_values(source_metrics, "orders.0")["backlog_limit_reached"] == 0
+        assert applied(scrape(standby_metrics)) == {"orders.0": 110, "orders.1": 10} == applied_status(standby.address)
+        promoted = run_haqueue(["admin", "-b", source.address, "mirror", "promote"])  # a source has nothing to promote
+        assert promoted.returncode != 0
+        assert f"{source.address} is not a standby: its mirror: section accepts no mirror" in promoted.stderr
 
         # every mirror family either side exports is documented, with its type and labels
         exported = {**families(source_metrics), **families(standby_metrics)}
@@ -88,6 +103,10 @@ def test_mirror_metrics_follow_the_status_through_a_cut(broker_factory) -> None:
 
 
 def test_no_mirror_no_mirror_metrics(broker_factory) -> None:
+    """... nor a mirror status: `admin mirror status` says there is no mirror (not "unknown operation")."""
     metrics = f"127.0.0.1:{free_port()}"
-    broker_factory(metrics={"listen": metrics})
+    broker = broker_factory(metrics={"listen": metrics})
     assert not [name for name in families(metrics) if name.startswith("haqueue_mirror_")]
+    shown = run_haqueue(["admin", "-b", broker.address, "mirror", "status"])
+    assert shown.returncode != 0
+    assert f"no mirror configured on {broker.address}: its config has no mirror: section" in shown.stderr, shown.stderr
