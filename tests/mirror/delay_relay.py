@@ -14,11 +14,12 @@ import time
 
 
 class DelayRelay:
-    def __init__(self, target: tuple[str, int], delay: float = 0.025) -> None:
+    def __init__(self, target: tuple[str, int], delay: float = 0.025, host: str = "127.0.0.1") -> None:
+        """Relays what comes to `host` (an address of this machine's; a free port) to `target`."""
         self.target = target
         self.delay = delay
-        self.listener = socket.create_server(("127.0.0.1", 0))
-        self.address = f"127.0.0.1:{self.listener.getsockname()[1]}"
+        self.listener = socket.create_server((host, 0))
+        self.address = f"{host}:{self.listener.getsockname()[1]}"
         self.cutting = False
         self.closed = False
         self.accepted = 0  # connections relayed since start
