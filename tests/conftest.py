@@ -21,9 +21,9 @@ the unit tests and the single-broker ones, the subset to run while working.
 
 `make test` runs the suite on two pytest-xdist workers (`-n 2 --dist loadgroup`), a module's tests on
 one worker in order (some share a module-scoped broker and build on each other). Two groups of
-directories (GROUPS) each run on one worker, one test after another: Pacemaker's network namespaces and
-ZooKeeper's ensembles have fixed names and ports and the nemesis suite times partitions (`coordination`);
-the Spark tests share one JVM (`spark`). The two are the longest units of work, 10-15 minutes each, so
+directories (GROUPS, with the exceptions of MODULE_GROUPS) each run on one worker, one test after another:
+Pacemaker's network namespaces and ZooKeeper's ensembles have fixed names and ports and the nemesis suite times
+partitions (`coordination`); the Spark tests share one JVM (`spark`). The two are the longest units of work, 10-15 minutes each, so
 they are handed out first, one to each worker (xdist's own order, by number of tests, would start one
 of them late); the other modules fill in around them (ports are chosen free at run time, directories
 are per test).
@@ -55,6 +55,12 @@ LOG_TAIL_LINES = 150
 SPARK_JVM_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
 CLUSTER_SUITES = ("audit", "console", "ha", "mirror", "nemesis", "pacemaker", "shard", "upgrade", "zookeeper")
 GROUPS = {"audit": "spark", "nemesis": "coordination", "pacemaker": "coordination", "zookeeper": "coordination"}
+# Modules whose group is not their directory's: a sharded run audited in this process (`haqueue audit lag`), with
+# the Spark tests, whose JVM is then warm (alone on another worker it started a JVM of its own: 20-30 s of a
+# core); and the Pacemaker tests that need no cluster (the agent on loopback, pcs on a CIB file: no namespace,
+# no fixed port), each a module of its own rather than part of the longest group.
+MODULE_GROUPS = {"shard/test_shard_audit.py": "spark", "pacemaker/test_pacemaker_agent.py": None,
+                 "pacemaker/test_pcs_shard_setup.py": None}
 FIRST = ("spark", "coordination")  # handed out first, in this order
 
 
@@ -70,9 +76,17 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         if path.parts[0] in CLUSTER_SUITES:
             item.add_marker(pytest.mark.slow)
         # a module's tests stay together, in order: some share a module-scoped broker and build on each other
-        groups[item.nodeid] = GROUPS.get(path.parts[0], str(path))
+        groups[item.nodeid] = _group(path)
         item.add_marker(pytest.mark.xdist_group(groups[item.nodeid]))
     items.sort(key=lambda item: FIRST.index(groups[item.nodeid]) if groups[item.nodeid] in FIRST else len(FIRST))
+
+
+def _group(path: Path) -> str:
+    """The xdist group of the tests of a module (its path under tests/)."""
+    module = path.as_posix()
+    if module in MODULE_GROUPS:
+        return MODULE_GROUPS[module] or module
+    return GROUPS.get(path.parts[0], module)
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
