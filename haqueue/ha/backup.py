@@ -32,6 +32,10 @@ RETRY_INTERVAL = 0.2  # seconds between attempts to find the primary
 STATUS_QUEUES = 100  # queues described one by one in the status
 REFUSED_RETRY = 1.0  # seconds before a queue link the primary refused is attached again
 HEARTBEAT = 2.0  # idle timeout on the link to the primary: a hung primary is noticed within it
+# Queue links attached and not caught up yet, at most; the other queues wait their turn. The primary answers the
+# attaches in the order they come: with all 10,000 sent at once, a queue it asks for first (a publish waits on
+# it) came after every other.
+SUBSCRIBING = 256
 
 
 class BackupHost(Protocol):
@@ -65,6 +69,8 @@ class Backup:
         self.protocol = 0  # the replication protocol spoken with that peer
         self.members: dict[str, str] = {}
         self.replicators: dict[str, QueueReplicator] = {}
+        self.waiting: dict[str, Queue] = {}  # queues to subscribe to, in turn (first in, first subscribed)
+        self.subscribing: set[str] = set()  # queues whose links are attached and not caught up yet
         self.refused: dict[str, str] = {}  # queue -> why the primary refused its link, until it replicates
         self.refusals = 0  # queue links refused since this process started (status, metrics)
         self.transactions = TransactionReplicator(self)  # commits arriving in parts
@@ -169,6 +175,8 @@ class Backup:
         self.wiring = None
         self.reporter = None
         self.replicators.clear()
+        self.waiting.clear()
+        self.subscribing.clear()
         self.refused.clear()
         self.transactions.drop_incomplete()  # a new subscription is sent what the primary did commit
         if self._peer is not None:
@@ -198,6 +206,7 @@ class Backup:
             return
         replicator.caught_up = False
         self.refusals += 1
+        self._subscribed(queue.name)
         if queue.name not in self.refused:
             log.warning("queue %s not replicated: %s; attaching again every %gs", queue.name, error, REFUSED_RETRY)
         self.refused[queue.name] = error
@@ -237,16 +246,45 @@ class Backup:
         self.check_ready()
 
     def replicate(self, queue: Queue, fresh: bool = False) -> None:
-        if queue.name not in self.replicators and self.conn is not None:
-            replicator = QueueReplicator(self, queue, self.conn)
-            replicator.caught_up = fresh
-            self.replicators[queue.name] = replicator
+        """Subscribe to the queue now if `fresh` (declared on the primary after the snapshot: nothing to catch up)
+        or if fewer than SUBSCRIBING subscriptions are under way; else in its turn."""
+        if queue.name in self.replicators or self.conn is None:
+            return
+        if fresh or (not self.waiting and len(self.subscribing) < SUBSCRIBING):
+            self._subscribe(queue, fresh)
+        else:
+            self.waiting[queue.name] = queue
             self.check_ready()
+
+    def _subscribe(self, queue: Queue, fresh: bool) -> None:
+        assert self.conn is not None
+        replicator = QueueReplicator(self, queue, self.conn)
+        replicator.caught_up = fresh
+        self.replicators[queue.name] = replicator
+        if not fresh:
+            self.subscribing.add(queue.name)
+        self.check_ready()
+
+    def _subscribed(self, name: str) -> None:
+        """A subscription is no longer under way (caught up, refused, or its queue gone): the next in turn."""
+        self.subscribing.discard(name)
+        while self.waiting and len(self.subscribing) < SUBSCRIBING and self.conn is not None:
+            queue = self.waiting.pop(next(iter(self.waiting)))
+            if queue.name not in self.replicators:
+                self._subscribe(queue, False)
+
+    def first(self, name: str) -> None:
+        """The primary holds a publish on this queue until this backup has it: subscribe to it before the rest."""
+        queue = self.waiting.pop(name, None)
+        if queue is not None and name not in self.replicators and self.conn is not None:
+            self._subscribe(queue, False)
 
     def stop_replicating(self, queue: Queue) -> None:
         replicator = self.replicators.pop(queue.name, None)
         if replicator is not None:
             replicator.close()
+        self.waiting.pop(queue.name, None)
+        self._subscribed(queue.name)
         self.acquired.pop(queue.name, None)  # the queue is gone: nothing of it to redeliver
 
     def numbered_here(self, seq: int) -> bool:
@@ -254,6 +292,7 @@ class Backup:
 
     def caught_up(self, replicator: QueueReplicator) -> None:
         self.refused.pop(replicator.queue.name, None)
+        self._subscribed(replicator.queue.name)
         self.check_ready()
 
     def check_ready(self) -> None:
@@ -273,7 +312,7 @@ class Backup:
     def judge_ready(self) -> None:
         if self.state == JOINING or self.primary is None:
             return
-        ready = all(r.caught_up for r in self.replicators.values())
+        ready = not self.waiting and all(r.caught_up for r in self.replicators.values())
         state = READY if ready else CATCHUP
         if state != self.state:
             self.state = state
@@ -318,7 +357,8 @@ class Backup:
         return {"primary": self.primary, "members": self.members, "applied": self.applied,
                 "primary_build": self.peer_build.describe() if self.primary and self.peer_build else None,
                 "protocol": self.protocol if self.primary else None,
-                "replicating": {"queues": len(self.replicators), "caught_up": len(self.replicators) - len(behind),
+                "replicating": {"queues": len(self.replicators) + len(self.waiting),
+                                "caught_up": len(self.replicators) - len(behind), "waiting": len(self.waiting),
                                 "refused": len(self.refused)},
                 "queues": {r.queue.name: r.status() for r in shown},
                 "refused": dict(list(self.refused.items())[:STATUS_QUEUES]), "refusals": self.refusals,

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any, Protocol
+from typing import Any, Callable, Protocol
 
 from ..broker.codec import nodes
 from ..broker.errors import BrokerError, NOT_ALLOWED, NOT_FOUND, RESOURCE_LIMIT
@@ -246,7 +246,7 @@ class Primary:
         self.counters: dict[str, BackupCounters] = {}  # every backup seen while primary, by name
         self.state = RECOVERING if expected else ACTIVE
         # Backups that were ready under the old primary: publishes wait for them to be ready again.
-        self.expected: dict[str, QueueGuard] = {name: QueueGuard(name) for name in expected}
+        self.expected: dict[str, QueueGuard] = {name: QueueGuard(name, self._first_for(name)) for name in expected}
         # Each publish waits for this many brokers to hold it (the floor), and under `all` for each subscribed
         # backup too (its subscription holds it); a coordinator that can suspend confirmations needs the floor's
         # guard even where nothing else would (the opt-out).
@@ -360,6 +360,19 @@ class Primary:
     def members(self) -> dict[str, str]:
         return {name: backup.state for name, backup in self.backups.items()}
 
+    def _first_for(self, name: str) -> Callable[[Queue], None]:
+        return lambda queue: self._ask_first(name, queue)
+
+    def _ask_first(self, name: str, queue: Queue) -> None:
+        """A publish on `queue` waits for backup `name`, which has not caught up on it: ask the backup to subscribe
+        to it before the queues still waiting their turn. At 10,000 queues a publish after a failover otherwise
+        waited for the backup's subscriptions to every queue declared before it (1.5 s)."""
+        backup = self.backups.get(name)
+        sub = backup.subscriptions.get(queue.name) if backup is not None else None
+        if backup is not None and backup.wiring is not None and backup.protocol >= protocol.FIRST_PROTOCOL \
+                and (sub is None or sub.queue is not queue):
+            backup.wiring.send({"event": "first", "queue": queue.name})
+
     def ready_backups(self, queue: Queue) -> tuple[str, ...]:
         return tuple(sorted(name for name, backup in self.backups.items()
                             if (sub := backup.subscriptions.get(queue.name)) is not None
@@ -468,6 +481,9 @@ class Primary:
     def wiring_endpoint(self, link: Link) -> WiringSubscription:
         backup = self._backup_for(link, wiring=True)
         backup.wiring = WiringSubscription(backup, link)
+        expected = self.expected.get(backup.name)
+        for queue in list(expected.held) if expected is not None else ():  # publishes already wait for it
+            self._ask_first(backup.name, queue)
         backup.changed()
         self.membership_changed()
         return backup.wiring

@@ -25,6 +25,7 @@ EPOCH_SEQ_SHIFT: Final = 40  # each epoch numbers queue messages from epoch << 4
 PROTOCOL: Final = 2
 OLDEST_PROTOCOL: Final = 1
 FLAGS_PROTOCOL: Final = 2  # the first to carry the cluster's feature flags (a `features` event on the wiring link)
+FIRST_PROTOCOL: Final = 2  # the first to take a `first` event: subscribe to this queue before the others
 # Connection properties each end of a peer connection sends in its open frame (protocol 2 on).
 PROTOCOLS: Final = "x-ha-protocols"  # [oldest, newest] it speaks
 FEATURES: Final = "x-ha-features"  # the feature flags its build supports

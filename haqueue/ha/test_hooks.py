@@ -5,8 +5,8 @@ HAQUEUE_TEST_DROP_REPLICA=QUEUE:N  As a backup, drop the N-th live message recei
                                    replication link (counted from 1) yet acknowledge it as kept: the
                                    primary confirms it, trusting this backup holds it, and this
                                    backup logs no `replicate`. The audit tests plant a loss this way.
-HAQUEUE_TEST_HOLD_CAUGHT_UP=QUEUE  As a primary, never tell a backup it has caught up on QUEUE: backups
-                                   that subscribed to it with messages to catch up stay `catchup`.
+HAQUEUE_TEST_HOLD_CAUGHT_UP=GLOB   As a primary, never tell a backup it has caught up on a queue whose name
+                                   matches GLOB (fnmatch): backups that subscribed to one stay `catchup`.
 HAQUEUE_TEST_REFUSE_QUEUE=QUEUE    As a primary, refuse every backup's replication link for QUEUE.
 HAQUEUE_TEST_STOP_IN_CATCHUP=QUEUE:N  As a backup, stop its own process (SIGSTOP) on receiving the N-th
                                    catch-up message for QUEUE: its primary, short of credit, holds the
@@ -17,6 +17,7 @@ HAQUEUE_TEST_PROTOCOLS=OLDEST-NEWEST  Announce these replication protocols to pe
 """
 from __future__ import annotations
 
+import fnmatch
 import logging
 import os
 import signal
@@ -58,7 +59,8 @@ def stop_process() -> None:
 
 def caught_up_held(queue: str) -> bool:
     """Is the caught-up marker for `queue` never to be sent?"""
-    return _SET.get(HOLD_CAUGHT_UP) == queue
+    glob = _SET.get(HOLD_CAUGHT_UP)
+    return glob is not None and fnmatch.fnmatchcase(queue, glob)
 
 
 def link_refused(queue: str) -> bool:

@@ -37,6 +37,9 @@ class WiringHost(Protocol):
 
     def stop_replicating(self, queue: Queue) -> None: ...
 
+    def first(self, name: str) -> None:
+        """The primary holds a publish on this queue for this backup: subscribe to it before the others."""
+
     def wiring_detached(self, error: str | None) -> None: ...
 
     def cluster_features(self, enabled: Iterable[str]) -> None:
@@ -64,6 +67,8 @@ class WiringReplicator(LinkHandler):
                 self.backup.members = dict(event.get("members") or {})
             elif kind == "features":
                 self.backup.cluster_features(event.get("enabled") or ())
+            elif kind == "first":
+                self.backup.first(str(event.get("queue")))
         except BrokerError as e:
             log.error("cannot apply wiring event %s: %s", kind, e.description)
         self.link.settle(delivery, 0 if settled else ACCEPTED)

@@ -9,6 +9,8 @@ import time
 import pytest
 from proton import Message, Timeout
 
+from clients import Client
+from haqueue.ha.backup import SUBSCRIBING
 from ha_harness import HaCluster, Load, connect, receive, send_all, wait_for
 
 
@@ -177,6 +179,29 @@ def test_recovering_primary_holds_sends_until_backup_ready(ha_cluster):
         conn.close()
     c.wait_state(c[1], "primary", "active", timeout=5)
     c.wait_depth(c[2], "hold", 6)
+
+
+def test_a_publish_after_a_failover_goes_before_the_backups_other_queues(ha_cluster):
+    """A backup re-subscribes to a new primary's queues a few hundred at a time (SUBSCRIBING, ha/backup.py); a
+    queue on which a publish waits for it, the primary asks it to take first (the `first` wiring event). Here
+    the new primary never lets the backup catch up on 300 queues (a test hook), more than it subscribes to at
+    once: a publish on the queue declared after them is confirmed all the same, while the rest wait their turn."""
+    c = ha_cluster()
+    c[1].env = {"HAQUEUE_TEST_HOLD_CAUGHT_UP": "held-*"}  # haqueue/ha/test_hooks.py: only b1 as primary holds
+    p = c.start_cluster()
+    with Client(c.public) as client:
+        for i in range(300):
+            client.sender(f"held-{i:03d}")
+        client.send("last", [Message(body=0, durable=True)])
+    c.wait_ready(c[2])  # every queue caught up under b0, "last" with its message
+    c.kill(p)
+    c.promote(c[1])
+    assert c.status(c[1])["expected"] == ["b2"]
+    send_all(c.public, "last", [1])  # confirmed once b2 holds it
+    s = c.status(c[2])  # the first SUBSCRIBING held queues never catch up; "last" has, the rest wait
+    assert s["state"] == "catchup" and s["replicating"] == {
+        "queues": 301, "caught_up": 1, "waiting": 300 - SUBSCRIBING, "refused": 0}, s["replicating"]
+    assert c.bodies(c[2], "last") == [0, 1]
 
 
 def test_recovering_primary_releases_sends_after_backup_timeout(ha_cluster):
