@@ -26,7 +26,8 @@ Pacemaker's network namespaces and ZooKeeper's ensembles have fixed names and po
 partitions (`coordination`); the Spark tests share one JVM (`spark`). The two are the longest units of work, 10-15 minutes each, so
 they are handed out first, one to each worker (xdist's own order, by number of tests, would start one
 of them late); the other modules fill in around them (ports are chosen free at run time, directories
-are per test).
+are per test), tests/unit's last: a worker that ends early takes its short modules, not a long one the
+other worker would wait for.
 """
 from __future__ import annotations
 
@@ -62,6 +63,7 @@ GROUPS = {"audit": "spark", "nemesis": "coordination", "pacemaker": "coordinatio
 MODULE_GROUPS = {"shard/test_shard_audit.py": "spark", "pacemaker/test_pacemaker_agent.py": None,
                  "pacemaker/test_pcs_shard_setup.py": None}
 FIRST = ("spark", "coordination")  # handed out first, in this order
+LAST = "unit"  # the directory handed out last: its many short modules even out the workers' ends
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -78,7 +80,14 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         # a module's tests stay together, in order: some share a module-scoped broker and build on each other
         groups[item.nodeid] = _group(path)
         item.add_marker(pytest.mark.xdist_group(groups[item.nodeid]))
-    items.sort(key=lambda item: FIRST.index(groups[item.nodeid]) if groups[item.nodeid] in FIRST else len(FIRST))
+    items.sort(key=lambda item: _handed_out(groups[item.nodeid], Path(item.fspath).relative_to(TESTS)))
+
+
+def _handed_out(group: str, path: Path) -> int:
+    """Where a group's tests go in the order xdist hands the groups out in."""
+    if group in FIRST:
+        return FIRST.index(group)
+    return len(FIRST) + (path.parts[0] == LAST)
 
 
 def _group(path: Path) -> str:
