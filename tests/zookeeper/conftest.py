@@ -1,9 +1,10 @@
 """Fixtures for the ZooKeeper tests: a real 3-server ensemble and brokers using it, always cleaned up.
 
-`ensemble`    a started `Ensemble` (zk_harness.py), serving. One ensemble serves a module's tests (three JVMs
-              and an election, seconds each time): every cluster has a ZooKeeper path of its own
-              (ZkCluster's random path), and an ensemble left serving holds nothing a later test reads. A test
-              marked `breaks_ensemble` (it kills or stops servers) gets one of its own, killed at its end.
+`ensemble`    a started `Ensemble` (zk_harness.py), serving. One ensemble serves the tests of every module of
+              the run (three JVMs and an election, seconds each time; its ports are chosen free): every cluster
+              has a ZooKeeper path of its own (ZkCluster's random path, the sharded tests' own), and an ensemble
+              left serving holds nothing a later test reads. A test marked `breaks_ensemble` (it kills or stops
+              servers) gets one of its own, killed at its end.
 `zk_cluster`  ``zk_cluster(size=3, session_timeout=3.0, weights=None)`` makes a `ZkCluster` on that
               ensemble (not started); its brokers are SIGCONTed and stopped at the end, and the
               tails of every log are printed (pytest shows them when the test fails).
@@ -42,7 +43,7 @@ def _running(directory: Path) -> Iterator[Ensemble]:
         zk.stop()
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def shared_ensemble(tmp_path_factory) -> Iterator[Ensemble]:
     with _running(tmp_path_factory.mktemp("zookeeper")) as zk:
         yield zk
