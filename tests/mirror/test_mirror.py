@@ -142,8 +142,9 @@ def test_mirror_under_load_through_a_cut_then_the_site_lost(sites) -> None:
 
 def test_a_new_source_primary_resumes_the_mirror_under_load_then_the_site_lost(sites) -> None:
     """Ten mirrored queues under continuous load (a producer on each, a consumer on five), the site link 50 ms long.
-    The source's primary is killed (-9) mid-load and its backup promoted: the new primary resumes the mirror from
-    what the standby holds while the clients go on. Then the consumers stop (their dequeues reach the standby) and
+    The link is cut (the standby falls behind, its transfers in flight lost), the source's primary killed (-9)
+    mid-load and its backup promoted, the link healed: the new primary resumes the mirror from what the standby
+    holds (the dequeues of the meantime included) while the clients go on. Then the consumers stop (their dequeues reach the standby) and
     the whole source is killed mid-publish. The standby, promoted, holds every message confirmed at the source up
     to the last one mirrored, less what the source's consumers took, in the order published, and nothing twice
     but a publish retried across the kill; consumers resume there and are given none of what they took."""
@@ -156,9 +157,14 @@ def test_a_new_source_primary_resumes_the_mirror_under_load_then_the_site_lost(s
             """`more` confirmed on each queue, and this source primary's mirror confirmed by the standby on each."""
             return all(producers[q].confirmed_count() >= n for q, n in more.items()) and mirrored_here(site, queues)
         wait_for(lambda: confirmed_and_mirrored({q: 20 for q in queues}), LAG_TIMEOUT, message="mirrored under load")
+        site.relay.cut()  # the standby falls behind: published and consumed meanwhile, its transfers cut off
+        more = {q: p.confirmed_count() + 10 for q, p in producers.items()}
+        wait_for(lambda: all(producers[q].confirmed_count() >= n for q, n in more.items()), LAG_TIMEOUT,
+                 message="published while the site link is cut")
         site.source.kill(site.primary)
         site.primary = site.source[1]
         site.source.promote(site.primary)
+        site.relay.heal()
         more = {q: p.confirmed_count() + 20 for q, p in producers.items()}
         wait_for(lambda: confirmed_and_mirrored(more), LAG_TIMEOUT,
                  message="the clients served and the mirror resumed by the new source primary")
