@@ -15,7 +15,7 @@ from proton import Message
 from harness import wait_for
 from ha_harness import connect
 from pcmk_clients import Load
-from pcmk_shards import CLIENT_PORT, SHARDS, node_vip, shard_vip
+from pcmk_shards import CLIENT_PORT, RELAY_TIMEOUT, SHARDS, node_vip, shard_vip
 
 from haqueue.shard.ownership import shard_of_name
 
@@ -87,7 +87,7 @@ def test_a_killed_shard_primary_fails_over_under_a_relayed_producer_losing_nothi
     preferred, other = (c.node(n) for n in c.replicas[0])
     epoch = c.shard_broker(preferred, 0)["epoch"]
     load = Load(f"{node_vip(c.node('node3'))}:{CLIENT_PORT}", queue_of(0, "failover"))
-    load.send_timeout = 20.0  # above a failover: the client waits on its link while the relay finds the new primary
+    load.send_timeout = RELAY_TIMEOUT + 10  # the client waits on its link while the relay finds the new primary
     load.start()
     try:
         wait_for(lambda: load.confirmed_count() >= 50, 30, message="50 confirmed before the kill")
@@ -101,12 +101,13 @@ def test_a_killed_shard_primary_fails_over_under_a_relayed_producer_losing_nothi
         wait_for(other_primary, 60, interval=0.2, message=f"shard 0 primary on {other.name}")
         took_over = time.monotonic() - killed
         base = load.confirmed_count()
-        wait_for(lambda: load.confirmed_count() >= base + 50, 30, message="50 confirmed by the new primary")
+        # bounded by the relay's wait: it reaches the new primary once the shard's VIP is there
+        wait_for(lambda: load.confirmed_count() >= base + 50, RELAY_TIMEOUT, message="50 confirmed by the new primary")
         relayed_again = time.monotonic() - killed
         c.wait_preferred_primaries(120)
         failed_back = time.monotonic() - killed
         base = load.confirmed_count()
-        wait_for(lambda: load.confirmed_count() >= base + 50, 30, message="50 confirmed after the failback")
+        wait_for(lambda: load.confirmed_count() >= base + 50, RELAY_TIMEOUT, message="50 confirmed after the failback")
     finally:
         load.stop()
     report = load.report()
