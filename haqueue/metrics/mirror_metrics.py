@@ -1,8 +1,8 @@
 """The mirror's metrics (design/metrics.md, design/mirroring.md): on a source's primary the connection to the standby
 and each mirrored queue's lag, bytes held back and backlog limit; on a standby each source's connection, the
-mirror epoch, and the messages applied to each mirror queue. Read from the mirror's own status, the one `haqueue admin mirror status` prints (management's
-`READ mirror`), so the two never disagree; a broker without a `mirror:` section has no such operation and gets no
-source of these metrics at all."""
+mirror epoch, and the messages applied to each mirror queue. Read from the mirror's own status, the one `haqueue
+admin mirror status` prints (management's `READ mirror`), so the two never disagree; a broker without a `mirror:`
+section has no such operation and gets no source of these metrics at all."""
 from __future__ import annotations
 
 from typing import Any, Callable, Iterable

@@ -144,10 +144,11 @@ def test_a_new_source_primary_resumes_the_mirror_under_load_then_the_site_lost(s
     """Ten mirrored queues under continuous load (a producer on each, a consumer on five), the site link 50 ms long.
     The link is cut (the standby falls behind, its transfers in flight lost), the source's primary killed (-9)
     mid-load and its backup promoted, the link healed: the new primary resumes the mirror from what the standby
-    holds (the dequeues of the meantime included) while the clients go on. Then the consumers stop (their dequeues reach the standby) and
-    the whole source is killed mid-publish. The standby, promoted, holds every message confirmed at the source up
-    to the last one mirrored, less what the source's consumers took, in the order published, and nothing twice
-    but a publish retried across the kill; consumers resume there and are given none of what they took."""
+    holds (the dequeues of the meantime included) while the clients go on. Then the consumers stop (their dequeues
+    reach the standby) and the whole source is killed mid-publish. The standby, promoted, holds every message
+    confirmed at the source up to the last one mirrored, less what the source's consumers took, in the order
+    published, and nothing twice but a publish retried across the kill; consumers resume there and are given none
+    of what they took."""
     site = sites(queues=["orders.*"], source_goes_on=True)
     queues = [f"orders.{i}" for i in range(10)]
     producers = {q: Side(site.source.public, q, producer=True).start() for q in queues}
