@@ -26,7 +26,7 @@ import yaml
 
 from ..admin import AdminClient, AdminError
 from ..config import TlsConfig, broker_config
-from .liveness import Liveness
+from .liveness import Liveness, cpu_seconds
 from .up_config import NO_FILE, broker_audit
 
 log = logging.getLogger("haqueue.cluster")
@@ -34,6 +34,8 @@ log = logging.getLogger("haqueue.cluster")
 CHECK_INTERVAL = 0.2  # seconds between looks at the primary
 PING_TIMEOUT = 1.0  # a primary that does not answer in this long, twice, is declared hung
 PROMOTE_TIMEOUT = 30.0  # seconds to keep asking before saying a promotion is stuck
+START_GRACE = 15.0  # seconds a starting broker may leave the supervisor unanswered while using no CPU
+START_TIMEOUT = 300.0  # ... and while using CPU (recovering a store of 10,000 queues on a busy machine)
 HA_USER = "ha"
 
 
@@ -127,20 +129,33 @@ class Supervisor:
             member.process = subprocess.Popen([sys.executable, "-m", "haqueue", "broker", *member.args],
                                               stdout=member.log_file, stderr=member.log_file)
         for member in members:
-            self.wait_answering(member, 15.0)
+            self.wait_answering(member)
 
-    def wait_answering(self, member: Member, timeout: float) -> None:
-        deadline = time.monotonic() + timeout
+    def wait_answering(self, member: Member) -> None:
+        """Until the broker answers; an error if it exits, or leaves START_GRACE seconds unanswered without using
+        CPU (hung) or START_TIMEOUT seconds whatever it does. A broker recovering its store keeps using CPU: at
+        10,000 queues on a loaded machine that took over 15 s, and the whole cluster was stopped for it."""
+        assert member.process is not None
+        pid = member.process.pid
+        started = time.monotonic()
+        idle_deadline, cpu = started + START_GRACE, cpu_seconds(pid)
         while True:
             try:
                 self.request(member, "READ", "broker", timeout=1.0)
                 return
             except AdminError:
-                if member.process is not None and member.process.poll() is not None:
+                if member.process.poll() is not None:
                     raise AdminError(f"{member.name} exited with {member.process.returncode}; see {member.log_path}")
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.05)  # polling a process that is starting, bounded by the deadline
+                now = time.monotonic()
+                if now > idle_deadline:
+                    used = cpu_seconds(pid)
+                    working = used is not None and cpu is not None and used > cpu
+                    if not working or now - started > START_TIMEOUT:
+                        why = "" if working else f", using no CPU for {START_GRACE:g} s"
+                        raise AdminError(f"{member.name} did not answer within {now - started:.0f} s{why}; "
+                                         f"see {member.log_path}") from None
+                    idle_deadline, cpu = now + START_GRACE, used
+                time.sleep(0.05)  # polling a process that is starting, bounded by the deadlines
 
     def kill(self, member: Member) -> None:
         if member.process is not None and member.process.poll() is None:

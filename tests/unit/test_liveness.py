@@ -1,5 +1,5 @@
-"""The supervisor's judgement of a primary that leaves its pings unanswered: busy (using CPU) or hung (stopped,
-or idle without answering). Real child processes; their CPU read from /proc as the supervisor reads it."""
+"""The supervisor's judgement of a primary that leaves its pings unanswered, and of a starting broker that does not
+answer yet: busy (using CPU) or hung (stopped, or idle without answering). Real child processes; their CPU read from /proc as the supervisor reads it."""
 from __future__ import annotations
 
 import os
@@ -9,7 +9,9 @@ import sys
 
 import pytest
 
-from harness import wait_for
+from harness import free_port, wait_for
+from haqueue.admin import AdminError
+from haqueue.coord import supervisor
 from haqueue.coord.liveness import Liveness, cpu_seconds
 
 
@@ -57,3 +59,17 @@ def test_an_idle_process_that_does_not_answer_is_hung(spawn):
     wait_for(lambda: state(child.pid) == "S", 10, message="the child asleep")
     liveness = Liveness(child.pid, "idle")
     assert not liveness.busy()
+
+
+@pytest.mark.parametrize("code, why", [
+    ("while True: pass", r"did not answer within \d+ s; see"),  # working, but past START_TIMEOUT
+    ("import time\ntime.sleep(60)", "using no CPU for 0.3 s"),  # idle: hung
+])
+def test_a_starting_broker_that_never_answers_is_given_up_on_saying_why(spawn, monkeypatch, tmp_path, code, why):
+    """The supervisor waits for a starting broker while it uses CPU (a store's recovery), not while it idles."""
+    monkeypatch.setattr(supervisor, "START_GRACE", 0.3)
+    monkeypatch.setattr(supervisor, "START_TIMEOUT", 1.0)
+    member = supervisor.Member("b0", ("127.0.0.1", free_port()), [], str(tmp_path / "b0.log"))
+    member.process = spawn(f"print('started', flush=True)\n{code}")
+    with pytest.raises(AdminError, match=why):
+        supervisor.Supervisor([member], "ha", "secret").wait_answering(member)
