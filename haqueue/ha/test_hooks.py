@@ -11,6 +11,8 @@ HAQUEUE_TEST_REFUSE_QUEUE=QUEUE    As a primary, refuse every backup's replicati
 HAQUEUE_TEST_STOP_IN_CATCHUP=QUEUE:N  As a backup, stop its own process (SIGSTOP) on receiving the N-th
                                    catch-up message for QUEUE: its primary, short of credit, holds the
                                    rest, so a test sees the catch-up part way until it sends SIGCONT.
+HAQUEUE_TEST_SUBSCRIBING=N         As a backup, subscribe to at most N queues at a time, not backup.SUBSCRIBING:
+                                   a test fills the window with a few hundred queues, not thousands.
 HAQUEUE_TEST_PROTOCOLS=OLDEST-NEWEST  Announce these replication protocols to peers, as a build of another
                                    release would (design/upgrades.md): the tests of a peer refused for a
                                    protocol it does not share.
@@ -30,11 +32,12 @@ HOLD_CAUGHT_UP = "HAQUEUE_TEST_HOLD_CAUGHT_UP"
 REFUSE_QUEUE = "HAQUEUE_TEST_REFUSE_QUEUE"
 STOP_IN_CATCHUP = "HAQUEUE_TEST_STOP_IN_CATCHUP"
 PROTOCOLS = "HAQUEUE_TEST_PROTOCOLS"
+SUBSCRIBING = "HAQUEUE_TEST_SUBSCRIBING"
 
 # Read once: a broker's environment is set before it starts, and asking os.environ for each of 10,000 queue links
 # was 3 % of a new primary's CPU as its backups re-subscribed.
 _SET: Final = {name: os.environ[name] for name in (DROP_REPLICA, HOLD_CAUGHT_UP, REFUSE_QUEUE, STOP_IN_CATCHUP,
-                                                  PROTOCOLS) if name in os.environ}
+                                                  PROTOCOLS, SUBSCRIBING) if name in os.environ}
 
 
 def _numbered(variable: str, queue: str) -> int:
@@ -68,6 +71,12 @@ def link_refused(queue: str) -> bool:
     return _SET.get(REFUSE_QUEUE) == queue
 
 
+def subscribing(default: int) -> int:
+    """How many queues a backup subscribes to at a time: `default` unless a test says."""
+    value = _SET.get(SUBSCRIBING, "")
+    return int(value) if value.isdigit() else default
+
+
 def announced_protocols() -> tuple[int, int] | None:
     """The (oldest, newest) replication protocols to announce instead of this build's; None: this build's."""
     return protocols(_SET.get(PROTOCOLS, ""))
@@ -85,6 +94,7 @@ _WARNINGS: Final = {
     REFUSE_QUEUE: "as primary, this broker refuses that queue's replication links",
     STOP_IN_CATCHUP: "as backup, this broker stops its own process part way through a catch-up",
     PROTOCOLS: "this broker announces replication protocols it does not speak",
+    SUBSCRIBING: "as backup, this broker subscribes to that many queues at a time",
 }
 
 

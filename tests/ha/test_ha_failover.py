@@ -10,7 +10,6 @@ import pytest
 from proton import Message, Timeout
 
 from clients import Client
-from haqueue.ha.backup import SUBSCRIBING
 from ha_harness import HaCluster, Load, connect, receive, send_all, wait_for
 
 
@@ -182,12 +181,13 @@ def test_recovering_primary_holds_sends_until_backup_ready(ha_cluster):
 
 
 def test_a_publish_after_a_failover_goes_before_the_backups_other_queues(ha_cluster):
-    """A backup re-subscribes to a new primary's queues a few hundred at a time (SUBSCRIBING, ha/backup.py); a
+    """A backup re-subscribes to a new primary's queues a thousand at a time (SUBSCRIBING, ha/backup.py); a
     queue on which a publish waits for it, the primary asks it to take first (the `first` wiring event). Here
     the new primary never lets the backup catch up on 300 queues (a test hook), more than it subscribes to at
     once: a publish on the queue declared after them is confirmed all the same, while the rest wait their turn."""
     c = ha_cluster()
     c[1].env = {"HAQUEUE_TEST_HOLD_CAUGHT_UP": "held-*"}  # haqueue/ha/test_hooks.py: only b1 as primary holds
+    c[2].env = {"HAQUEUE_TEST_SUBSCRIBING": "256"}  # and b2 subscribes to 256 at a time (not 1,024)
     p = c.start_cluster()
     with Client(c.public) as client:
         for i in range(300):
@@ -198,9 +198,9 @@ def test_a_publish_after_a_failover_goes_before_the_backups_other_queues(ha_clus
     c.promote(c[1])
     assert c.status(c[1])["expected"] == ["b2"]
     send_all(c.public, "last", [1])  # confirmed once b2 holds it
-    s = c.status(c[2])  # the first SUBSCRIBING held queues never catch up; "last" has, the rest wait
+    s = c.status(c[2])  # the first 256 held queues never catch up; "last" has, the rest wait
     assert s["state"] == "catchup" and s["replicating"] == {
-        "queues": 301, "caught_up": 1, "waiting": 300 - SUBSCRIBING, "refused": 0}, s["replicating"]
+        "queues": 301, "caught_up": 1, "waiting": 300 - 256, "refused": 0}, s["replicating"]
     assert c.bodies(c[2], "last") == [0, 1]
 
 
