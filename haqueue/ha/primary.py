@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any, Callable, Protocol
+from typing import Any, Protocol
 
 from ..broker.codec import nodes
 from ..broker.errors import BrokerError, NOT_ALLOWED, NOT_FOUND, RESOURCE_LIMIT
@@ -20,6 +20,7 @@ from ..broker.server import Broker
 from ..config import HaConfig
 from . import protocol, versions
 from .adoption import Adoptions, Taker
+from .ask_first import AskFirst
 from .features import FeatureFlags
 from .policy import Policy
 from .queue_guard import QueueGuard
@@ -246,7 +247,8 @@ class Primary:
         self.counters: dict[str, BackupCounters] = {}  # every backup seen while primary, by name
         self.state = RECOVERING if expected else ACTIVE
         # Backups that were ready under the old primary: publishes wait for them to be ready again.
-        self.expected: dict[str, QueueGuard] = {name: QueueGuard(name, self._first_for(name)) for name in expected}
+        self.expected: dict[str, QueueGuard] = {name: QueueGuard(name) for name in expected}
+        self.ask_first = AskFirst(self._ask_first)  # on the queues while a backup catches up
         # Each publish waits for this many brokers to hold it (the floor), and under `all` for each subscribed
         # backup too (its subscription holds it); a coordinator that can suspend confirmations needs the floor's
         # guard even where nothing else would (the opt-out).
@@ -330,6 +332,8 @@ class Primary:
             # Messages kept on this broker alone (x-replicate: false; transient ones under `durable`): no guard
             # holds them, no backup is sent them.
             queue.keep_local_where(self.ha.policy.keeps_local(queue))
+            if self.ask_first.standing:
+                self.ask_first.stand_on([queue])
             if self.quorums is not None:
                 self.quorums.guard(queue)
             if not self.holds:  # votes from any majority, not each backup's own guard
@@ -360,18 +364,21 @@ class Primary:
     def members(self) -> dict[str, str]:
         return {name: backup.state for name, backup in self.backups.items()}
 
-    def _first_for(self, name: str) -> Callable[[Queue], None]:
-        return lambda queue: self._ask_first(name, queue)
+    def _ask_first(self, queue: Queue) -> None:
+        """A publish on `queue` waits: ask each backup not subscribed to it yet to take it before the queues still
+        waiting their turn (ask_first.py)."""
+        for backup in self.backups.values():
+            sub = backup.subscriptions.get(queue.name)
+            if backup.wiring is not None and backup.protocol >= protocol.FIRST_PROTOCOL \
+                    and (sub is None or sub.queue is not queue):
+                backup.wiring.send({"event": "first", "queue": queue.name})
 
-    def _ask_first(self, name: str, queue: Queue) -> None:
-        """A publish on `queue` waits for backup `name`, which has not caught up on it: ask the backup to subscribe
-        to it before the queues still waiting their turn. At 10,000 queues a publish after a failover otherwise
-        waited for the backup's subscriptions to every queue declared before it (1.5 s)."""
-        backup = self.backups.get(name)
-        sub = backup.subscriptions.get(queue.name) if backup is not None else None
-        if backup is not None and backup.wiring is not None and backup.protocol >= protocol.FIRST_PROTOCOL \
-                and (sub is None or sub.queue is not queue):
-            backup.wiring.send({"event": "first", "queue": queue.name})
+    def _waiting_queues(self) -> set[Queue]:
+        """The queues on which publishes wait for backups now."""
+        queues = {queue for queue, held in self.quorums.pending.items() if held} if self.quorums is not None else set()
+        for guard in self.expected.values():
+            queues.update(guard.held)
+        return queues
 
     def ready_backups(self, queue: Queue) -> tuple[str, ...]:
         return tuple(sorted(name for name, backup in self.backups.items()
@@ -386,6 +393,8 @@ class Primary:
                 del self.expected[name]
         if self.state == RECOVERING and not self.expected:
             self._go_active()
+        if self.ask_first.standing and all(backup.state == READY for backup in self.backups.values()):
+            self.ask_first.leave()
         self._judge_floor()
         self._broadcast({"event": "membership", "members": self.members()})
 
@@ -481,9 +490,12 @@ class Primary:
     def wiring_endpoint(self, link: Link) -> WiringSubscription:
         backup = self._backup_for(link, wiring=True)
         backup.wiring = WiringSubscription(backup, link)
-        expected = self.expected.get(backup.name)
-        for queue in list(expected.held) if expected is not None else ():  # publishes already wait for it
-            self._ask_first(backup.name, queue)
+        if not self.ask_first.standing:
+            policy = self.ha.policy
+            self.ask_first.stand_on([q for q in self.broker.registry.queues() if policy.replicates_messages(q)])
+        self.ask_first.asked.clear()  # a queue a publish waits on, this backup is asked for too
+        for queue in self._waiting_queues():
+            self._ask_first(queue)
         backup.changed()
         self.membership_changed()
         return backup.wiring

@@ -11,18 +11,14 @@ guard keeps holding the ones enqueued before, which the backup receives in catch
 from __future__ import annotations
 
 import time
-from typing import Callable
 
 from ..broker.completion import Completion
 from ..broker.queue import Entry, Queue
 
 
 class QueueGuard:
-    def __init__(self, backup_name: str, waiting: Callable[[Queue], None] | None = None) -> None:
+    def __init__(self, backup_name: str) -> None:
         self.backup_name = backup_name
-        # Told of each queue on which a publish starts to wait for the backup (the primary asks the backup to
-        # subscribe to it before the others).
-        self.waiting = waiting
         self.held: dict[Queue, list[Completion]] = {}  # by queue: publishes held for this backup
         self.queues: list[Queue] = []
         self.released = False
@@ -43,12 +39,7 @@ class QueueGuard:
         completion.hold()
         if not self.held:
             self.held_since = time.monotonic()
-        held = self.held.get(queue)
-        if held is None:
-            held = self.held[queue] = []
-            if self.waiting is not None:
-                self.waiting(queue)
-        held.append(completion)
+        self.held.setdefault(queue, []).append(completion)
 
     def release_queue(self, queue: Queue) -> None:
         """The backup has caught up on this queue (its subscription holds what comes next): let what was held

@@ -182,7 +182,7 @@ def test_recovering_primary_holds_sends_until_backup_ready(ha_cluster):
 
 def test_a_publish_after_a_failover_goes_before_the_backups_other_queues(ha_cluster):
     """A backup re-subscribes to a new primary's queues a thousand at a time (SUBSCRIBING, ha/backup.py); a
-    queue on which a publish waits for it, the primary asks it to take first (the `first` wiring event). Here
+    queue on which a publish waits, the primary asks it to take first (the `first` event, ha/ask_first.py). Here
     the new primary never lets the backup catch up on 300 queues (a test hook), more than it subscribes to at
     once: a publish on the queue declared after them is confirmed all the same, while the rest wait their turn."""
     c = ha_cluster()

@@ -32,8 +32,8 @@ def assert_all_hold(c: HaCluster, brokers, expected: dict[str, int]) -> None:
 
 def wait_all_ready(c: HaCluster, backups, timeout: float = 60.0) -> None:
     for b in backups:
-        c.wait_state(b, "backup", "ready", timeout,
-                     check=lambda s: s["replicating"] == {"queues": QUEUES, "caught_up": QUEUES, "refused": 0})
+        c.wait_state(b, "backup", "ready", timeout, check=lambda s: s["replicating"] == {
+            "queues": QUEUES, "caught_up": QUEUES, "waiting": 0, "refused": 0})
 
 
 @pytest.mark.slow
