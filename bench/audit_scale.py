@@ -158,6 +158,7 @@ def audit_once(events: str, master: str | None, profile: bool, extra: dict[str, 
             Storage(spark).write(str(scratch / "warm"), report.outputs(again))
             warm_s = time.monotonic() - started
             ok = ok and planted_found(again)
+        jvm = jvm_threads_cpu(spark.sparkContext._jvm.java.lang.ProcessHandle.current().pid())  # type: ignore
         spark.stop()
         actions = [a for a in spark_actions(scratch / "log") if a["start"] < first_ends]
         if profile:
@@ -166,13 +167,42 @@ def audit_once(events: str, master: str | None, profile: bool, extra: dict[str, 
                 print(f"{(a['start'] - begun) / 1000:6.1f}-{(a['end'] - begun) / 1000:5.1f} s {a['wall_s']:6.1f} s  "
                       f"{a['jobs']:3d} jobs {a['tasks']:5d} tasks  task CPU {a['cpu_s']:6.1f} s  GC {a['gc_s']:5.1f} s  "
                       f"{a['what']}")
+            print("JVM CPU s by thread: " + ", ".join(f"{kind} {cpu:.1f}" for kind, cpu in
+                                                      sorted(jvm.items(), key=lambda item: -item[1])))
         return {"events": audit.totals["events"], "summary": report.summary(audit), "session_s": session_s,
                 "audit_s": audit_s, "warm_s": warm_s,
                 "task_cpu_s": sum(a["cpu_s"] for a in actions), "gc_s": sum(a["gc_s"] for a in actions),
                 "actions": len(actions),
-                "jobs": sum(a["jobs"] for a in actions), "busy_cores": busy_cores, "ok": ok}
+                "jobs": sum(a["jobs"] for a in actions), "jvm_cpu_s": sum(jvm.values()), "busy_cores": busy_cores,
+                "ok": ok}
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
+
+
+# The JVM's threads by kind, from the first characters of their names (Linux keeps 15).
+THREAD_KINDS = (("C2 Compiler", "C2"), ("C1 Compiler", "C1"), ("Executor task", "tasks"), ("GC Thread", "GC"),
+                ("ParGC", "GC"), ("Thread-", "driver (Py4J)"), ("java", "main"))
+
+
+def jvm_threads_cpu(pid: int) -> dict[str, float]:
+    """CPU-s (user + system) of the JVM `pid`'s live threads so far, by kind (THREAD_KINDS, else "other"), as
+    /proc counts it, and those of the threads that ended ("ended"): the whole cost of an audit in its JVM, which
+    Spark's task CPU leaves out (compilers, planning)."""
+    cpu: dict[str, float] = {}
+
+    def ticks(stat: Path) -> int:
+        fields = stat.read_text().rsplit(")", 1)[1].split()
+        return int(fields[11]) + int(fields[12])  # utime, stime
+    whole = ticks(Path(f"/proc/{pid}/stat")) / CLK_TCK
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            name, used = (task / "comm").read_text().strip(), ticks(task / "stat") / CLK_TCK
+        except OSError:  # the thread ended meanwhile
+            continue
+        kind = next((k for prefix, k in THREAD_KINDS if name.startswith(prefix)), "other")
+        cpu[kind] = cpu.get(kind, 0.0) + used
+    cpu["ended"] = max(0.0, whole - sum(cpu.values()))
+    return cpu
 
 
 def planted_found(audit: Any) -> bool:

@@ -233,12 +233,7 @@ def _analyse(ev: DataFrame, counted: pd.DataFrame, bad: DataFrame | None, bound:
                             .unionByName(_as_problem(_at_risk(judged.completes, judged.replicas, sizes), AT_RISK, "t"))
                             .unionByName(_aside(judged.aside, judged.completes))).persist()
                 kept.append(problems)
-                counts: pd.DataFrame = (problems.groupBy("queue", "backup", "problem", "epoch")
-                                        .agg(F.sum("weight").alias("n")).toPandas())
-                detail = (problems.orderBy("problem", "queue", "seq", "backup").limit(DETAIL_LIMIT)
-                          .select("problem", "queue", "seq", "message_id", "backup",
-                                  F.timestamp_micros("t").alias("time"))
-                          .toPandas())
+                counts, detail = _problem_tables(problems)
             lags, timeline = _lag_tables(lag_stats.result())
             latencies, inherited_found = latency.result(), inherited_counts.result()
             bad_table = bad_input.result() if bad_input is not None else _NO_BAD_LINES.copy()
@@ -383,6 +378,27 @@ def _problems(judged: _Kinds, order: DataFrame, runs: DataFrame, marks: DataFram
     for frame in frames[1:]:
         union = union.unionByName(frame)
     return union
+
+
+_COUNTED = ["queue", "backup", "problem", "epoch"]  # the problems' counts (_problem_tables) are per these
+_ORDER = ["problem", "queue", "seq", "backup"]  # the problems table's order
+_DETAIL = ["problem", "queue", "seq", "message_id", "backup", "time"]  # and its columns
+
+
+def _problem_tables(problems: DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(the counts: `n`, the weights added up per _COUNTED; the problems table: the first DETAIL_LIMIT problems in
+    _ORDER, nulls first as Spark orders them) of `problems` (_as_problem's rows). Up to DETAIL_LIMIT problems (a
+    healthy cluster's handful) are collected in one query and both tables made of them here: a query of its own
+    for each, the sort's too, was a fixed cost of every audit. More are counted and sorted by Spark."""
+    detail_columns: list[Column | str] = [*_DETAIL[:-1], F.timestamp_micros("t").alias("time")]
+    rows: pd.DataFrame = problems.select(*detail_columns, "weight", "epoch").limit(DETAIL_LIMIT + 1).toPandas()
+    if len(rows) <= DETAIL_LIMIT:
+        counts = rows.groupby(_COUNTED, dropna=False, as_index=False)["weight"].sum().rename(columns={"weight": "n"})
+        detail = rows.sort_values(_ORDER, na_position="first", kind="stable", ignore_index=True)[_DETAIL]
+        return counts, detail
+    counts = problems.groupBy(*_COUNTED).agg(F.sum("weight").alias("n")).toPandas()
+    detail = problems.orderBy(*_ORDER).limit(DETAIL_LIMIT).select(*detail_columns).toPandas()
+    return counts, detail
 
 
 def _as_problem(frame: DataFrame, problem: str | Column, time: str, weight: Column | None = None,

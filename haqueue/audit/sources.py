@@ -24,6 +24,11 @@ BYTES_PER_PARTITION = 64 << 20
 # concurrent threads took about 12 CPU-s of a 10M-event audit on 2 cores; without them (and lag._small's Python
 # workers) it took 0.85-0.89 of the time (bench/RESULTS.md). A --conf of the same keys replaces it.
 JVM_OPTIONS = "-XX:+UseParallelGC"
+# ... and for an input under BYTES_PER_PARTITION (jvm_options): the audit of a small input is nearly all a fixed
+# part (starting the JVM, planning each query, compiling Spark's code and the generated code), and C2 compiling the
+# code that plans and runs its few rows costs more than it saves; C1 alone and the serial collector took about
+# half the JVM's CPU of such an audit (bench/RESULTS.md). On a large input C2's code runs the events ~1.5x as fast.
+SMALL_JVM_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
 # Jobs share the cores between pools, not in the order they came (FIFO): an audit runs queries side by side, and
 # lag.py puts the problems' chain of small jobs in a pool of its own, not queued behind the lag's large tasks
 # (bench/RESULTS.md). A --conf of the key replaces it.
@@ -34,7 +39,7 @@ def session(master: str | None = None, conf: Mapping[str, str] | None = None, de
             size: int | None = None) -> SparkSession:
     """A Spark session: `master`, else spark-submit's, else local[*]. `conf` (the command's --conf) wins
     over the defaults here: the driver's memory for an input of `size` (driver_memory), the JVMs' options
-    (JVM_OPTIONS) and the scheduler's mode (SCHEDULER_MODE), on any master; no web UI on a local one. Under
+    (jvm_options) and the scheduler's mode (SCHEDULER_MODE), on any master; no web UI on a local one. Under
     spark-submit its JVM is already running: its own --conf settings stand.
     Spark logs only fatal errors unless `debug`: a failed job is told in one line (failures.py).
     UsageError if this process runs a session on another master than `master`: Spark would hand that one
@@ -50,8 +55,9 @@ def session(master: str | None = None, conf: Mapping[str, str] | None = None, de
     defaults = {"spark.log.level": _LOG_LEVEL[debug]}
     if not submitted:
         master = master or "local[*]"
+        options = jvm_options(size)
         defaults |= {"spark.driver.memory": driver_memory(master, size), "spark.ui.showConsoleProgress": "false",
-                     "spark.driver.extraJavaOptions": JVM_OPTIONS, "spark.executor.extraJavaOptions": JVM_OPTIONS,
+                     "spark.driver.extraJavaOptions": options, "spark.executor.extraJavaOptions": options,
                      "spark.scheduler.mode": SCHEDULER_MODE}
     if master is not None and master.startswith("local"):
         defaults["spark.ui.enabled"] = "false"
@@ -66,6 +72,11 @@ def session(master: str | None = None, conf: Mapping[str, str] | None = None, de
 
 
 _LOG_LEVEL = {False: "FATAL", True: "ERROR"}  # Spark's, without and with --debug
+
+
+def jvm_options(size: int | None) -> str:
+    """The JVMs' options for an input of `size` bytes (EventInput.size; None: not known before the session)."""
+    return SMALL_JVM_OPTIONS if size is not None and size < BYTES_PER_PARTITION else JVM_OPTIONS
 
 
 def tune_for(spark: SparkSession, size: int, given: Collection[str] = ()) -> None:

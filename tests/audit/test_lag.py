@@ -238,12 +238,16 @@ def test_the_drivers_memory_is_sized_from_the_input_listed_as_the_audit_reads_it
 def test_the_audit_asks_for_the_throughput_collector_and_fair_scheduling(spark):
     """The session this process starts asks for JVM_OPTIONS for the driver and the executors (bench/RESULTS.md:
     G1's threads took their share of 2 cores), and for pools sharing the cores (the problems' pool, lag.py). Here
-    PYSPARK_SUBMIT_ARGS (tests/conftest.py) picks the JVM's own."""
+    PYSPARK_SUBMIT_ARGS (tests/conftest.py) picks the JVM's own. An input known to be small gets C1 alone and the
+    serial collector (SMALL_JVM_OPTIONS: its audit is nearly all a fixed part)."""
     from haqueue.audit import sources
 
     conf = spark.sparkContext.getConf()
     for key in ("spark.driver.extraJavaOptions", "spark.executor.extraJavaOptions"):
         assert sources.JVM_OPTIONS in conf.get(key), (key, conf.get(key))
+    small, large = sources.BYTES_PER_PARTITION - 1, sources.BYTES_PER_PARTITION
+    assert sources.jvm_options(small) == sources.SMALL_JVM_OPTIONS == "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
+    assert sources.jvm_options(large) == sources.jvm_options(None) == sources.JVM_OPTIONS
     assert conf.get("spark.scheduler.mode") == sources.SCHEDULER_MODE == "FAIR"
 
 
