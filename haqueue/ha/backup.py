@@ -250,7 +250,7 @@ class Backup:
     def replicate(self, queue: Queue, fresh: bool = False) -> None:
         """Subscribe to the queue now if `fresh` (declared on the primary after the snapshot: nothing to catch up)
         or if fewer than `window` subscriptions are under way; else in its turn."""
-        if queue.name in self.replicators or self.conn is None:
+        if queue.name in self.replicators or queue.name in self.waiting or self.conn is None:
             return
         if fresh or (not self.waiting and len(self.subscribing) < self.window):
             self._subscribe(queue, fresh)
@@ -271,14 +271,13 @@ class Backup:
         """A subscription is no longer under way (caught up, refused, or its queue gone): the next in turn."""
         self.subscribing.discard(name)
         while self.waiting and len(self.subscribing) < self.window and self.conn is not None:
-            queue = self.waiting.pop(next(iter(self.waiting)))
-            if queue.name not in self.replicators:
-                self._subscribe(queue, False)
+            self._subscribe(self.waiting.pop(next(iter(self.waiting))), False)
 
     def first(self, name: str) -> None:
-        """The primary holds a publish on this queue until this backup has it: subscribe to it before the rest."""
+        """A publish on this queue waits for this backup: subscribe to it before the rest. (A waiting queue has no
+        replicator: `replicate` puts it here only then, and the connection's loss clears both.)"""
         queue = self.waiting.pop(name, None)
-        if queue is not None and name not in self.replicators and self.conn is not None:
+        if queue is not None and self.conn is not None:
             self._subscribe(queue, False)
 
     def stop_replicating(self, queue: Queue) -> None:
