@@ -121,5 +121,5 @@ def summary(source: str, target: str, report: dict[str, Any], steps: Iterable[di
            f"duplicates {len(report['duplicates'])}, max client outage {worst:.2f} s per step"
 
 
-if __name__ == "__main__":  # build_soon's process: build the release at the commit given
-    Release("?", sys.argv[1]).build()
+if __name__ == "__main__":  # build_soon's process: the release at the commit given; `make test`: PREVIOUS
+    (Release("?", sys.argv[1]) if len(sys.argv) > 1 else PREVIOUS).build()
