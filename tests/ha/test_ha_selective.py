@@ -5,7 +5,6 @@ or in catch-up, and are gone after a failover; the others are all there, in orde
 from __future__ import annotations
 
 import json
-import time
 
 import pytest
 from proton import Message, symbol
@@ -26,9 +25,7 @@ def test_durable_only_replication_keeps_transient_messages_on_the_primary(ha_clu
     c.request(p, "CREATE", "queue", "every", body={"x-replicate": "all"})  # a queue's own level wins
     messages = [Message(id=f"m{i}", body=i, durable=i % 2 == 0) for i in range(21)]  # the last one durable
     durable = [i for i in range(21) if i % 2 == 0]
-    started = time.monotonic()
     send_all(c.public, "mixed", messages, timeout=PROMPT)
-    assert time.monotonic() - started < PROMPT
     send_all(c.public, "every", messages, timeout=PROMPT)
     # Under sync all a durable message is confirmed once every backup has it, and the link is ordered: any
     # transient message sent to a backup would be there by now.

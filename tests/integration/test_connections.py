@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import signal
 import subprocess
-import time
 
 import pytest
 from proton import ConnectionException, ProtonException
@@ -39,11 +38,9 @@ def test_broker_closes_a_silent_connection(broker_factory):
     with RawAmqp(b.host, b.port) as raw:
         raw.open()
         raw.wait_open()
-        started = time.monotonic()
         # from now on the client sends nothing at all
         assert raw.read_until_eof(timeout=15), "the broker kept a silent connection open"
-        elapsed = time.monotonic() - started
-        assert 0.5 <= elapsed <= 10, elapsed
+        assert b"local-idle-timeout expired" in raw.received, raw.received  # closed for its silence, saying so
     with Client(b) as c:  # others unaffected
         c.roundtrip()
 
@@ -237,10 +234,7 @@ def test_sigterm_exits_zero_promptly(broker):
     with Client(broker) as c:
         c.send("q.term", ["x"])
         broker.signal(signal.SIGTERM)
-        started = time.monotonic()
-        code = broker.wait(timeout=10)
-        assert code == 0, broker.log()
-        assert time.monotonic() - started < 5
+        assert broker.wait(timeout=10) == 0, broker.log()
     host, port = split_address(broker.address)
     assert not can_connect(host, port)
 
