@@ -33,6 +33,9 @@ Set-ups (--setups, comma-separated):
                     and a page open on it: a thread asking what the page asks every second (the overview and
                     the queue table, bench/console_page.py); beside +console, the console's cost
   rabbit-classic    RabbitMQ, one node, durable classic queue
+  proton-relay      bench/floor/proton_relay.c: a relay in C on proton's engine (the system's libqpid-proton),
+                    nothing of haqueue's: beside --floor's relay.c and haqueue, how much of a lone message's CPU
+                    is proton's and how much haqueue's own (transient, no store; for fixed-rate runs)
   rabbit-quorum     RabbitMQ, 3 nodes on this machine, quorum queue of 3
   single+prioN, old:DIR+prioN, rabbit-classic+prioN (after +audit if both)
                     each run's queue declared with N priority levels (haqueue `x-priorities: N` over the
@@ -142,6 +145,7 @@ def default_label(spec: str) -> str:
             "old": f"haqueue single broker ({arg})",
             "cluster": f"haqueue primary + 2 backups, {arg.replace('@', ' (') + ')' if '@' in arg else arg or 'all'}", "rabbit-classic": "RabbitMQ classic",
             "rabbit-quorum": "RabbitMQ 3-node cluster, quorum queue",
+            "proton-relay": "proton's engine alone (C relay)",
             "shards": f"haqueue {arg.partition(':')[0]} shard(s){', relayed' if arg.endswith(':relay') else ''}",
             }.get(kind, spec)
 
@@ -177,8 +181,13 @@ def make_setup(spec: str, startup_timeout: float) -> R.Broker:
         return R.RabbitBroker(None)
     if kind == "rabbit-quorum":
         return S.RabbitCluster()
+    if kind == "proton-relay":
+        binary = R.compiled(R.BENCH / "floor" / "proton_relay.c", "proton-relay", ("qpid-proton",))
+        relay = R.CommandBroker(f"{binary} {{port}}", default_label(spec), None, startup_timeout)
+        relay.has_store = False  # no management to ask
+        return relay
     raise ValueError(f"unknown set-up {spec!r} (single[:P], old:DIR, cluster[:MODE][@DIR], shards:K[:relay] (relay: K > 1), "
-                     "rabbit-classic, rabbit-quorum; +audit, +prioN)")
+                     "rabbit-classic, rabbit-quorum, proton-relay; +audit, +prioN)")
 
 
 def console_setup(spec: str, startup_timeout: float) -> R.Broker:

@@ -275,12 +275,13 @@ def renice_tree(pid: int, nice: int) -> None:
                 pass
 
 
-def compiled(source: Path, name: str) -> Path:
+def compiled(source: Path, name: str, libraries: tuple[str, ...] = ("m",)) -> Path:
     """A C program of bench/ compiled (again when its source is newer) into bench/out/name."""
     binary = OUT / name
     if not binary.exists() or binary.stat().st_mtime < source.stat().st_mtime:
         OUT.mkdir(exist_ok=True)
-        subprocess.run(["cc", "-O2", "-Wall", "-o", str(binary), str(source), "-lm"], check=True)
+        subprocess.run(["cc", "-O2", "-Wall", "-o", str(binary), str(source), *(f"-l{lib}" for lib in libraries)],
+                       check=True)
     return binary
 
 
