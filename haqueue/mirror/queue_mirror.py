@@ -45,10 +45,13 @@ CONNECTING, MIRRORING, REFUSED = "connecting", "mirroring", "refused"
 BATCH_BYTES: Final = 32 * 1024  # message bytes per transfer at most (as HA's); a larger message goes alone
 BATCH_MESSAGES: Final = 512  # messages per transfer at most: the browser's credit is the link's times this
 PER_PASS: Final = 2000  # messages the browser takes in one pass at most: a catch-up leaves the loop to the clients
-# Seconds a transfer not yet full, and the dequeues, wait for more to ride with them (as HA's EVENT_DELAY): at 1,000
-# msg/s a pass holds a message, and a transfer, a settlement and a D each a pass cost a wake-up on both sides. The
-# lag this adds is small beside the sites' round trip; a full transfer goes at once.
-GATHER: Final = 0.005
+# Seconds a transfer not yet full, and the dequeues, wait for more to ride with them: at 1,000 msg/s a pass holds a
+# message, and a transfer, a settlement and a D each a pass cost a wake-up on both sides. Every mirror sends at the
+# same ticks, GATHER apart (one wake-up for all of its queues), its transfer and its D together (one write, one
+# settlement back); a message waits GATHER at most. 20 ms, not 5: at 1,000 msg/s the source paid 1.2x its CPU a
+# message for 200 wake-ups a second and as many settlements, and the lag budget is the sites' round trip + 50 ms
+# (bench/mirror.py). A full transfer goes at once.
+GATHER: Final = 0.020
 MARK_INTERVAL: Final = 0.001  # seconds between the lag book's time marks: lag_seconds is read to this
 MARK_INTERVAL_DOWN: Final = 1.0  # ... while the link is down (an hour's partition: 3,600 marks)
 LAG_SAMPLES: Final = 10_000  # the latest transfers whose lag status shows (mirrored_lag_ms)
@@ -58,7 +61,7 @@ class MirrorHost(Protocol):
     """What a QueueMirror needs of the source (source.py)."""
 
     standby: StandbyLink
-    max_backlog_bytes: int
+    max_backlog_bytes: int  # read once, as the mirror starts (the config's)
 
     def schedule(self, item: Any) -> None: ...  # the broker's: dispatch at the end of the pass
     def call_later(self, delay: float, fn: Callable[[], None]) -> Any: ...  # the engine's timer
@@ -91,10 +94,6 @@ class Batch:
         self.done = False  # the standby confirmed it (before one sent earlier)
 
 
-def _seq(entry: Entry) -> int:
-    return entry.seq
-
-
 class QueueMirror(LinkHandler):
     browse = True  # a Subscriber that reads without acquiring
     selector: Selector | None = None
@@ -125,8 +124,13 @@ class QueueMirror(LinkHandler):
         self.held_back = 0  # their bytes
         self.flight: deque[Batch] = deque()
         self.in_flight: dict[int, Batch] = {}  # delivery -> batch
+        # The next transfer's messages, in seq order; one dequeued here meanwhile stays, DEQUEUED, and is left out as
+        # it goes (taking it out would move the list's tail at every dequeue): the counts are of the others.
         self.pending: list[Entry] = []
+        self.pending_seqs: list[int] = []  # their seqs (a bisect of ints, not of entries through a key)
+        self.pending_count = 0
         self.pending_bytes = 0
+        self.limit = host.max_backlog_bytes
         self.marks: deque[tuple[int, float]] = deque()
         # Per confirmed transfer, seconds from its oldest message's enqueue (to MARK_INTERVAL) to the standby's
         # confirmation: the lag of what was mirrored, as the source saw it.
@@ -160,7 +164,7 @@ class QueueMirror(LinkHandler):
         self.sent_through = self.flushed_through = self.passed = self.confirmed_through = 0
         self.flight.clear()
         self.in_flight.clear()
-        self.pending, self.pending_bytes = [], 0
+        self.pending, self.pending_seqs, self.pending_count, self.pending_bytes = [], [], 0, 0
         entries = self.queue.entries()
         self.deferred = deque(e for e in entries if e.state == DEFERRED)
         live = {e.seq for e in entries}
@@ -182,7 +186,7 @@ class QueueMirror(LinkHandler):
         self.link = None
         self.flight.clear()  # their messages wait on (counted still)
         self.in_flight.clear()
-        self.pending, self.pending_bytes = [], 0
+        self.pending, self.pending_seqs, self.pending_count, self.pending_bytes = [], [], 0, 0
         self.dequeues.clear()
         self.queue.unsubscribe(self)
         if self.state != REFUSED:
@@ -196,7 +200,7 @@ class QueueMirror(LinkHandler):
         credit = link.credit() if link is not None and not link.output_full() else 0
         if credit <= 0:
             return 0
-        room = credit * self.per_transfer - len(self.pending)
+        room = credit * self.per_transfer - self.pending_count
         self.room = self.given = 0
         if room > PER_PASS:
             room = self.room = PER_PASS
@@ -222,7 +226,7 @@ class QueueMirror(LinkHandler):
     def after_dispatch(self) -> None:
         if self.deferred:
             self._send_deferred(None)
-        if self.pending:
+        if self.pending_count:
             self._gather()
 
     def _send_deferred(self, before: int | None) -> None:
@@ -236,45 +240,58 @@ class QueueMirror(LinkHandler):
     def _take(self, entry: Entry) -> None:
         """Into the next transfer; sent when it is full, or the browser has handed over all there is."""
         self.pending.append(entry)
+        self.pending_seqs.append(entry.seq)
+        self.pending_count += 1
         self.pending_bytes += len(entry.data)
         self.sent_through = entry.seq
-        if len(self.pending) >= self.per_transfer or self.pending_bytes >= BATCH_BYTES:
+        if self.pending_count >= self.per_transfer or self.pending_bytes >= BATCH_BYTES:
             self._flush()
 
     def _flush(self) -> None:
-        """What is gathered, in transfers of BATCH_BYTES at most, as far as the link's credit goes."""
+        """What is gathered, in transfers of BATCH_BYTES at most, as far as the link's credit goes (those dequeued
+        here meanwhile left out)."""
         pending, link = self.pending, self.link
         if not pending or link is None:
             return
         credit = link.credit()
         stamp = int(time.time() * 1e6)
         start, count = 0, len(pending)
-        batched = self.per_transfer > 1
+        per_transfer = self.per_transfer
         while start < count and credit > 0:
+            while start < count and pending[start].state == DEQUEUED:
+                start += 1
+            if start == count:
+                break
             entry = pending[start]
+            batch = [entry]
             size = len(entry.data)
             end = start + 1
-            while end < count and end - start < self.per_transfer and size + len(pending[end].data) <= BATCH_BYTES:
-                size += len(pending[end].data)
+            while end < count and len(batch) < per_transfer:
+                more = pending[end]
+                if more.state != DEQUEUED:
+                    if size + len(more.data) > BATCH_BYTES:
+                        break
+                    size += len(more.data)
+                    batch.append(more)
                 end += 1
-            if batched:
-                batch = pending[start:end]
-                seqs = [e.seq for e in batch]
+            if per_transfer > 1:
                 pieces = [e.data for e in batch]
-                pieces.append(batch_index(seqs, [len(e.data) for e in batch]))
+                pieces.append(batch_index([e.seq for e in batch], [len(e.data) for e in batch]))
                 delivery = link.send(pieces, tag=message_tag(protocol.BATCH, entry.seq, stamp))
             else:
                 delivery = link.send(with_seq(entry.data, entry.seq), tag=message_tag(protocol.ENQUEUE, entry.seq,
                                                                                       stamp))
-            sent = Batch(entry.seq, pending[end - 1].seq, end - start, size)
+            sent = Batch(entry.seq, batch[-1].seq, len(batch), size)
             self.flight.append(sent)
             if delivery is not None:
                 self.in_flight[delivery] = sent
             self.flushed_through = sent.last
+            self.pending_count -= len(batch)
             self.pending_bytes -= size
             credit -= 1
             start = end
         del pending[:start]
+        del self.pending_seqs[:start]
 
     def queue_deleted(self) -> None:
         self.stop(gone=True)
@@ -288,7 +305,7 @@ class QueueMirror(LinkHandler):
         if now >= self.next_mark and not self.over_limit:  # past the limit the book keeps counts only
             self.marks.append((entry.seq, now))
             self.next_mark = now + (MARK_INTERVAL if self.link is not None else MARK_INTERVAL_DOWN)
-        if not self.over_limit and self.held_back > self.host.max_backlog_bytes > 0:
+        if not self.over_limit and self.held_back > self.limit > 0:
             self._limit()
         if entry.state == DEFERRED:  # scheduled: its hook deferred it before the observers heard of it
             self.deferred.append(entry)
@@ -309,18 +326,18 @@ class QueueMirror(LinkHandler):
 
     def _gone(self, seq: int, size: int) -> None:
         """A message not known to be on the standby left the queue: it waits no more. One gathered for the next
-        transfer is taken out of it (the standby never hears of it); one in flight is counted out of its batch."""
-        pending = self.pending
-        if pending and seq >= pending[0].seq:
-            i = bisect.bisect_left(pending, seq, key=_seq)
-            if i < len(pending) and pending[i].seq == seq:
-                del pending[i]
+        transfer is left out of it (the standby never hears of it); one in flight is counted out of its batch."""
+        seqs = self.pending_seqs
+        if seqs and seq >= seqs[0]:
+            i = bisect.bisect_left(seqs, seq)
+            if i < len(seqs) and seqs[i] == seq:  # not a scheduled message sent apart
+                self.pending_count -= 1
                 self.pending_bytes -= size
         elif seq <= self.flushed_through:
-            for batch in self.flight:
-                if batch.first > seq:
+            for batch in reversed(self.flight):  # newest first: a consumer takes what was sent last
+                if batch.last < seq:
                     break
-                if seq <= batch.last:
+                if seq >= batch.first:
                     if batch.done:
                         return  # confirmed, before an older batch was
                     batch.count -= 1
@@ -332,10 +349,11 @@ class QueueMirror(LinkHandler):
             self._limit()
 
     def _gather(self) -> None:
-        """Send what is gathered (the transfer not yet full, the dequeues) GATHER from now."""
+        """Send what is gathered (the transfer not yet full, the dequeues) at the next tick: GATHER apart, the same
+        for every mirror, so that the mirrors of many queues wake the broker once."""
         if not self.gathering:
             self.gathering = True
-            self.host.call_later(GATHER, self._gathered)
+            self.host.call_later(GATHER - time.monotonic() % GATHER, self._gathered)
 
     def _gathered(self) -> None:
         """The gathered transfer, then the dequeues as one D (each names only seqs sent before it)."""
@@ -424,7 +442,7 @@ class QueueMirror(LinkHandler):
     def _limit(self) -> None:
         """Say so when the bytes held back pass mirror.max_backlog_bytes, and when they are back under 90 % of it
         (no flapping at the edge)."""
-        limit = self.host.max_backlog_bytes
+        limit = self.limit
         if not limit:
             return
         if not self.over_limit and self.held_back > limit:
@@ -442,7 +460,8 @@ class QueueMirror(LinkHandler):
             return None
         if self.flight:
             return self._enqueued(self.flight[0].first)
-        return self._enqueued(self.pending[0].seq if self.pending else self.confirmed_through + 1)
+        first = next((e.seq for e in self.pending if e.state != DEQUEUED), self.confirmed_through + 1)
+        return self._enqueued(first)
 
     def _enqueued(self, seq: int) -> float | None:
         """When the message `seq` was enqueued, to MARK_INTERVAL (or earlier: past the backlog limit)."""
