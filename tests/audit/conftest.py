@@ -8,8 +8,8 @@
 `local_spark` the same for module- and session-scoped fixtures: a function returning the session.
 `event_dir`   a fresh directory for an event set.
 `scenario_dir`     eventsets.failover_scenario written once for the run, and `failover_audit` its audit
-                   (lag.analyse), once: test_lag checks its figures, test_facts that judging every message gives
-                   the same (an audit of it is some 15 s; the tests that change the set copy it first).
+                   (lag.analyse), once: test_lag checks its figures (an audit of it is some 15 s; the tests that
+                   change the set copy it first).
 `ha_cluster`  HA clusters of real brokers (tests/ha/ha_harness.py), stopped at the end of the test.
 """
 from __future__ import annotations
