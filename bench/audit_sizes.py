@@ -22,7 +22,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from audit_scale import answers, append, made_set, med_range, run_setup
+from audit_scale import answers, append, made_set, med_range, prime_class_archive, run_setup
 from run import rotated
 
 
@@ -70,6 +70,7 @@ def main() -> int:
     try:
         for size in sizes:
             made_set(base / str(size), size)
+        prime_class_archive(base / str(min(sizes)) / "parquet")
         for round_ in range(args.rounds):
             for size in rotated(sizes, round_):
                 result = run_setup(base / str(size) / "parquet", None)

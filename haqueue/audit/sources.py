@@ -11,7 +11,7 @@ from pyspark import SparkContext
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from haqueue.audit import parts, schema
+from haqueue.audit import class_archive, parts, schema
 from haqueue.audit.exits import UsageError
 from haqueue.audit.storage import local_path
 
@@ -39,8 +39,8 @@ def session(master: str | None = None, conf: Mapping[str, str] | None = None, de
             size: int | None = None) -> SparkSession:
     """A Spark session: `master`, else spark-submit's, else local[*]. `conf` (the command's --conf) wins
     over the defaults here: the driver's memory for an input of `size` (driver_memory), the JVMs' options
-    (jvm_options) and the scheduler's mode (SCHEDULER_MODE), on any master; no web UI on a local one. Under
-    spark-submit its JVM is already running: its own --conf settings stand.
+    (jvm_options; the driver's also class_archive's) and the scheduler's mode (SCHEDULER_MODE), on any master; no
+    web UI on a local one. Under spark-submit its JVM is already running: its own --conf settings stand.
     Spark logs only fatal errors unless `debug`: a failed job is told in one line (failures.py).
     UsageError if this process runs a session on another master than `master`: Spark would hand that one
     back, and the audit would run there, not where it was asked to; it is the caller's, left running."""
@@ -56,8 +56,11 @@ def session(master: str | None = None, conf: Mapping[str, str] | None = None, de
     if not submitted:
         master = master or "local[*]"
         options = jvm_options(size)
+        # The driver's JVM starts with this session unless this process started one before: with its classes' archive
+        started = SparkContext._gateway is not None
+        driver = options if started else f"{options} {class_archive.java_options()}".rstrip()
         defaults |= {"spark.driver.memory": driver_memory(master, size), "spark.ui.showConsoleProgress": "false",
-                     "spark.driver.extraJavaOptions": options, "spark.executor.extraJavaOptions": options,
+                     "spark.driver.extraJavaOptions": driver, "spark.executor.extraJavaOptions": options,
                      "spark.scheduler.mode": SCHEDULER_MODE}
     if master is not None and master.startswith("local"):
         defaults["spark.ui.enabled"] = "false"
