@@ -9,9 +9,10 @@ from minute to minute):
   on@DIR  (--old DIR) one of another tree mirroring (git archive COMMIT | tar -x -C DIR, with the compiled modules
           copied or built): the before of a change
 Each round gives every set-up a saturation run and a fixed-rate run (bench/run.py's, with the C clients by default;
-a producer and a consumer at the source): msg/s, the source broker's CPU per message, its wake-ups per message (the
-voluntary context switches of its threads: its loop waited in epoll) and the clients' p99 latency at the
-fixed rate, each divided by `off`'s of the same round. The cost on the source is measured so that the two cores are
+a producer and a consumer at the source; the fixed-rate runs of all set-ups at once, unless --fixed-rate-apart: the
+cores are not the limit there, and each then sees the same load from the rest of the machine): msg/s, the source
+broker's CPU per message, its wake-ups per message (the voluntary context switches of its threads: its loop waited
+in epoll) and the clients' p99 latency at the fixed rate, each divided by `off`'s of the same round. The cost on the source is measured so that the two cores are
 not what it shows: during these runs the standby and the relay run at nice --standby-nice (19: they take what the
 source and its clients leave, as if they had a site of their own; the mirror's backlog may grow meanwhile, the
 source does not wait for it), and the headline figure is the fixed rate's, where the cores are not the limit. Then,
@@ -31,6 +32,7 @@ The standby is one broker of this tree (it speaks mirror protocols 1-2: an old s
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import json
 import multiprocessing
 import os
@@ -215,18 +217,32 @@ def catch_up(source: Source, args) -> dict:
 
 # ---------------------------------------------------------------- rounds and the report
 
-def cost(source: Source, args) -> dict:
-    """The saturation and fixed-rate runs (the standby and relay niced meanwhile: main)."""
-    out: dict[str, Any] = {}
-    for kind in ("saturation", "latency"):
-        found = (R.saturation(source, args.size, args.messages, args, clients=args.clients) if kind == "saturation"
-                 else R.latency(source, args.size, args, clients=args.clients))
-        raw = found.get("raw") or {}
-        woken = (raw.get("cpu") or {}).get("counters", {}).get("wakeups")
-        out[kind] = {k: v for k, v in found.items() if k != "raw"}
-        n = args.messages if kind == "saturation" else args.rate * args.duration
-        if woken is not None and "error" not in found:
-            out[kind]["wakeups_per_msg"] = woken / n
+def cost(sources: list[Source], args) -> list[dict]:
+    """The saturation runs, one set-up after the other, then the fixed-rate runs, of every set-up at once unless
+    --fixed-rate-apart: at --rate the cores are not the limit, and all of them then see the same load from the rest
+    of the machine, which moves from minute to minute (the standby and relay niced meanwhile: main)."""
+    outs: list[dict[str, Any]] = [{} for _ in sources]
+    for source, out in zip(sources, outs):
+        out["saturation"] = measured(R.saturation(source, args.size, args.messages, args, clients=args.clients),
+                                     args.messages)
+    n = int(args.rate * args.duration)
+    if args.fixed_rate_apart:
+        for source, out in zip(sources, outs):
+            out["latency"] = measured(R.latency(source, args.size, args, clients=args.clients), n)
+    else:
+        with concurrent.futures.ThreadPoolExecutor(len(sources)) as pool:
+            runs = [pool.submit(R.latency, source, args.size, args, clients=args.clients) for source in sources]
+            for run, out in zip(runs, outs):
+                out["latency"] = measured(run.result(), n)
+    return outs
+
+
+def measured(found: dict, n: int) -> dict:
+    """A run's figures without its raw output, with the source's wake-ups per message."""
+    woken = ((found.get("raw") or {}).get("cpu") or {}).get("counters", {}).get("wakeups")
+    out = {k: v for k, v in found.items() if k != "raw"}
+    if woken is not None and "error" not in found:
+        out["wakeups_per_msg"] = woken / n
     return out
 
 
@@ -320,7 +336,9 @@ def markdown(results: dict[str, list[dict]], partitions: dict[str, list[dict]], 
              f"as fast as they go, the source's `mirrored_lag_ms` (per transfer, from its oldest message's enqueue "
              f"to the standby's confirmation), median over the rounds of each run's p50 and p99. The cost on the "
              f"source: its CPU and wake-ups per message and the clients' p99 at {args.rate:g} msg/s (the cores are not "
-             f"the limit there), and msg/s at saturation, with the standby and the relay at nice {args.standby_nice} "
+             f"the limit there; "
+             f"{'each set-up in turn' if args.fixed_rate_apart else 'every set-up at once, under the same load'}), "
+             f"and msg/s at saturation, with the standby and the relay at nice {args.standby_nice} "
              f"during those runs (they take what the source and its clients leave: on two shared cores the standby "
              f"would otherwise be the source's cost), nice 0 for the lag and partition runs. Load average at the "
              f"start {load[0]}, at the end {load[1]}.", "",
@@ -374,6 +392,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--clients", choices=["c", "rhea"], default="c")
     ap.add_argument("--inflight", type=int, default=1000)
     ap.add_argument("--credit", type=int, default=1000)
+    ap.add_argument("--fixed-rate-apart", action="store_true",
+                    help="the fixed-rate runs one set-up after the other, not all at once")
     ap.add_argument("--no-lag", dest="lag", action="store_false", help="the cost runs only (no lag runs)")
     ap.add_argument("--standby-nice", type=int, default=19, help="the standby's and relay's nice during the cost runs")
     ap.add_argument("--no-record", action="store_true")
@@ -399,7 +419,7 @@ def main(argv: list[str] | None = None) -> int:
             niced = [standby.pid] + [s.relay.proc.pid for s in sources.values()
                                      if s.relay is not None and s.relay.proc.pid is not None]
             renice(niced, args.standby_nice)
-            turns = {spec: cost(sources[spec], args) for spec in order}
+            turns = dict(zip(order, cost([sources[spec] for spec in order], args)))
             renice(niced, 0)
             for spec in order:
                 lags(sources[spec], args, turns[spec])
