@@ -228,6 +228,7 @@ class Engine(Loop):
         if self.links.pop(link.addr, None) is None:
             return
         link.conn.links.pop(link.addr, None)
+        self.receive_share.forget(link.addr)
         link.closed = True
         handler, link.handler = link.handler, None  # its handler keeps the link, not the other way: no cycle
         if handler is not None:

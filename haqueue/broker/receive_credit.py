@@ -11,10 +11,17 @@ One publisher keeps the 2,000 messages a fast client needs (200 made the rhea pr
 ten publishers at once get 200 each, the same messages in flight as one publisher rather than ten times
 as many: ten C-client pairs went 1.06x as fast for 0.94x the broker's CPU per message
 (design/performance.md, "Many queues at once").
+
+"At the same time" is counted in top-ups, not in seconds: a link shares with the links among the latest
+RECENT_TOP_UPS top-ups. Ten publishers sending at once all appear in any forty (a client sends a link's credit in a
+burst, so a link may top up a few times in a row); one sending alone soon fills them by itself; one that stopped
+drops out once the others have topped up forty times. A window of time said the same on an idle machine, but on a
+loaded one ten publishers topped up further apart than any window short enough to let a stopped one go, and each
+took a whole 2,000 (7,656 credits between ten, at load 15).
 """
 from __future__ import annotations
 
-import time
+import collections
 from typing import Final
 
 RECEIVE_WINDOW: Final = 2000
@@ -22,29 +29,33 @@ RECEIVE_FIRST: Final = 10  # a new link's, until its messages' sizes are known
 RECEIVE_MIN: Final = 2
 RECEIVE_BYTES: Final = 16 * 1024 * 1024
 SHARED_MIN: Final = 100
-# Links count as topping up at the same time when they did within this period or the one before. At 0.1 s,
-# ten publishers sending at once on a busy 2-core machine (the test suite on two workers) topped up more than
-# 0.2 s apart and each took a whole window (5,288 credits held between them, not ~2,000).
-PERIOD: Final = 0.3
+RECENT_TOP_UPS: Final = 2 * RECEIVE_WINDOW // SHARED_MIN
 
 
 class ReceiveShare:
-    """Which receiving links are topping up their credit now, and each one's share of RECEIVE_WINDOW.
+    """Which receiving links are topping up their credit together, and each one's share of RECEIVE_WINDOW.
     Asked once per top-up (every half window), not per message."""
 
-    __slots__ = ("_now", "_before", "_since")
+    __slots__ = ("_recent", "_counts")
 
     def __init__(self) -> None:
-        self._now: set[int] = set()  # links (by address) that topped up in this period
-        self._before = 0  # how many did in the period before
-        self._since = time.monotonic()
+        self._recent: collections.deque[int] = collections.deque()  # the links (by address) of the latest top-ups
+        self._counts: dict[int, int] = {}  # how often each link is among them
 
     def window(self, link: int) -> int:
         """The window of `link`, topping up now."""
-        at = time.monotonic()
-        if at - self._since >= PERIOD:
-            self._before = len(self._now) if at - self._since < 2 * PERIOD else 0
-            self._now = set()
-            self._since = at
-        self._now.add(link)
-        return max(SHARED_MIN, RECEIVE_WINDOW // max(len(self._now), self._before))
+        recent, counts = self._recent, self._counts
+        recent.append(link)
+        counts[link] = counts.get(link, 0) + 1
+        if len(recent) > RECENT_TOP_UPS:
+            old = recent.popleft()
+            left = counts.get(old, 0) - 1
+            if left > 0:
+                counts[old] = left
+            else:
+                counts.pop(old, None)
+        return max(SHARED_MIN, RECEIVE_WINDOW // len(counts))
+
+    def forget(self, link: int) -> None:
+        """A link gone: it shares no more (its address may be another link's next)."""
+        self._counts.pop(link, None)
