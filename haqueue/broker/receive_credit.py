@@ -45,17 +45,18 @@ class ReceiveShare:
     def window(self, link: int) -> int:
         """The window of `link`, topping up now."""
         recent, counts = self._recent, self._counts
-        recent.append(link)
-        counts[link] = counts.get(link, 0) + 1
-        if len(recent) > RECENT_TOP_UPS:
+        if len(recent) == RECENT_TOP_UPS:
             old = recent.popleft()
-            left = counts.get(old, 0) - 1
-            if left > 0:
+            left = counts[old] - 1
+            if left:
                 counts[old] = left
             else:
-                counts.pop(old, None)
+                del counts[old]
+        recent.append(link)
+        counts[link] = counts.get(link, 0) + 1
         return max(SHARED_MIN, RECEIVE_WINDOW // len(counts))
 
     def forget(self, link: int) -> None:
-        """A link gone: it shares no more (its address may be another link's next)."""
-        self._counts.pop(link, None)
+        """A link gone: it shares no more, and its top-ups leave the count (its address may be another link's next)."""
+        if self._counts.pop(link, None) is not None:
+            self._recent = collections.deque(other for other in self._recent if other != link)

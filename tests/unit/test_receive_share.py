@@ -29,3 +29,13 @@ def test_links_that_stopped_drop_out_and_a_link_gone_counts_no_more():
     assert share.window(0) == RECEIVE_WINDOW // 2
     share.forget(1)
     assert share.window(0) == RECEIVE_WINDOW
+
+
+def test_a_link_gone_and_its_address_taken_again_is_counted_once():
+    share = ReceiveShare()
+    for _ in range(RECENT_TOP_UPS):
+        share.window(7)
+    share.forget(7)  # the link closed; a new link gets its address and tops up past the old one's top-ups
+    assert [share.window(7) for _ in range(2 * RECENT_TOP_UPS)] == [RECEIVE_WINDOW] * (2 * RECENT_TOP_UPS)
+    share.window(8)
+    assert share.window(7) == RECEIVE_WINDOW // 2
