@@ -183,7 +183,7 @@ def make_setup(spec: str, startup_timeout: float) -> R.Broker:
         return S.RabbitCluster()
     if kind == "proton-relay":
         binary = R.compiled(R.BENCH / "floor" / "proton_relay.c", "proton-relay", ("qpid-proton",))
-        relay = R.CommandBroker(f"{binary} {{port}}", default_label(spec), None, startup_timeout)
+        relay = R.CommandBroker(f"{shlex.quote(str(binary))} {{port}}", default_label(spec), None, startup_timeout)
         relay.has_store = False  # no management to ask
         return relay
     raise ValueError(f"unknown set-up {spec!r} (single[:P], old:DIR, cluster[:MODE][@DIR], shards:K[:relay] (relay: K > 1), "

@@ -14,6 +14,7 @@
  * one or a few addresses).
  */
 #define _GNU_SOURCE
+#include <errno.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <proton/connection.h>
@@ -231,8 +232,8 @@ static void read_into(int fd)
     ssize_t n = recv(fd, pn_transport_tail(t), (size_t)room, 0);
     if (n > 0)
         pn_transport_process(t, (size_t)n);
-    else if (n == 0)
-        pn_transport_close_tail(t);
+    else if (n == 0 || (errno != EAGAIN && errno != EINTR))
+        pn_transport_close_tail(t); /* the peer gone: dropped once the transport's output is done too */
 }
 
 /* Every transport's output, written out; those closed both ways are dropped. */
@@ -245,6 +246,10 @@ static void write_all(int epfd, int top)
         ssize_t pending;
         while ((pending = pn_transport_pending(t)) > 0) {
             ssize_t n = send(fd, pn_transport_head(t), (size_t)pending, MSG_NOSIGNAL);
+            if (n < 0 && errno != EAGAIN && errno != EINTR) {
+                pn_transport_close_head(t); /* the peer gone: its output goes nowhere */
+                continue;
+            }
             if (n <= 0)
                 break; /* a full socket: a bench's clients read what they are sent */
             pn_transport_pop(t, (size_t)n);
