@@ -183,9 +183,9 @@ def make_setup(spec: str, startup_timeout: float) -> R.Broker:
         return S.RabbitCluster()
     if kind == "proton-relay":
         binary = R.compiled(R.BENCH / "floor" / "proton_relay.c", "proton-relay", ("qpid-proton",))
-        relay = R.CommandBroker(f"{shlex.quote(str(binary))} {{port}}", default_label(spec), None, startup_timeout)
-        relay.has_store = False  # no management to ask
-        return relay
+        proton = R.CommandBroker(f"{shlex.quote(str(binary))} {{port}}", default_label(spec), None, startup_timeout)
+        proton.has_store = False  # no management to ask
+        return proton
     raise ValueError(f"unknown set-up {spec!r} (single[:P], old:DIR, cluster[:MODE][@DIR], shards:K[:relay] (relay: K > 1), "
                      "rabbit-classic, rabbit-quorum, proton-relay; +audit, +prioN)")
 
