@@ -3,6 +3,7 @@ the brokers' event lines (schema.py) and client ledgers, each line checked the s
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -75,6 +76,28 @@ def session(master: str | None = None, conf: Mapping[str, str] | None = None, de
 
 
 _LOG_LEVEL = {False: "FATAL", True: "ERROR"}  # Spark's, without and with --debug
+
+
+def stop(spark: SparkSession) -> None:
+    """Stop the session a command started or joined, as the command ends however it ends. An interrupt passing
+    through (an exception that is not an Exception: Ctrl-C's KeyboardInterrupt, a caller's timeout) may have
+    broken off a Py4J call before its answer came: its connection is dropped first (drop_interrupted_call)."""
+    if not isinstance(sys.exc_info()[1], (Exception, type(None))):
+        drop_interrupted_call()
+    spark.stop()
+
+
+def drop_interrupted_call() -> None:
+    """Close this thread's connection to the driver's JVM after an interrupt broke off a call on it: the call's
+    answer, still to come, would be read by the next call as its own, and each call after by the one before it
+    (seen: `SparkSession does not exist in the JVM` from the command's stop in place of a test's timeout, then
+    `KeyError: 'c'` from every later session of the process). The next call opens a connection of its own. Py4J's
+    ClientServer (PySpark's, with pinned threads) keeps a connection per thread; its older gateway client, a pool
+    it takes one from per call, never gives back a broken one."""
+    client: Any = getattr(SparkContext._gateway, "_gateway_client", None)
+    connection = client.get_thread_connection() if hasattr(client, "get_thread_connection") else None
+    if connection is not None:
+        connection.close(reset=True)
 
 
 def jvm_options(size: int | None) -> str:
