@@ -10,7 +10,7 @@ from haqueue.audit import measures
 from haqueue.audit.exits import EXIT_CANNOT_TELL, EXIT_LOSS, EXIT_OK
 from haqueue.audit.lag import Audit, analyse_input
 from haqueue.audit.progress import Progress
-from haqueue.audit.sources import input_size, read_events, session, stop, tune_for
+from haqueue.audit.sources import input_size, read_events, session, tune_for
 from haqueue.audit.storage import Storage, check_paths, uri
 
 
@@ -44,7 +44,7 @@ def run_audit(events: str, out: str, master: str | None, since: int | None, unti
             audit = analyse_input(found, since, until, ledgers, bound, standby=standby, rpo_limit=rpo_limit)
         storage.write(out, report.outputs(audit))
     finally:
-        stop(spark)
+        spark.stop()
     print(report.summary(audit))
     return exit_code(audit) if fail_on_loss else EXIT_OK
 

@@ -3,7 +3,6 @@ the brokers' event lines (schema.py) and client ledgers, each line checked the s
 from __future__ import annotations
 
 import os
-import sys
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -71,6 +70,7 @@ def session(master: str | None = None, conf: Mapping[str, str] | None = None, de
     for key, value in {**defaults, **conf}.items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
+    _drop_broken_calls(getattr(SparkContext._gateway, "_gateway_client", None))
     spark.sparkContext.setLogLevel(_LOG_LEVEL[debug])  # a running session's too
     return spark
 
@@ -78,26 +78,30 @@ def session(master: str | None = None, conf: Mapping[str, str] | None = None, de
 _LOG_LEVEL = {False: "FATAL", True: "ERROR"}  # Spark's, without and with --debug
 
 
-def stop(spark: SparkSession) -> None:
-    """Stop the session a command started or joined, as the command ends however it ends. An interrupt passing
-    through (an exception that is not an Exception: Ctrl-C's KeyboardInterrupt, a caller's timeout) may have
-    broken off a Py4J call before its answer came: its connection is dropped first (drop_interrupted_call)."""
-    if not isinstance(sys.exc_info()[1], (Exception, type(None))):
-        drop_interrupted_call()
-    spark.stop()
+def _drop_broken_calls(client: Any) -> None:
+    """Make the Py4J client of the driver's JVM close a call's connection when an interrupt breaks the call off
+    before its answer came, as Py4J itself does for KeyboardInterrupt (Ctrl-C) but not for others: a caller's
+    timeout (pytest-timeout's Failed), a signal handler's SystemExit. Left open, the answer still to come would be
+    read by the next call on the connection as its own, and each call after by the one before it: the command's
+    cleanup (unpersisting, stopping the session) failed with "SparkSession does not exist in the JVM" in place of
+    the interrupt, and every later session of the process with KeyError 'c'. The next call opens a connection of
+    its own. Py4J's ClientServer (PySpark's, with pinned threads) keeps a connection per thread; its older gateway
+    client, a pool it takes one from per call, never gives back a broken one: nothing to do there."""
+    if not hasattr(client, "get_thread_connection") or getattr(client, "_haqueue_guarded", False):
+        return
+    send = client.send_command
 
+    def send_command(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return send(*args, **kwargs)
+        except BaseException as error:
+            connection = client.get_thread_connection()
+            if not isinstance(error, (Exception, KeyboardInterrupt)) and connection is not None:
+                connection.close(reset=True)
+            raise
 
-def drop_interrupted_call() -> None:
-    """Close this thread's connection to the driver's JVM after an interrupt broke off a call on it: the call's
-    answer, still to come, would be read by the next call as its own, and each call after by the one before it
-    (seen: `SparkSession does not exist in the JVM` from the command's stop in place of a test's timeout, then
-    `KeyError: 'c'` from every later session of the process). The next call opens a connection of its own. Py4J's
-    ClientServer (PySpark's, with pinned threads) keeps a connection per thread; its older gateway client, a pool
-    it takes one from per call, never gives back a broken one."""
-    client: Any = getattr(SparkContext._gateway, "_gateway_client", None)
-    connection = client.get_thread_connection() if hasattr(client, "get_thread_connection") else None
-    if connection is not None:
-        connection.close(reset=True)
+    client.send_command = send_command
+    client._haqueue_guarded = True
 
 
 def jvm_options(size: int | None) -> str:

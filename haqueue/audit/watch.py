@@ -23,7 +23,7 @@ from pyspark.sql.streaming import StreamingQuery
 
 from haqueue.audit import measures, schema
 from haqueue.audit.exits import EXIT_OK, UsageError
-from haqueue.audit.sources import drop_interrupted_call, session, stop, stream_events
+from haqueue.audit.sources import session, stream_events
 from haqueue.audit.staging import Stager
 from haqueue.audit.storage import local_path, uri
 
@@ -132,7 +132,7 @@ def run_watch(watch: Watch) -> int:
               f"{watch.bound.total_seconds():g} s, to {watch.parquet or 'the console'}", flush=True)
         _follow(query, stager, watch)
     finally:
-        stop(spark)
+        spark.stop()
         if temporary:
             shutil.rmtree(checkpoint, ignore_errors=True)
     return EXIT_OK
@@ -199,8 +199,8 @@ def _follow(query: StreamingQuery, stager: Stager, watch: Watch) -> None:
                 break
             if not watch.once:
                 stager.stage()
-    except KeyboardInterrupt:  # its call to the JVM broken off: the query is stopped on a new connection
-        drop_interrupted_call()
+    except KeyboardInterrupt:
+        pass
     finally:
         query.stop()
     failure = query.exception()

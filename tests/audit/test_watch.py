@@ -169,7 +169,7 @@ def test_a_planted_loss_is_named_within_two_windows(ha_cluster, watch_process, t
 
 # pytest-timeout's 300 s cover the fixtures too: at load 16-23 a fresh JVM for `spark` took 65 s and a cluster's run
 # and three audits 236 s, past it; its Failed, raised inside a Py4J call, was reported as the command's
-# Py4JError until sources.stop dropped the broken-off call (drop_interrupted_call).
+# Py4JError until a broken-off call's connection was closed (sources._drop_broken_calls).
 @pytest.mark.timeout(600)
 def test_once_over_a_recorded_run_agrees_with_audit_lag(ha_cluster, spark, tmp_path, monkeypatch):
     """The same events, a real cluster's run with a loss planted on b2, through both jobs: the lag
@@ -214,3 +214,38 @@ def test_once_over_a_recorded_run_agrees_with_audit_lag(ha_cluster, spark, tmp_p
     assert result.returncode == 4, result.stdout + result.stderr[-3000:]
     assert result.stderr.splitlines()[-1] == "haqueue audit: the Spark job failed: [USER_RAISED_EXCEPTION] planted " \
                                              "failure SQLSTATE: P0001"
+
+
+
+class Interrupted(BaseException):
+    """An interrupt other than Ctrl-C's (which Py4J cleans up after itself): a caller's timeout, as pytest-timeout's
+    Failed."""
+
+
+def test_a_timeout_inside_a_call_to_the_jvm_passes_through_and_leaves_the_process_usable(spark, scenario_dir,
+                                                                                          tmp_path, monkeypatch):
+    """An interrupt that breaks off `audit lag`'s first query (its toPandas sent, its answer not read yet, as a
+    signal's handler raising leaves it) comes out of the command as itself, and the next session of the process
+    works. The answer left on the connection once came to the call after it: the command's stop failed with
+    'SparkSession does not exist in the JVM' in place of the interrupt, then every later session with KeyError 'c'."""
+    from py4j.clientserver import ClientServerConnection
+
+    from haqueue.audit import sources
+
+    send = ClientServerConnection.send_command
+    broken: list[str] = []
+
+    def send_command(self, command: str) -> str:
+        if not broken and any(f"\n{name}\n" in command for name in ("collectToPython", "collectAsArrowToPython")):
+            broken.append(command)
+            self.socket.sendall(command.encode("utf-8"))
+            raise Interrupted()
+        return send(self, command)
+
+    monkeypatch.setattr(ClientServerConnection, "send_command", send_command)
+    with pytest.raises(Interrupted):
+        run_audit_command(["audit", "lag", "--events", str(scenario_dir), "--out", str(tmp_path / "out"),
+                           "--master", "local[2]"])
+    assert broken
+    monkeypatch.undo()
+    assert sources.session("local[2]").range(3).count() == 3
