@@ -15,7 +15,7 @@ CONSOLE_VENDOR := haqueue/console/static/vendor
 PROTON := $(shell grep -o 'python-qpid-proton==[0-9.]*' pyproject.toml)
 PROTON_OK := $(VENV)/bin/python -c 'import proton, sys; sys.exit(not (proton.SSL.present() and proton.SASL.extended()))'
 
-.PHONY: setup apt build previous-release dist run test quick clean
+.PHONY: setup apt build previous-release spark-archive dist run test quick clean
 
 # bench/js: the benchmark's rhea clients, which the audit's failover tests also drive.
 setup: $(VENV)/.installed $(VENV)/.compiled tests/js/node_modules/.installed bench/js/node_modules/.installed \
@@ -82,7 +82,11 @@ run: setup
 previous-release: $(VENV)/.compiled
 	$(VENV)/bin/python tests/releases.py
 
-test: setup previous-release
+# The audit driver's class archive (tests/spark_archive.py): made before the suite, by one audit, if missing.
+spark-archive: $(VENV)/.installed
+	$(VENV)/bin/python tests/spark_archive.py
+
+test: setup previous-release spark-archive
 	$(VENV)/bin/pytest -q -n 2 --dist loadgroup --durations=40
 
 quick: setup
