@@ -837,6 +837,28 @@ class Queue:
         i = bisect.bisect_left(log, seq, lo=self._head, key=_seq)
         return log[i] if i < len(log) and log[i].seq == seq and log[i].state != DEQUEUED else None
 
+    def read_after(self, seq: int, n: int, page_in: bool = True) -> list[Entry]:
+        """Up to n live messages with a seq above `seq`, in seq order, acquired, deferred or not, none taken: for a
+        reader that keeps its own place by seq and is no subscriber (a site mirror reading what the queue holds at
+        its own pace), so that dispatch never hands it anything. Reaching the end of what is in memory, it reads
+        the next paged ones back (one batch a call, as a browser's pass does), unless not `page_in`."""
+        log = self._log
+        i = bisect.bisect_right(log, seq, lo=self._head, key=_seq)
+        found: list[Entry] = []
+        paged = not page_in
+        while len(found) < n:
+            if i >= len(log):
+                if paged or not self._more_paged():
+                    break
+                paged = True
+                i = bisect.bisect_right(log, seq, lo=i, key=_seq)  # what came back, past `seq`
+                continue
+            entry = log[i]
+            i += 1
+            if entry.state != DEQUEUED:
+                found.append(entry)
+        return found
+
     def dequeue_range(self, first: int, last: int) -> list[tuple[int, bytes]]:
         """Dequeue every live message whose seq is in [first, last], in memory or paged (a replica applying
         its primary's dequeues); the seq and bytes of each (no bytes for a paged one). The log is in seq
