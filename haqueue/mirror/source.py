@@ -80,7 +80,7 @@ class MirrorSource:
             return
         if self.pattern is None or queue.temporary or queue.name == RECORD or not self.pattern.fullmatch(queue.name):
             return
-        if queue.exclusive:  # the mirror browses: an exclusive queue would refuse its consumers
+        if queue.exclusive:  # not mirrored (design/mirroring.md, Limits)
             log.warning("queue %s matches mirror.queues but is exclusive: not mirrored", queue.name)
             return
         if queue.name not in self.mirrors:
