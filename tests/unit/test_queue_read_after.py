@@ -1,36 +1,10 @@
 """Queue.read_after: a reader that keeps its own place by seq (the site mirror) is given the live messages after that
 seq in the queue's order, whoever holds them, and takes none: consumers are handed the same messages as without it.
-In process: a real queue and a real subscriber's calls."""
+In process: a real queue and a consumer's calls."""
 from __future__ import annotations
 
-from haqueue.broker.queue import Entry, Queue, Returned
-from haqueue.broker.selector import Selector
-
-
-class Consumer:
-    """A consumer link end as the queue sees it: takes up to `credit` messages."""
-
-    browse = False
-    cursor = 0
-    selector: Selector | None = None
-
-    def __init__(self, credit: int) -> None:
-        self.left = credit
-        self.got: list[Entry] = []
-        self.returned: list[Returned] = []
-
-    def credit(self) -> int:
-        return self.left
-
-    def deliver(self, entry: Entry) -> None:
-        self.left -= 1
-        self.got.append(entry)
-
-    def after_dispatch(self) -> None:
-        pass
-
-    def queue_deleted(self) -> None:
-        pass
+from haqueue.broker.queue import Entry, Queue
+from test_arranged_queue import Taker  # tests/unit/: a consumer as the queue sees it
 
 
 def seqs(entries: list[Entry]) -> list[int]:
@@ -40,7 +14,7 @@ def seqs(entries: list[Entry]) -> list[int]:
 def test_read_after_gives_the_live_messages_after_a_seq_in_order_acquired_and_deferred_ones_too():
     queue = Queue("q", {}, "uid-q", lambda q: None)
     entries = [queue.enqueue(b"m%d" % i, 0.0) for i in range(1, 8)]
-    consumer = Consumer(credit=3)
+    consumer = Taker(left=3)
     queue.subscribe(consumer)
     queue.dispatch()
     assert seqs(consumer.got) == [1, 2, 3]
