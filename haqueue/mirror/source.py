@@ -96,7 +96,7 @@ class MirrorSource:
         for queue in self.broker.registry.queues():
             self._declared(queue)
 
-    # -- the registry's observer: a mirrored queue deleted (its mirror may be between links, not browsing it), and
+    # -- the registry's observer: a mirrored queue deleted (its mirror, no subscriber of it, hears of it here), and
     # the wiring into mirrored queues changed
     def declared(self, node: Node | Binding) -> None:
         if not isinstance(node, Queue):
