@@ -117,6 +117,7 @@ class QueueMirror(LinkHandler):
         # (by delivery too), and the time marks: (seq, enqueue time).
         self.waiting = 0
         self.held_back = 0  # their bytes
+        self.flying = 0  # ... of them in flight: the others are still to read (waiting - flying)
         self.flight: deque[Batch] = deque()
         self.in_flight: dict[int, Batch] = {}  # delivery -> batch
         self.limit = host.max_backlog_bytes
@@ -151,6 +152,7 @@ class QueueMirror(LinkHandler):
         self.blocked = False
         self.flight.clear()
         self.in_flight.clear()
+        self.flying = 0
         entries = self.queue.entries()
         live = {e.seq for e in entries}
         gone = [seq for seq in self.held.seqs() if seq not in live]
@@ -169,6 +171,7 @@ class QueueMirror(LinkHandler):
         self.link = None
         self.flight.clear()  # their messages wait on (counted still)
         self.in_flight.clear()
+        self.flying = 0
         self.dequeues.clear()
         self.blocked = False
         if self.state != REFUSED:
@@ -215,10 +218,11 @@ class QueueMirror(LinkHandler):
         if batch:
             self._send(link, batch, size)
             credit -= 1
-        if fenced:
-            if not self.gathering:
+        # More may be there: the read was full, or some waiting were not read (paged, one batch read back a call)
+        if fenced or (entries == [] and self.waiting > self.flying):  # at the next tick (paged ones not read back
+            if not self.gathering:  # yet: not on disk yet)
                 self._gather()
-        elif len(entries) == wanted:  # more may be there
+        elif len(entries) == wanted or self.waiting > self.flying:
             if credit:
                 self.host.schedule(self)
             else:
@@ -239,6 +243,7 @@ class QueueMirror(LinkHandler):
         else:
             delivery = link.send(with_seq(first.data, first.seq), tag=message_tag(protocol.ENQUEUE, first.seq, stamp))
         sent = Batch(first.seq, batch[-1].seq, len(batch), size)
+        self.flying += sent.count
         self.flight.append(sent)
         if delivery is not None:
             self.in_flight[delivery] = sent
@@ -283,6 +288,7 @@ class QueueMirror(LinkHandler):
                         return  # confirmed, before an older batch was
                     batch.count -= 1
                     batch.size -= size
+                    self.flying -= 1
                     break
         self.waiting -= 1
         self.held_back = self.held_back - size if self.waiting else 0  # see on_outcome
@@ -328,6 +334,7 @@ class QueueMirror(LinkHandler):
                 self.lags.append(time.time() - enqueued)
             self.last_mirrored = max(self.last_mirrored, batch.last)
             self.waiting -= batch.count
+            self.flying -= batch.count
             # A message's bytes are counted as it is enqueued and again as it leaves the book, and a failed
             # delivery may have grown its header (delivery-count) meanwhile: once nothing waits, nothing is held.
             self.held_back = self.held_back - batch.size if self.waiting else 0
