@@ -92,12 +92,13 @@ def sites_factory(tmp_path: Path) -> Iterator[Callable[..., Sites]]:
 
     def make(queues: list[str], standby_size: int = 0, standby_features: list[str] | None = None,
              tls: bool = False, back: bool = False, standby_env: dict[str, str] | None = None,
-             source_goes_on: bool = False) -> Sites:
+             source_goes_on: bool = False, source_extra: dict[str, Any] | None = None) -> Sites:
         cluster = None
         mirror: dict[str, Any] = {"cluster": "site-a", "username": MIRROR_USER, "password": MIRROR_PASSWORD,
                                   "queues": queues, "max_backlog_bytes": MAX_BACKLOG_BYTES}
         # started last, once its mirror names the relay
-        source = make_cluster(size=2, extra={"mirror": mirror}, ha_extra=PAIR_GOES_ON if source_goes_on else None)
+        source = make_cluster(size=2, extra={"mirror": mirror, **(source_extra or {})},
+                              ha_extra=PAIR_GOES_ON if source_goes_on else None)
         relay_back = None
         if standby_size == 0:
             extra: dict[str, Any] = {}

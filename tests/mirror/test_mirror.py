@@ -429,19 +429,25 @@ def publish_refused(address: str, target: str | None, to: str | None) -> str:
 
 
 def test_a_scheduled_message_is_mirrored_in_its_place(sites) -> None:
-    """A message held back until a time (x-opt-delivery-time) is mirrored at once (a browser, as the mirror is,
-    passes it by while it is held back), in its place in the queue's order."""
-    site = sites(queues=["orders.*"])
-    due = int(time.time() * 1000) + 2500
+    """A message held back until a time (x-opt-delivery-time) is mirrored at once (a browser would pass it by while it
+    is held back), in its place in the queue's order. The source's store pages messages out of memory (page_above 1
+    byte: those that come once it pages go straight to the pager, and each read back brings one), so the mirror reads
+    them back one by one after the link was cut, the scheduled one among them."""
+    site = sites(queues=["orders.*"], source_extra={"store": {"page_above": 1}})
+    due = int(time.time() * 1000) + 5000
     messages = [Message(id=f"orders.0-{i}", body=i, durable=True,
-                        annotations={"x-opt-delivery-time": due} if i == 1 else None) for i in range(3)]
-    send_all(site.source.public, "orders.0", messages)
+                        annotations={"x-opt-delivery-time": due} if i == 4 else None) for i in range(6)]
+    site.relay.cut()  # the mirror between links: the queue pages before it reads
+    send_all(site.source.public, "orders.0", messages[:3])
+    wait_for(lambda: "queue orders.0 pages" in site.primary.log(), 15, message="orders.0 paged at the source")
+    send_all(site.source.public, "orders.0", messages[3:])
     site.ledger.confirmed["orders.0"] = [m.id for m in messages]
+    site.relay.heal()
     wait_for(lambda: _drained_one(site, "orders.0"), LAG_TIMEOUT, message="orders.0 mirrored, the scheduled one too")
     assert {q["queue"]: q["messages"] for q in mirror_status(site.standby.address)["standby"]["queues"]} == \
-        {"orders.0": 3}
+        {"orders.0": 6}
     expected = site.ledger.remaining("orders.0")
-    wait_for(lambda: browsed(site.standby.address, "orders.0", 3) == expected, 15, message="all 3 there once due")
+    wait_for(lambda: browsed(site.standby.address, "orders.0", 6) == expected, 15, message="all 6 there once due")
 
 
 def browsed(address: str, queue: str, n: int) -> list[str] | None:
