@@ -17,8 +17,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE / "audit"))
+AUDIT_TESTS = Path(__file__).resolve().parent / "audit"  # eventsets: the failover scenario the audit reads
 SHARED = "-XX:SharedArchiveFile="
 TIMEOUT = 900.0
 
@@ -40,7 +39,8 @@ def make() -> str:
     options = archive_options()
     if options:
         return options
-    from eventsets import failover_scenario
+    sys.path.insert(0, str(AUDIT_TESTS))  # here, not at import: conftest imports this module in every test process
+    from eventsets import failover_scenario  # type: ignore[import-not-found]
 
     with tempfile.TemporaryDirectory() as scratch:
         events = failover_scenario().write(Path(scratch) / "events")

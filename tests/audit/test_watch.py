@@ -216,7 +216,6 @@ def test_once_over_a_recorded_run_agrees_with_audit_lag(ha_cluster, spark, tmp_p
                                              "failure SQLSTATE: P0001"
 
 
-
 class Interrupted(BaseException):
     """An interrupt other than Ctrl-C's (which Py4J cleans up after itself): a caller's timeout, as pytest-timeout's
     Failed."""
