@@ -13,8 +13,8 @@ The tests and every process they start read no system CA bundle (SSL_CERT_FILE, 
 110 ms of CPU, and no test trusts the system's CAs.
 
 Every Spark JVM the tests start (the audit's, in the tests' process or in the commands they run) runs
-with SPARK_JVM_OPTIONS, and Spark's class archive once tests/spark_archive.py made it, unless PYSPARK_SUBMIT_ARGS is
-already set.
+with spark_archive.jvm_options(), Spark's class archive among them once tests/spark_archive.py made it, unless
+PYSPARK_SUBMIT_ARGS is already set.
 
 Every test of a directory in CLUSTER_SUITES is marked `slow`: they run several broker processes, a
 ZooKeeper ensemble, Pacemaker or Spark, seconds each, so `pytest -m "not slow"` (`make quick`) keeps
@@ -49,12 +49,9 @@ sys.path[:0] = [str(TESTS), str(TESTS / "ha")]  # harness.py; ha_harness.py (clu
 
 from harness import BrokerProcess, unexpected_exits  # noqa: E402
 from releases import PREVIOUS  # noqa: E402
+from spark_archive import jvm_options  # noqa: E402
 
 LOG_TAIL_LINES = 150
-# The audit tests' Spark jobs are small and short: C1 alone and the serial collector halve the JVM's CPU
-# (a cold analysis of the failover scenario: 34 -> 17 CPU s, the session's start 9.5 -> 4.9); C2 and the
-# parallel collector only repay on long jobs.
-SPARK_JVM_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
 CLUSTER_SUITES = ("audit", "console", "ha", "mirror", "nemesis", "pacemaker", "shard", "upgrade", "zookeeper")
 GROUPS = {"audit": "spark", "nemesis": "coordination", "pacemaker": "coordination", "zookeeper": "coordination"}
 # Modules whose group is not their directory's: a sharded run audited in this process (`haqueue audit lag`), with
@@ -153,21 +150,10 @@ def broker(broker_factory) -> BrokerProcess:
     return broker_factory()
 
 
-def spark_jvm_options() -> str:
-    """SPARK_JVM_OPTIONS, and the driver's class archive if one is made (tests/spark_archive.py, which `make test`
-    runs first): Spark's classes mapped ready-made, 13-15 CPU-s less for each JVM the tests start."""
-    try:
-        from spark_archive import archive_options
-        archive = archive_options()
-    except ImportError:  # no PySpark: the Spark tests are skipped
-        archive = ""
-    return f"{SPARK_JVM_OPTIONS} {archive}".rstrip()
-
-
 @pytest.fixture(scope="session", autouse=True)
 def small_spark_jobs():
     """PySpark launches its JVM with PYSPARK_SUBMIT_ARGS, here and in the processes the tests start."""
     with pytest.MonkeyPatch.context() as patch:
         if "PYSPARK_SUBMIT_ARGS" not in os.environ:
-            patch.setenv("PYSPARK_SUBMIT_ARGS", f'--driver-java-options "{spark_jvm_options()}" pyspark-shell')
+            patch.setenv("PYSPARK_SUBMIT_ARGS", f'--driver-java-options "{jvm_options()}" pyspark-shell')
         yield

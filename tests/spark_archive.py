@@ -5,7 +5,8 @@ machine's test run would never get there: each Spark JVM the tests start is a fi
 tests/conftest.py's options, which no writer may share (one archive file, many JVMs at once). So `make test` runs
 this first, as it builds the previous release: one audit of the failover scenario in a process of its own, as a
 user runs it, whose JVM writes the archive (a minute of one core); the tests' JVMs then start with it
-(conftest.spark_jvm_options), 13-15 CPU-s less each. Quick once made: it only finds the archive.
+(jvm_options: the drivers', and the standalone cluster's daemons and executors, on the same class path), 13-15
+CPU-s less each driver. Quick once made: it only finds the archive.
 
     .venv/bin/python tests/spark_archive.py
 """
@@ -20,6 +21,10 @@ from pathlib import Path
 AUDIT_TESTS = Path(__file__).resolve().parent / "audit"  # eventsets: the failover scenario the audit reads
 SHARED = "-XX:SharedArchiveFile="
 TIMEOUT = 900.0
+# The audit tests' Spark jobs are small and short: C1 alone and the serial collector halve the JVM's CPU
+# (a cold analysis of the failover scenario: 34 -> 17 CPU s, the session's start 9.5 -> 4.9); C2 and the
+# parallel collector only repay on long jobs.
+SPARK_JVM_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
 
 
 def archive_options() -> str:
@@ -28,6 +33,15 @@ def archive_options() -> str:
 
     options = class_archive.java_options()
     return options if options.startswith(SHARED) else ""
+
+
+def jvm_options() -> str:
+    """The options of every Spark JVM the tests start: SPARK_JVM_OPTIONS, and the archive's if one is made."""
+    try:
+        archive = archive_options()
+    except ImportError:  # no PySpark: the Spark tests are skipped
+        archive = ""
+    return f"{SPARK_JVM_OPTIONS} {archive}".rstrip()
 
 
 def make() -> str:

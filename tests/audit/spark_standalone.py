@@ -21,6 +21,7 @@ import urllib.request
 from pathlib import Path
 
 from harness import free_port, wait_for
+from spark_archive import jvm_options
 
 # The namespace of a worker: `root` kept through a bind mount moved back after the tmpfs mounts.
 _NAMESPACE = """set -e
@@ -31,7 +32,6 @@ mkdir -p "$root"
 mount --move /mnt "$root"
 exec "$@"
 """
-JVM_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"  # as tests/conftest.py's SPARK_JVM_OPTIONS
 
 
 class StandaloneCluster:
@@ -48,14 +48,17 @@ class StandaloneCluster:
         self.port, self.ui_port = free_port(), free_port()
         self.url = f"spark://127.0.0.1:{self.port}"
         self.processes: list[subprocess.Popen] = []
+        # The tests' JVM options: the daemons and the executors run on the driver's class path, so they map its
+        # class archive too.
+        self.jvm_options = jvm_options()
         # What a driver of this cluster is given: its own address on the loopback, and the executors' JVM options.
         self.conf = {"spark.driver.host": "127.0.0.1", "spark.driver.bindAddress": "127.0.0.1",
-                     "spark.executor.extraJavaOptions": JVM_OPTIONS, "spark.ui.enabled": "false"}
+                     "spark.executor.extraJavaOptions": self.jvm_options, "spark.ui.enabled": "false"}
 
     def _start(self, name: str, command: list[str], host: str, **env: str) -> None:
         log = open(self.root / f"{name}.log", "wb")
         environment = dict(os.environ, SPARK_HOME=str(self.home), SPARK_LOCAL_IP=host, SPARK_DAEMON_MEMORY="256m",
-                           SPARK_DAEMON_JAVA_OPTS=JVM_OPTIONS, **env)
+                           SPARK_DAEMON_JAVA_OPTS=self.jvm_options, **env)
         environment.pop("PYSPARK_SUBMIT_ARGS", None)
         self.processes.append(subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=environment,
                                                start_new_session=True))
