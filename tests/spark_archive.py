@@ -60,9 +60,13 @@ def make() -> str:
         events = failover_scenario().write(Path(scratch) / "events")
         env = {k: v for k, v in os.environ.items() if k != "PYSPARK_SUBMIT_ARGS"}
         # Its output is waited for to its end: the JVM writes the archive as it exits, after the command's exit.
-        audit = subprocess.run([sys.executable, "-m", "haqueue", "audit", "lag", "--events", str(events), "--out",
-                                str(Path(scratch) / "out"), "--master", "local[2]"], capture_output=True, text=True,
-                               env=env, timeout=TIMEOUT)
+        try:
+            audit = subprocess.run([sys.executable, "-m", "haqueue", "audit", "lag", "--events", str(events), "--out",
+                                    str(Path(scratch) / "out"), "--master", "local[2]"], capture_output=True,
+                                   text=True, env=env, timeout=TIMEOUT)
+        except subprocess.TimeoutExpired:  # a machine that busy (seen at load 20-27): the tests run without it
+            print(f"the audit that makes Spark's class archive took over {TIMEOUT:.0f} s: stopped", file=sys.stderr)
+            return ""
         if audit.returncode not in (0, 1):  # 1: the scenario's planted loss, found
             sys.exit(f"the audit that makes Spark's class archive failed (exit {audit.returncode}):\n{audit.stderr}")
     return archive_options()
