@@ -11,12 +11,12 @@ never read nor sent. When the link's credit runs out (a catch-up), the reading g
 The standby settles each transfer once its own guards have it: that is its messages mirrored.
 
 The lag book is kept per transfer, not per message: counts (messages and bytes not yet on the standby), the batches
-in flight (their first and last seqs, counts and bytes), and time marks (seq, enqueue time) from which the age of the
-oldest message waiting, and each confirmed transfer's lag, are read: one for the first message enqueued after each
-read (the first of the next transfer), or every MARK_INTERVAL_DOWN while the link is down; the marks before the
-oldest message waiting are dropped as the reads and confirmations go. So a message costs the source two additions as
-it is enqueued (a clock reading for one in a tick's), a subtraction as it is dequeued unsent, and a place in a
-transfer as it is read (at the tick, for those still here).
+in flight (their first and last seqs, counts and bytes), and time marks (seq, enqueue time) from which the age of
+the oldest message waiting, and each confirmed transfer's lag, are read: one for the first message enqueued after
+each read (the first of the next transfer), or every MARK_INTERVAL_DOWN while the link is down or held up; the marks
+before the oldest message waiting are dropped as the reads and confirmations go. So a message costs the source two
+additions as it is enqueued (a clock reading for one in a tick's), a subtraction as it is dequeued unsent, and a
+place in a transfer as it is read (at the tick, for those still here).
 
 On each attach the standby says which seqs it holds (the connection's `$mirror.state`). The mirror then sends `D`
 for those no longer here, and reads the queue from its start, sending only what the standby lacks: nothing is
@@ -54,7 +54,8 @@ PER_PASS: Final = 2000  # messages one read looks at, at most: a catch-up leaves
 # paid 1.2x its CPU a message for 200 wake-ups a second and as many settlements, and the lag budget is the sites'
 # round trip + 50 ms (bench/mirror.py).
 GATHER: Final = 0.020
-# Seconds between the lag book's time marks while the link is down (an hour's partition: 3,600 marks); up, one a read.
+# Seconds between the lag book's time marks while the link is down or held up (an hour's partition: 3,600 marks); up,
+# one a read.
 MARK_INTERVAL_DOWN: Final = 1.0
 LAG_SAMPLES: Final = 10_000  # the latest transfers whose lag status shows (mirrored_lag_ms)
 
@@ -124,8 +125,8 @@ class QueueMirror(LinkHandler):
         self.in_flight: dict[int, Batch] = {}  # delivery -> batch
         self.limit = host.max_backlog_bytes
         self.marks: deque[tuple[int, float]] = deque()
-        self.mark_due = True  # the next message enqueued is marked: the first since the last read (or, down, a
-        # second after the last mark: next_mark)
+        self.mark_due = True  # the next message enqueued is marked: the first since the last read (or, down or held
+        # up, a second after the last mark: next_mark)
         # Per confirmed transfer, seconds from its oldest message's enqueue (its mark's) to the standby's
         # confirmation: the lag of what was mirrored, as the source saw it.
         self.lags: deque[float] = deque(maxlen=LAG_SAMPLES)
@@ -192,7 +193,7 @@ class QueueMirror(LinkHandler):
             return
         credit = link.credit()
         if credit <= 0 or link.output_full():
-            self.blocked = True
+            self.blocked = self.mark_due = True
             return
         self.blocked = False
         per_transfer = self.per_transfer
@@ -270,9 +271,9 @@ class QueueMirror(LinkHandler):
 
     def _mark(self, seq: int) -> None:
         now = time.time()
-        if self.link is not None:  # the first since the last read: the next read marks again
+        if self.link is not None and not self.blocked:  # the first since the last read: the next read marks again
             self.mark_due = False
-        elif now < self.next_mark:
+        elif now < self.next_mark:  # down, or held up (no credit, the output full): one a MARK_INTERVAL_DOWN
             return
         self.marks.append((seq, now))
         self.next_mark = now + MARK_INTERVAL_DOWN
