@@ -2,7 +2,8 @@
 
 Consumers acquire entries (one holder at a time) and settle them; browsers read without
 acquiring. Released entries go back to their place, ahead of newer ones. Observers (HA, the
-audit log) are told of every enqueue and dequeue; guards may hold a publisher's completion.
+audit log) are told of every enqueue, acquire and dequeue, watchers (a site mirror) of every enqueue and
+dequeue; guards may hold a publisher's completion.
 
 A consumer or browser may have a selector (selector.py): it is handed only the messages its selector
 matches, and the others stay for other consumers, in order. Consumers without one share the queue's
@@ -148,6 +149,13 @@ class QueueObserver(Protocol):
     def dequeued(self, queue: "Queue", entry: Entry) -> None: ...
 
 
+class QueueWatcher(Protocol):
+    """An observer with nothing to do when a consumer takes a message: no call per acquire."""
+
+    def enqueued(self, queue: "Queue", entry: Entry) -> None: ...
+    def dequeued(self, queue: "Queue", entry: Entry) -> None: ...
+
+
 class Arranger(Protocol):
     """A plug-in's say in what a queue holds and which message a consumer gets next (messaging/: priority,
     groups, last value), on the queues whose arguments ask for one; the others have none and pay nothing.
@@ -226,6 +234,7 @@ class Queue:
         self._budget = 0  # what selector scans may still look at this pass (SCAN_BUDGET)
         self._rotation = 0
         self.observers: list[QueueObserver] = []
+        self.watchers: list[QueueWatcher] = []
         self.guards: list[Guard] = []
         self.journals: list[Journal] = []  # a store's, for the durable messages
         self.deleted = False
@@ -347,6 +356,8 @@ class Queue:
                 journal.enqueued(self, entry)
         for observer in self.observers:
             observer.enqueued(self, entry)
+        for watcher in self.watchers:
+            watcher.enqueued(self, entry)
         if self.arranger is not None:
             self.arranger.entered([entry], not seq)
             if self._many_dequeued():
@@ -390,6 +401,8 @@ class Queue:
                 journal.dequeued(self, entry)
         for observer in self.observers:
             observer.dequeued(self, entry)
+        for watcher in self.watchers:
+            watcher.dequeued(self, entry)
         if self.arranger is not None:
             self.arranger.left(entry)
         self._compact()

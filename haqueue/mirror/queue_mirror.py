@@ -1,20 +1,22 @@
 """QueueMirror: one source queue's mirror, on the source's primary (design/mirroring.md).
 
-It reads what the queue holds and nothing else, at its own pace: an observer (told of each enqueue and dequeue) and
-a reader by seq (Queue.read_after: the live messages after the newest it sent, none acquired), never a subscriber,
-so the queue's dispatch never hands it anything and consumers here are untouched. A publisher's confirmation never
-waits for it. Every mirror reads at the same ticks, GATHER apart (one wake-up for all of its queues), and sends, in
-the queue's order, what the standby lacks (protocol 2: up to BATCH_MESSAGES messages as one `B` transfer, untouched;
-protocol 1: each as an `E`, with the source seq in a message annotation), then the seqs dequeued here since the last
-tick (`D`); once the queue is deleted here, `X`. A message consumed before the tick is never read nor sent. When the
-link's credit runs out (a catch-up), the reading goes on as the standby grants more. The standby settles each
-transfer once its own guards have it: that is its messages mirrored.
+It reads what the queue holds and nothing else, at its own pace: a watcher (told of each enqueue and dequeue, not of
+acquires) and a reader by seq (Queue.read_after: the live messages after the newest it sent, none acquired), never a
+subscriber, so the queue's dispatch never hands it anything and consumers here are untouched. A publisher's
+confirmation never waits for it. Every mirror reads at the same ticks, GATHER apart (one wake-up for all of its
+queues), and sends, in the queue's order, what the standby lacks (protocol 2: up to BATCH_MESSAGES messages as one
+`B` transfer, untouched; protocol 1: each as an `E`, with the source seq in a message annotation), then the seqs
+dequeued here since the last tick (`D`); once the queue is deleted here, `X`. A message consumed before the tick is
+never read nor sent. When the link's credit runs out (a catch-up), the reading goes on as the standby grants more.
+The standby settles each transfer once its own guards have it: that is its messages mirrored.
 
 The lag book is kept per transfer, not per message: counts (messages and bytes not yet on the standby), the batches
-in flight (their first and last seqs, counts and bytes), and a time mark every MARK_INTERVAL (the first seq enqueued
-then; every second while the link is down) from which the age of the oldest message waiting, and each confirmed
-transfer's lag, are read. So a message costs the source two additions and a clock reading as it is enqueued, a
-subtraction as it is dequeued unsent, and a place in a transfer as it is read (at the tick, for those still here).
+in flight (their first and last seqs, counts and bytes), and time marks (seq, enqueue time) from which the age of
+the oldest message waiting, and each confirmed transfer's lag, are read: one for the first message enqueued after
+each read (the first of the next transfer), or every MARK_INTERVAL_DOWN while the link is down or held up; the marks
+before the oldest message waiting are dropped as the reads and confirmations go. So a message costs the source two
+additions as it is enqueued (a clock reading for one in a tick's), a subtraction as it is dequeued unsent, and a
+place in a transfer as it is read (at the tick, for those still here).
 
 On each attach the standby says which seqs it holds (the connection's `$mirror.state`). The mirror then sends `D`
 for those no longer here, and reads the queue from its start, sending only what the standby lacks: nothing is
@@ -52,8 +54,9 @@ PER_PASS: Final = 2000  # messages one read looks at, at most: a catch-up leaves
 # paid 1.2x its CPU a message for 200 wake-ups a second and as many settlements, and the lag budget is the sites'
 # round trip + 50 ms (bench/mirror.py).
 GATHER: Final = 0.020
-MARK_INTERVAL: Final = 0.001  # seconds between the lag book's time marks: lag_seconds is read to this
-MARK_INTERVAL_DOWN: Final = 1.0  # ... while the link is down (an hour's partition: 3,600 marks)
+# Seconds between the lag book's time marks while the link is down or held up (an hour's partition: 3,600 marks); up,
+# one a read.
+MARK_INTERVAL_DOWN: Final = 1.0
 LAG_SAMPLES: Final = 10_000  # the latest transfers whose lag status shows (mirrored_lag_ms)
 
 
@@ -122,7 +125,9 @@ class QueueMirror(LinkHandler):
         self.in_flight: dict[int, Batch] = {}  # delivery -> batch
         self.limit = host.max_backlog_bytes
         self.marks: deque[tuple[int, float]] = deque()
-        # Per confirmed transfer, seconds from its oldest message's enqueue (to MARK_INTERVAL) to the standby's
+        self.mark_due = True  # the next message enqueued is marked: the first since the last read (or, down or held
+        # up, a second after the last mark: next_mark)
+        # Per confirmed transfer, seconds from its oldest message's enqueue (its mark's) to the standby's
         # confirmation: the lag of what was mirrored, as the source saw it.
         self.lags: deque[float] = deque(maxlen=LAG_SAMPLES)
         self.next_mark = 0.0
@@ -131,9 +136,10 @@ class QueueMirror(LinkHandler):
         self.gathering = False  # a GATHER timer is set
         self.deleted = False  # stopped: its queue deleted, or this cluster a standby now
         self.deletion: Deletion | None = None  # the queue was deleted: the standby is told on its link
+        self.call_later: Callable[[float, Callable[[], None]], Any] = host.call_later
         for entry in queue.entries():
             self.enqueued(queue, entry)
-        queue.observers.append(self)
+        queue.watchers.append(self)
         host.standby.add(self)
 
     # -- the connection (StandbyLink) ---------------------------------------------------------------
@@ -174,6 +180,7 @@ class QueueMirror(LinkHandler):
         self.flying = 0
         self.dequeues.clear()
         self.blocked = False
+        self.mark_due = True  # down: a mark a second
         if self.state != REFUSED:
             self.state = CONNECTING
 
@@ -186,12 +193,13 @@ class QueueMirror(LinkHandler):
             return
         credit = link.credit()
         if credit <= 0 or link.output_full():
-            self.blocked = True
+            self.blocked = self.mark_due = True
             return
         self.blocked = False
         per_transfer = self.per_transfer
         wanted = min(credit * per_transfer, PER_PASS)
         entries = self.queue.read_after(self.sent_through, wanted)
+        self._marked_to(self.flight[0].first if self.flight else entries[0].seq if entries else 0)
         held, held_last, fence = self.held, self.held_last, self.fence
         batch: list[Entry] = []
         size = 0
@@ -249,22 +257,37 @@ class QueueMirror(LinkHandler):
             self.in_flight[delivery] = sent
         self.sent_through = sent.last
 
-    # -- the queue's observer -----------------------------------------------------------------------
+    # -- the queue's watcher ------------------------------------------------------------------------
     def enqueued(self, queue: Queue, entry: Entry) -> None:
         """A message here the standby has not confirmed: counted, its time marked if one is due, read at the tick."""
         self.waiting += 1
         self.held_back += len(entry.data)
-        now = time.time()
-        if now >= self.next_mark and not self.over_limit:  # past the limit the book keeps counts only
-            self.marks.append((entry.seq, now))
-            self.next_mark = now + (MARK_INTERVAL if self.link is not None else MARK_INTERVAL_DOWN)
+        if self.mark_due and not self.over_limit:  # past the limit the book keeps counts only
+            self._mark(entry.seq)
         if not self.over_limit and self.held_back > self.limit > 0:
             self._limit()
         if not self.gathering and self.link is not None:
             self._gather()
 
-    def acquired(self, queue: Queue, entry: Entry) -> None:
-        pass
+    def _mark(self, seq: int) -> None:
+        now = time.time()
+        if self.link is not None and not self.blocked:  # the first since the last read: the next read marks again
+            self.mark_due = False
+        elif now < self.next_mark:  # down, or held up (no credit, the output full): one a MARK_INTERVAL_DOWN
+            return
+        self.marks.append((seq, now))
+        self.next_mark = now + MARK_INTERVAL_DOWN
+
+    def _marked_to(self, oldest: int) -> None:
+        """A read: the next message enqueued is marked, and the marks before the one of `oldest`, the oldest message
+        waiting (0: unknown, left for on_outcome), are dropped; none are kept once none waits."""
+        self.mark_due = True
+        marks = self.marks
+        if oldest:
+            while len(marks) > 1 and marks[1][0] <= oldest:
+                marks.popleft()
+        elif self.waiting <= 0 and not self.flight:
+            marks.clear()
 
     def dequeued(self, queue: Queue, entry: Entry) -> None:
         seq = entry.seq
@@ -299,14 +322,18 @@ class QueueMirror(LinkHandler):
         """Read and send at the next tick: GATHER apart, the same for every mirror, so that the mirrors of many queues
         wake the broker once."""
         self.gathering = True
-        self.host.call_later(GATHER - time.monotonic() % GATHER, self._gathered)
+        self.call_later(GATHER - time.monotonic() % GATHER, self._gathered)
 
     def _gathered(self) -> None:
-        """What came in since the last tick, then the dequeues as one D (each names only seqs sent before it)."""
+        """What came in since the last tick (if any is still here unsent), then the dequeues as one D (each names only
+        seqs sent before it)."""
         self.gathering = False
         if self.link is None:
             return
-        self._read()
+        if self.waiting > self.flying:
+            self._read()
+        else:  # every message enqueued since was consumed (most, with a consumer at 1,000 msg/s): nothing to read
+            self._marked_to(self.flight[0].first if self.flight else 0)
         self.fence = self.queue.next_seq - 1
         if self.dequeues:
             self._send_dequeues(self.dequeues)
@@ -373,8 +400,8 @@ class QueueMirror(LinkHandler):
         """No more mirroring of the queue: it was deleted here (`gone`: the standby deletes its copy, told now if it
         speaks protocol 2 and is connected, else when it next is), or this cluster became a standby."""
         self.deleted = True
-        if self in self.queue.observers:
-            self.queue.observers.remove(self)
+        if self in self.queue.watchers:
+            self.queue.watchers.remove(self)
         self.host.standby.remove(self)
         link, self.link = self.link, None
         if link is not None and gone and self.host.standby.protocol >= protocol.BATCH_PROTOCOL:
@@ -402,7 +429,7 @@ class QueueMirror(LinkHandler):
                      self.name, self.held_back)
 
     def _oldest(self) -> float | None:
-        """When the oldest message waiting was enqueued (to MARK_INTERVAL), None if none waits."""
+        """When the oldest message waiting was enqueued (or earlier: its mark's), None if none waits."""
         if self.waiting <= 0:
             return None
         if self.flight:
@@ -411,7 +438,8 @@ class QueueMirror(LinkHandler):
         return self._enqueued(unsent[0].seq if unsent else self.confirmed_through + 1)
 
     def _enqueued(self, seq: int) -> float | None:
-        """When the message `seq` was enqueued, to MARK_INTERVAL (or earlier: past the backlog limit)."""
+        """When the message `seq` was enqueued: the newest mark at or before it (the first message after the read before
+        it; earlier past the backlog limit)."""
         marks = self.marks
         if not marks:
             return None
