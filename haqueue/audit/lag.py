@@ -28,7 +28,7 @@ from pyspark.sql import Column, DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 from pyspark.sql.types import TimestampType
 
-from haqueue.audit import facts, measures, schema
+from haqueue.audit import facts, measures, ranks, schema
 from haqueue.audit.mirror_rpo import MirrorAudit, analyse_mirror
 from haqueue.audit.sources import EventInput, read_events, read_ledgers, tune_for, unusable, usable
 from haqueue.audit.storage import uri
@@ -517,7 +517,7 @@ def _backup_table(summary: pd.DataFrame, lags: pd.DataFrame, counts: pd.DataFram
 def _latency(completions: DataFrame) -> pd.DataFrame:
     """The percentiles per queue of the confirmations' times from their message's first enqueue (completions:
     _measures')."""
-    return completions.groupBy("queue").agg(*measures.percentiles("completion_us", "completion")).toPandas()
+    return ranks.percentiles(completions, ["queue"], "completion_us", "completion").drop("count").toPandas()
 
 
 def _queue_table(summary: pd.DataFrame, latency: pd.DataFrame, backups: pd.DataFrame,
@@ -566,8 +566,8 @@ def _shard_lags(summary: pd.DataFrame, lag: DataFrame) -> pd.DataFrame | None:
     if sharded.empty:
         return None
     owned = _small(lag.sparkSession, _owners(sharded), "backup STRING, shard BIGINT")
-    return (lag.join(F.broadcast(owned), "backup").groupBy("shard").agg(*measures.percentiles("lag_us", "lag"))
-            .toPandas())
+    owned_lags = lag.join(F.broadcast(owned), "backup")
+    return ranks.percentiles(owned_lags, ["shard"], "lag_us", "lag").drop("count").toPandas()
 
 
 def _sharded(summary: pd.DataFrame) -> pd.DataFrame:
@@ -685,10 +685,9 @@ def _lag_stats(lag: DataFrame, bucket_us: int) -> pd.DataFrame:
     """The lag's percentiles per queue and backup, and per backup and time bucket: one pass over the lags, with a
     grouping set each (_lag_tables parts them)."""
     bucket = F.timestamp_micros((F.col("t") / bucket_us).cast("long") * bucket_us)
-    return (lag.filter(F.col("lag_us").isNotNull()).withColumn("time", bucket)
-            .groupingSets([["queue", "backup"], ["backup", "time"]], "queue", "backup", "time")
-            .agg(F.grouping_id().alias("set"), F.count("*").alias("messages"), *measures.percentiles("lag_us", "lag"))
-            .toPandas())
+    return (ranks.percentiles(lag.withColumn("time", bucket), ["queue", "backup", "time"], "lag_us", "lag",
+                              sets=[["queue", "backup"], ["backup", "time"]])
+            .withColumnRenamed("count", "messages").toPandas())
 
 
 def _lag_tables(stats: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:

@@ -68,7 +68,8 @@ def percentiles(column: str, prefix: str) -> list[Column]:
     """Aggregates: p50/p95/p99 and max, in milliseconds. Exact nearest rank: of n values, pX is the one at rank
     ceil(X/100 * n) in ascending order (an observed value). Spark's percentile_disc computes it (checked against
     that definition by tests/audit/test_report.py) from a count per distinct value of the group, so its memory
-    grows with the distinct values (µs of lag: tens of thousands), not with the rows; it works in a stream too."""
+    grows with the distinct values (µs of lag: tens of thousands), not with the rows; it works in a stream too. The
+    batch audit computes the same statistic from plain counts (ranks.py), with less CPU (bench/RESULTS.md)."""
     ranks = ", ".join(str(p) for p in PERCENTILES)
     ranked = F.expr(f"percentile_disc(array({ranks})) WITHIN GROUP (ORDER BY `{column}`)")
     return [*(F.round(ranked[i] / 1000.0, 3).alias(f"{prefix}_p{int(p * 100)}_ms") for i, p in enumerate(PERCENTILES)),
