@@ -74,7 +74,7 @@ def _accept_confirm(browser) -> None:
             return True
         except NoAlertPresentException:
             return False
-    wait_for(accepted, 5, message="the confirmation dialog")
+    wait_for(accepted, 15, message="the confirmation dialog")  # a busy machine's browser: 5 s fell short once
 
 
 def _publish(cluster, n: int) -> None:
