@@ -49,18 +49,21 @@ $(VENV)/.installed: pyproject.toml setup.py haqueue/audit/_lines.c | apt
 
 # pip's editable install (.installed) compiles the hot path into the tree as this does: when the group's library is
 # newer than every source here (haqueue/_compiled.py's test), that build is this one, and a second would take minutes
-# of a core for the same code (a fresh set-up's case). After a build, the library is touched: a source touched but
-# unchanged compiles to the same code, which the build does not rewrite, and the library must be newer than it.
+# of a core for the same code (a fresh set-up's case). After a build, the library and the stamp take the time the
+# build started: a source touched but unchanged compiles to the same code, which the build does not rewrite, and the
+# library must be newer than it; a source edited while the build ran is newer than both, so it is compiled next time.
 $(VENV)/.compiled: $(VENV)/.installed $(wildcard haqueue/broker/*.py haqueue/broker/*.c haqueue/broker/*.h haqueue/store/*.py haqueue/ha/*.py) haqueue/shard/relayed_links.py haqueue/mirror/queue_mirror.py $(wildcard haqueue/messaging/*.py) haqueue/audit/_lines.c
 	@library=$$(ls haqueue/_hot_path__mypyc*.so 2>/dev/null | head -n 1); \
 	if [ -n "$$library" ] && [ -z "$$(find $(filter-out $<,$^) -newer "$$library")" ]; then \
 		echo "the hot path is compiled already: $$library is newer than its sources"; \
+		touch $@; \
 	else \
+		started=$$(mktemp); \
 		echo "$(VENV)/bin/python setup.py -q build_ext --inplace"; \
 		$(VENV)/bin/python setup.py -q build_ext --inplace && \
-		touch haqueue/_hot_path__mypyc*.so; \
+		touch -r "$$started" haqueue/_hot_path__mypyc*.so $@; \
+		built=$$?; rm -f "$$started"; exit $$built; \
 	fi
-	touch $@
 
 # The web console's charting library (uPlot), from npm at build time into the package's static files (not in
 # git): the pages need no network when they run.

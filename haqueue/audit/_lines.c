@@ -252,11 +252,6 @@ static PyObject *recorder_enqueued(Recorder *self, PyObject *const *args, Py_ssi
     return add_entry(self, ENQUEUE, args[1]);
 }
 
-static PyObject *recorder_acquired(Recorder *self, PyObject *const *args, Py_ssize_t nargs)
-{
-    Py_RETURN_NONE;
-}
-
 static PyObject *recorder_dequeued(Recorder *self, PyObject *const *args, Py_ssize_t nargs)
 {
     if (!two_args("dequeued", nargs))
@@ -320,7 +315,6 @@ static PyObject *recorder_unlist(Recorder *self, PyObject *unused)
 static PyMethodDef recorder_methods[] = {
     {"enqueued", (PyCFunction)(void (*)(void))recorder_enqueued, METH_FASTCALL,
      "enqueued(queue, entry): the queue observer's enqueue (ENQUEUE)"},
-    {"acquired", (PyCFunction)(void (*)(void))recorder_acquired, METH_FASTCALL, "acquired(queue, entry): nothing"},
     {"dequeued", (PyCFunction)(void (*)(void))recorder_dequeued, METH_FASTCALL,
      "dequeued(queue, entry): the queue observer's dequeue (DEQUEUE), unless the queue is deleted"},
     {"completed", (PyCFunction)recorder_completed, METH_O, "completed(entry): a confirmed publish (COMPLETE)"},

@@ -2,8 +2,8 @@
 
 Consumers acquire entries (one holder at a time) and settle them; browsers read without
 acquiring. Released entries go back to their place, ahead of newer ones. Observers (HA, the
-audit log) are told of every enqueue, acquire and dequeue, watchers (a site mirror) of every enqueue and
-dequeue; guards may hold a publisher's completion.
+audit log, a site mirror) are told of every enqueue and dequeue, acquire observers (HA's replicating
+subscriptions) of every acquire; guards may hold a publisher's completion.
 
 A consumer or browser may have a selector (selector.py): it is handed only the messages its selector
 matches, and the others stay for other consumers, in order. Consumers without one share the queue's
@@ -145,15 +145,14 @@ class Guard(Protocol):
 
 class QueueObserver(Protocol):
     def enqueued(self, queue: "Queue", entry: Entry) -> None: ...
+    def dequeued(self, queue: "Queue", entry: Entry) -> None: ...
+
+
+class AcquireObserver(Protocol):
+    """Told when a consumer takes a message; apart from QueueObserver, so that the many observers with nothing to
+    do then cost no call per acquire."""
+
     def acquired(self, queue: "Queue", entry: Entry) -> None: ...
-    def dequeued(self, queue: "Queue", entry: Entry) -> None: ...
-
-
-class QueueWatcher(Protocol):
-    """An observer with nothing to do when a consumer takes a message: no call per acquire."""
-
-    def enqueued(self, queue: "Queue", entry: Entry) -> None: ...
-    def dequeued(self, queue: "Queue", entry: Entry) -> None: ...
 
 
 class Arranger(Protocol):
@@ -234,7 +233,7 @@ class Queue:
         self._budget = 0  # what selector scans may still look at this pass (SCAN_BUDGET)
         self._rotation = 0
         self.observers: list[QueueObserver] = []
-        self.watchers: list[QueueWatcher] = []
+        self.acquire_observers: list[AcquireObserver] = []
         self.guards: list[Guard] = []
         self.journals: list[Journal] = []  # a store's, for the durable messages
         self.deleted = False
@@ -356,8 +355,6 @@ class Queue:
                 journal.enqueued(self, entry)
         for observer in self.observers:
             observer.enqueued(self, entry)
-        for watcher in self.watchers:
-            watcher.enqueued(self, entry)
         if self.arranger is not None:
             self.arranger.entered([entry], not seq)
             if self._many_dequeued():
@@ -401,8 +398,6 @@ class Queue:
                 journal.dequeued(self, entry)
         for observer in self.observers:
             observer.dequeued(self, entry)
-        for watcher in self.watchers:
-            watcher.dequeued(self, entry)
         if self.arranger is not None:
             self.arranger.left(entry)
         self._compact()
@@ -556,7 +551,7 @@ class Queue:
                     if entry is None:
                         break
                     entry.state = ACQUIRED
-                    for observer in self.observers:
+                    for observer in self.acquire_observers:
                         observer.acquired(self, entry)
                     credits[i] -= 1
                     remaining -= 1
@@ -610,7 +605,7 @@ class Queue:
                 credits[i] = 0
             else:
                 entry.state = ACQUIRED
-                for observer in self.observers:
+                for observer in self.acquire_observers:
                     observer.acquired(self, entry)
                 credits[i] -= 1
                 remaining -= 1

@@ -132,9 +132,6 @@ class Quorums:
     def enqueued(self, queue: Queue, entry: Entry) -> None:
         pass
 
-    def acquired(self, queue: Queue, entry: Entry) -> None:
-        pass
-
     def dequeued(self, queue: Queue, entry: Entry) -> None:
         pending = self.pending.get(queue)
         completion = pending.pop(entry.seq, None) if pending else None

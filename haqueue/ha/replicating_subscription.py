@@ -163,6 +163,7 @@ class ReplicatingSubscription(LinkHandler):
         if backup.holds:  # and under `all`, holds too
             queue.guards.append(self)
         queue.observers.append(self)
+        queue.acquire_observers.append(self)
         self._recount_watcher = self.recounted
         queue.recount_watchers.append(self._recount_watcher)
         self.backup.schedule(self)
@@ -423,6 +424,8 @@ class ReplicatingSubscription(LinkHandler):
             queue.guards.remove(self)
         if self in queue.observers:
             queue.observers.remove(self)
+        if self in queue.acquire_observers:
+            queue.acquire_observers.remove(self)
         if self._recount_watcher in queue.recount_watchers:
             queue.recount_watchers.remove(self._recount_watcher)
         held, self.held = self.held, {}

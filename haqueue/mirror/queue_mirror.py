@@ -1,10 +1,10 @@
 """QueueMirror: one source queue's mirror, on the source's primary (design/mirroring.md).
 
-It reads what the queue holds and nothing else, at its own pace: a watcher (told of each enqueue and dequeue, not of
+It reads what the queue holds and nothing else, at its own pace: an observer (told of each enqueue and dequeue, not of
 acquires) and a reader by seq (Queue.read_after: the live messages after the newest it sent, none acquired), never a
 subscriber, so the queue's dispatch never hands it anything and consumers here are untouched. A publisher's
-confirmation never waits for it. Every mirror reads at the same ticks, GATHER apart (one wake-up for all of its
-queues), and sends, in the queue's order, what the standby lacks (protocol 2: up to BATCH_MESSAGES messages as one
+confirmation never waits for it. Every mirror reads at the same ticks, GATHER apart (one pass for all of its
+queues, at no wake-up of its own while clients keep the broker busy: a lazy timer), and sends, in the queue's order, what the standby lacks (protocol 2: up to BATCH_MESSAGES messages as one
 `B` transfer, untouched; protocol 1: each as an `E`, with the source seq in a message annotation), then the seqs
 dequeued here since the last tick (`D`); once the queue is deleted here, `X`. A message consumed before the tick is
 never read nor sent. When the link's credit runs out (a catch-up), the reading goes on as the standby grants more.
@@ -50,7 +50,7 @@ BATCH_MESSAGES: Final = 512  # messages per transfer at most
 PER_PASS: Final = 2000  # messages one read looks at, at most: a catch-up leaves the loop to the clients
 # Seconds between the reads of every mirror: at 1,000 msg/s a transfer, a settlement and a D a message would each cost
 # a wake-up on both sides, so what comes in GATHER is read and sent together (one wake-up for the mirrors of all the
-# queues, one write, one settlement back); a message waits GATHER at most. 20 ms, not 5: at 1,000 msg/s the source
+# queues, one write, one settlement back); a message waits GATHER at most (+ broker.loop.LAZY_SLACK when idle). 20 ms, not 5: at 1,000 msg/s the source
 # paid 1.2x its CPU a message for 200 wake-ups a second and as many settlements, and the lag budget is the sites'
 # round trip + 50 ms (bench/mirror.py).
 GATHER: Final = 0.020
@@ -67,7 +67,7 @@ class MirrorHost(Protocol):
     max_backlog_bytes: int  # read once, as the mirror starts (the config's)
 
     def schedule(self, item: Any) -> None: ...  # the broker's: item.dispatch() at the end of the pass
-    def call_later(self, delay: float, fn: Callable[[], None]) -> Any: ...  # the engine's timer
+    def call_later(self, delay: float, fn: Callable[[], None], lazy: bool = False) -> Any: ...  # the engine's timer
     def stopped(self, mirror: "QueueMirror") -> None: ...
 
 
@@ -136,10 +136,10 @@ class QueueMirror(LinkHandler):
         self.gathering = False  # a GATHER timer is set
         self.deleted = False  # stopped: its queue deleted, or this cluster a standby now
         self.deletion: Deletion | None = None  # the queue was deleted: the standby is told on its link
-        self.call_later: Callable[[float, Callable[[], None]], Any] = host.call_later
+        self.call_later: Callable[[float, Callable[[], None], bool], Any] = host.call_later
         for entry in queue.entries():
             self.enqueued(queue, entry)
-        queue.watchers.append(self)
+        queue.observers.append(self)
         host.standby.add(self)
 
     # -- the connection (StandbyLink) ---------------------------------------------------------------
@@ -257,7 +257,7 @@ class QueueMirror(LinkHandler):
             self.in_flight[delivery] = sent
         self.sent_through = sent.last
 
-    # -- the queue's watcher ------------------------------------------------------------------------
+    # -- the queue's observer -----------------------------------------------------------------------
     def enqueued(self, queue: Queue, entry: Entry) -> None:
         """A message here the standby has not confirmed: counted, its time marked if one is due, read at the tick."""
         self.waiting += 1
@@ -320,9 +320,9 @@ class QueueMirror(LinkHandler):
 
     def _gather(self) -> None:
         """Read and send at the next tick: GATHER apart, the same for every mirror, so that the mirrors of many queues
-        wake the broker once."""
+        run in one pass; a lazy timer, so that a busy broker (passing every few ms) is not woken for it at all."""
         self.gathering = True
-        self.call_later(GATHER - time.monotonic() % GATHER, self._gathered)
+        self.call_later(GATHER - time.monotonic() % GATHER, self._gathered, True)
 
     def _gathered(self) -> None:
         """What came in since the last tick (if any is still here unsent), then the dequeues as one D (each names only
@@ -400,8 +400,8 @@ class QueueMirror(LinkHandler):
         """No more mirroring of the queue: it was deleted here (`gone`: the standby deletes its copy, told now if it
         speaks protocol 2 and is connected, else when it next is), or this cluster became a standby."""
         self.deleted = True
-        if self in self.queue.watchers:
-            self.queue.watchers.remove(self)
+        if self in self.queue.observers:
+            self.queue.observers.remove(self)
         self.host.standby.remove(self)
         link, self.link = self.link, None
         if link is not None and gone and self.host.standby.protocol >= protocol.BATCH_PROTOCOL:
