@@ -3,7 +3,10 @@
 `pcmk_cluster`  one real three-node Corosync/Pacemaker cluster (pcmk_cluster.py) for the whole
                 module, built on first use and always torn down (namespaces, bridge, processes,
                 mount points). Skipped, with the reason, when not root or when this machine
-                cannot make network namespaces.
+                cannot make network namespaces. Its brokers mirror the `orders.*` queues to `standby`
+                (pcmk_mirror.py), so that the mirror's test shares the module's cluster (a build is
+                10-30 s) with the others, whose queues are not mirrored.
+`standby`       the mirror's standby: one broker in the root namespace, for the module.
 `sharded_pcmk_cluster`  the same three nodes running 2 shards (pcmk_shards.py), built for the module
                 once every shard is promoted on its preferred node.
 `cluster`       the same cluster, restored to healthy before the test: link up, no move/ban
@@ -21,13 +24,25 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from pcmk_cluster import PacemakerCluster, running  # noqa: E402
+from harness import BrokerProcess, unexpected_exits  # noqa: E402
+from pcmk_cluster import running  # noqa: E402
+from pcmk_mirror import MirroredCluster, standby_config  # noqa: E402
 from pcmk_shards import ShardedPacemakerCluster  # noqa: E402
 
 
 @pytest.fixture(scope="module")
-def pcmk_cluster():
-    yield from running(PacemakerCluster, lambda cluster: cluster.wait_healthy(90))
+def standby(tmp_path_factory):
+    broker = BrokerProcess(tmp_path_factory.mktemp("standby"), standby_config(), name="standby").start()
+    yield broker
+    crashed = unexpected_exits([broker])
+    broker.stop()
+    print(broker.log()[-4000:])
+    assert not crashed, crashed
+
+
+@pytest.fixture(scope="module")
+def pcmk_cluster(standby):
+    yield from running(lambda: MirroredCluster(standby.address), lambda cluster: cluster.wait_healthy(90))
 
 
 @pytest.fixture(scope="module")

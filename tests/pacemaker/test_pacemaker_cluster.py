@@ -6,6 +6,10 @@ an application would. Failover times (kill -9 or SIGSTOP to the first publish co
 the VIP) are printed, and appended as JSON lines to $HAQUEUE_FAILOVER_RESULTS when it is set: they
 are bench/RESULTS.md's figures against the 10 s target. The tests assert what happened (detected,
 replaced, nothing lost), never how long it took: a slow machine is not a failure.
+
+The cluster is also a mirror's source (design/mirroring.md; pcmk_mirror.py): its `orders.*` queues go to a standby
+broker in the root namespace through a relay that delays 25 ms each way. The last test kills its primary under load
+and checks that the new primary resumes the mirror; the other tests use queues that are not mirrored.
 """
 from __future__ import annotations
 
@@ -17,9 +21,12 @@ import time
 import pytest
 from proton import Message
 
+from ha_harness import browse
 from harness import wait_for
+from mirror_harness import Side
 from pcmk_clients import Load, connect
-from pcmk_cluster import CLONE, PING_TIMEOUT, POLL_INTERVAL, VIP_ADDRESS, run
+from pcmk_cluster import CLONE, PING_TIMEOUT, POLL_INTERVAL, VIP_ADDRESS, Node, run
+from pcmk_mirror import MirroredCluster
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(420)]
 
@@ -290,3 +297,53 @@ def test_every_broker_killed_at_once_comes_back_on_the_freshest_store(cluster):
            healthy_seconds_after_ban_cleared=round(recovered - cleared, 2),
            client_recovery_seconds=round(load.recovery_after(killed), 2), confirmed=report["confirmed"],
            duplicates=report["duplicates"])
+
+
+MIRRORED_QUEUES = ["orders.0", "orders.1"]  # mirrored (orders.*): a producer on each, a consumer on the first
+LAG_TIMEOUT = 30.0
+
+
+def mirrored(cluster: MirroredCluster, node: Node, drained: bool) -> bool:
+    """The node's broker mirrors both queues, connected, the standby having confirmed a transfer of each from it;
+    with `drained`, nothing waits."""
+    status = cluster.mirror(node)
+    return status["active"] and status["connected"] and [q["queue"] for q in status["queues"]] == MIRRORED_QUEUES \
+        and all(q["state"] == "mirroring" and q["last_mirrored_seq"] > 0 and (q["lag_messages"] == 0 or not drained)
+                for q in status["queues"])
+
+
+@pytest.mark.timeout(300)
+def test_a_source_under_pacemaker_fails_over_and_its_new_primary_resumes_the_mirror(cluster, standby) -> None:
+    """Its primary killed (-9) under load through the VIP, Pacemaker promotes another and moves the VIP, and the
+    new primary resumes the mirror from what the standby holds: once the clients stop and the lag drains, the
+    standby holds exactly what the source holds, in order, and the clients' ledger agrees."""
+    old = cluster.wait_healthy(90)
+    producers = {q: Side(VIP_ADDRESS, q, producer=True).start() for q in MIRRORED_QUEUES}
+    consumer: Side | None = None
+    try:
+        # The consumer starts once each queue has been mirrored: the primary's mirror connects once it has a queue
+        # to mirror, and a message consumed before it is sent is never sent (a consumer started with the producers,
+        # right after the primary was promoted, left orders.0 with nothing mirrored).
+        wait_for(lambda: all(p.confirmed_count() >= 30 for p in producers.values()) and
+                 mirrored(cluster, old, drained=False), LAG_TIMEOUT, message="mirrored under load")
+        consumer = Side(VIP_ADDRESS, MIRRORED_QUEUES[0], producer=False).start()
+        wait_for(lambda: consumer.received, LAG_TIMEOUT, message="the consumer taking messages")
+        os.kill(cluster.broker_pid(old), signal.SIGKILL)
+        new = cluster.wait_new_primary(old, timeout=30)
+        more = {q: p.confirmed_count() + 30 for q, p in producers.items()}
+        wait_for(lambda: all(producers[q].confirmed_count() >= n for q, n in more.items()) and
+                 mirrored(cluster, new, drained=False), LAG_TIMEOUT,
+                 message="the clients served and the mirror resumed by the new primary")
+    finally:
+        for side in [*producers.values(), *([consumer] if consumer else [])]:
+            side.stop()
+    assert consumer is not None
+    wait_for(lambda: mirrored(cluster, new, drained=True), LAG_TIMEOUT, message="the mirror's lag drains")
+    taken = set(consumer.received)
+    for queue, producer in producers.items():
+        at_source = [m.body for m in browse(VIP_ADDRESS, queue, cluster.queue_depth(new, queue) or 0)]
+        at_standby = [m.body for m in browse(standby.address, queue, len(at_source))] if at_source else []
+        assert at_standby == at_source == sorted(at_source), queue
+        held = set(at_source)  # the ledger: each confirmed message not consumed is there (a retried one maybe twice)
+        assert [b for b in producer.confirmed if b not in taken and b not in held] == [], queue
+        assert held <= set(producer.confirmed) | {producer.next}, queue
