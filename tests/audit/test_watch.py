@@ -114,9 +114,21 @@ def events_of(directory: Path) -> list[dict]:
             if line.endswith("}")]
 
 
-def test_a_planted_loss_is_named_within_two_windows(ha_cluster, watch_process, tmp_path):
-    pytest.importorskip("pyspark")
-    events = tmp_path / "events"
+# pytest-timeout's 300 s cover the fixtures too: at load 16-23 a fresh JVM for `spark` took 65 s and a cluster's run
+# and three audits 236 s, past it; its Failed, raised inside a Py4J call, was reported as the command's
+# Py4JError until a broken-off call's connection was closed (sources._drop_broken_calls).
+@pytest.mark.timeout(600)
+def test_a_planted_loss_is_named_within_two_windows_and_once_over_the_run_agrees_with_audit_lag(
+        ha_cluster, watch_process, local_spark, tmp_path, monkeypatch):
+    """Live: the watch names the loss planted on b2 within two windows. Then the same events, the cluster's whole
+    run, through both jobs (one cluster run for both, a minute of two busy cores): the lag percentiles per queue
+    and backup over the whole run (one window holding it all) and the missing messages are the same. A query
+    that fails on them exits 4, in one line."""
+    from pyspark.sql import functions as F
+
+    from haqueue.audit import lag, watch as watch_job
+
+    events, out = tmp_path / "events", tmp_path / "watch"
     c: HaCluster = ha_cluster(extra={"audit": {"dir": str(events)}})
     c[2].env = {"HAQUEUE_TEST_DROP_REPLICA": f"{QUEUE}:{DROPPED}"}
     primary = c.start_cluster()
@@ -166,31 +178,7 @@ def test_a_planted_loss_is_named_within_two_windows(ha_cluster, watch_process, t
              if (start := window_start(text)) is not None and start >= confirmation_window + 2 * WINDOW]
     assert not later, f"named after the watch had moved two windows past its confirmation: {later}"
 
-
-# pytest-timeout's 300 s cover the fixtures too: at load 16-23 a fresh JVM for `spark` took 65 s and a cluster's run
-# and three audits 236 s, past it; its Failed, raised inside a Py4J call, was reported as the command's
-# Py4JError until a broken-off call's connection was closed (sources._drop_broken_calls).
-@pytest.mark.timeout(600)
-def test_once_over_a_recorded_run_agrees_with_audit_lag(ha_cluster, spark, tmp_path, monkeypatch):
-    """The same events, a real cluster's run with a loss planted on b2, through both jobs: the lag
-    percentiles per queue and backup over the whole run (one window holding it all) and the missing
-    messages are the same. A query that fails on them exits 4, in one line."""
-    from pyspark.sql import functions as F
-
-    from haqueue.audit import lag, watch
-
-    events, out = tmp_path / "events", tmp_path / "watch"
-    c: HaCluster = ha_cluster(extra={"audit": {"dir": str(events)}})
-    c[2].env = {"HAQUEUE_TEST_DROP_REPLICA": f"{QUEUE}:{DROPPED}"}
-    c.start_cluster()
-    load = Producer(c.public, QUEUE, ledger=tmp_path / "ledger.jsonl").start()
-    try:
-        wait_for(lambda: load.confirmed_count() >= DROPPED + 50, 60, message="traffic past the dropped message")
-    finally:
-        load.stop()
-    c.shutdown()  # every broker's last mark: its log covers every confirmation
-
-    batch = lag.analyse(spark, str(events))
+    batch = lag.analyse(local_spark(), str(events))  # this process's JVM, started once the live part is over
     result = run_audit_command(["audit", "watch", "--events", str(events), "--once", "--window", "100000d",
                                 "--parquet", str(out), "--master", "local[2]"])
     assert result.returncode == 0, result.stderr[-3000:]
@@ -199,16 +187,16 @@ def test_once_over_a_recorded_run_agrees_with_audit_lag(ha_cluster, spark, tmp_p
     streamed = rows[rows["kind"] == "lag"][columns].sort_values(["queue", "backup"], ignore_index=True)
     whole = batch.backups[batch.backups["live"] > 0][columns].sort_values(["queue", "backup"], ignore_index=True)
     print(streamed.to_string(), whole.to_string(), sep="\n")
-    assert streamed[["queue", "backup"]].values.tolist() == [[QUEUE, "b1"], [QUEUE, "b2"]]
+    assert streamed[["queue", "backup"]].values.tolist() == [[q, b] for q in ("warmup", QUEUE) for b in ("b1", "b2")]
     pd.testing.assert_frame_equal(streamed, whole, check_dtype=False)
 
     missing = rows[rows["kind"] == "missing"][["queue", "backup", "seq", "message_id"]]
     problems = batch.problems[batch.problems["problem"] == "missing"][["queue", "backup", "seq", "message_id"]]
     assert sorted(map(tuple, missing.values.tolist())) == sorted(map(tuple, problems.values.tolist()))
-    assert len(missing) == 1 and missing.iloc[0]["backup"] == "b2"
+    assert missing.values.tolist() == [[QUEUE, "b2", lost["seq"], lost["message_id"]]]
 
-    query = watch.results
-    monkeypatch.setattr(watch, "results", lambda *args: query(*args).withColumn(
+    query = watch_job.results
+    monkeypatch.setattr(watch_job, "results", lambda *args: query(*args).withColumn(
         "queue", F.raise_error(F.lit("planted failure"))))
     result = run_audit_command(["audit", "watch", "--events", str(events), "--once", "--master", "local[2]"])
     assert result.returncode == 4, result.stdout + result.stderr[-3000:]
