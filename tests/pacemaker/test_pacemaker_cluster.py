@@ -205,7 +205,12 @@ def test_pcs_move_and_ban_move_the_primary_cleanly(cluster):
 def test_sigstopped_primary_is_detected_by_monitor_and_replaced(cluster):
     old = cluster.primary_node()
     pid = cluster.broker_pid(old)
-    load = Load(VIP_ADDRESS, "stopped").start()
+    load = Load(VIP_ADDRESS, "stopped")
+    # The VIP leaves the hung node before its broker stops: the clients never hear it close. A heartbeat gives up
+    # the dead connection in seconds, as a failover-capable client does (without one the consumer sat on it and the
+    # drain at the end waited 20-24 s); the producer's sends time out within send_timeout anyway.
+    load.heartbeat = 2.0
+    load.start()
     try:
         load.wait_confirmed(20, 20)
         stopped = time.monotonic()
