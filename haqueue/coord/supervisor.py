@@ -31,11 +31,19 @@ from .up_config import NO_FILE, broker_audit
 
 log = logging.getLogger("haqueue.cluster")
 
+
+class KilledStarting(AdminError):
+    """A broker killed by a signal before it answered: started again, up to KILLED_STARTS times in a row."""
+
+
 CHECK_INTERVAL = 0.2  # seconds between looks at the primary
 PING_TIMEOUT = 1.0  # a primary that does not answer in this long, twice, is declared hung
 PROMOTE_TIMEOUT = 30.0  # seconds to keep asking before saying a promotion is stuck
 START_GRACE = 15.0  # seconds a starting broker may leave the supervisor unanswered while using no CPU
 START_TIMEOUT = 300.0  # ... and while using CPU (recovering a store of 10,000 queues on a busy machine)
+# Starts in a row of a broker killed by a signal before it answered (kill -9 from outside, the OOM killer): it is
+# started again, not the cluster stopped for it; one that exits by itself (a bad config, a store it cannot open) is not.
+KILLED_STARTS = 3
 HA_USER = "ha"
 
 
@@ -125,11 +133,23 @@ class Supervisor:
         """Start each broker, then wait for each to answer: they recover their stores at once (after a total
         outage at 10,000 queues, one after another took as long as the three recoveries together)."""
         for member in members:
-            member.log_file = open(member.log_path, "ab")
-            member.process = subprocess.Popen([sys.executable, "-m", "haqueue", "broker", *member.args],
-                                              stdout=member.log_file, stderr=member.log_file)
+            self._spawn(member)
         for member in members:
-            self.wait_answering(member)
+            for start in range(1, KILLED_STARTS + 1):
+                try:
+                    self.wait_answering(member)
+                    break
+                except KilledStarting as e:
+                    if start == KILLED_STARTS or self._stopping:
+                        raise
+                    log.warning("%s; starting it again", e)
+                    self.kill(member)
+                    self._spawn(member)
+
+    def _spawn(self, member: Member) -> None:
+        member.log_file = open(member.log_path, "ab")
+        member.process = subprocess.Popen([sys.executable, "-m", "haqueue", "broker", *member.args],
+                                          stdout=member.log_file, stderr=member.log_file)
 
     def wait_answering(self, member: Member) -> None:
         """Until the broker answers; an error if it exits, or leaves START_GRACE seconds unanswered without using
@@ -144,8 +164,11 @@ class Supervisor:
                 self.request(member, "READ", "broker", timeout=1.0)
                 return
             except AdminError:
-                if member.process.poll() is not None:
-                    raise AdminError(f"{member.name} exited with {member.process.returncode}; see {member.log_path}")
+                code = member.process.poll()
+                if code is not None and code < 0:
+                    raise KilledStarting(f"{member.name} was killed by signal {-code} while starting")
+                if code is not None:
+                    raise AdminError(f"{member.name} exited with {code}; see {member.log_path}")
                 now = time.monotonic()
                 if now > idle_deadline:
                     used = cpu_seconds(pid)

@@ -249,6 +249,18 @@ def test_cluster_up_fails_over_on_kill9_without_losing_confirmed(supervised):
                               ["backup", "backup", "primary"] else None)([s.status(a) for a in addresses]),
                      30, message="one primary and two backups again")
     assert [x["name"] for x in roles if x["role"] == "primary"] != [primary]
+    # kill -9 of a broker while the supervisor starts it again (before it answers): started once more, and the
+    # cluster kept (it used to stop everything, taking a broker killed from outside for one that cannot start)
+    backup_pid = s.broker_pid(primary)
+    os.kill(backup_pid, signal.SIGKILL)
+    restarted = wait_for(lambda: (lambda p: p if p not in (None, pid, backup_pid) and _alive(p) else None)(
+        s.broker_pid(primary)), 30, interval=0.01, message=f"{primary} started again")
+    os.kill(restarted, signal.SIGKILL)
+    wait_for(lambda: f"{primary} was killed by signal 9 while starting; starting it again" in s.stderr(), 30,
+             message="the supervisor starting it again")
+    wait_for(lambda: (lambda st: all(st) and sorted(x["role"] for x in st) == ["backup", "backup", "primary"])(
+        [s.status(a) for a in addresses]), 30, message="one primary and two backups after the killed start")
+    assert s.proc.poll() is None, s.stderr()
     s.proc.send_signal(signal.SIGTERM)
     assert s.proc.wait(timeout=20) == 0
 

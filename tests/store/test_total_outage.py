@@ -7,6 +7,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 
 import pytest
 from proton import Message
@@ -75,11 +76,19 @@ def _free_ports(n: int) -> int:
     return wait_for(run, 5, interval=0, message=f"{n} consecutive free ports")
 
 
+def _echo(lines) -> None:
+    for line in lines:
+        print("cluster up:", line, end="", flush=True)
+
+
 def _serving(public: int, process: subprocess.Popen) -> None:
     lines: list[str] = []
     for line in process.stdout:  # bounded: the supervisor prints "public ..." once it has a primary
         lines.append(line)
         if line.startswith("public "):
+            # and its output is read on: a pipe left full (64 KiB of its log, some outages in) would stop the
+            # supervisor in a write, and the cluster with it
+            threading.Thread(target=_echo, args=(process.stdout,), daemon=True).start()
             return
         if process.poll() is not None:
             break
