@@ -52,7 +52,8 @@ class Connection:
         if client is None:
             assert listener is not None
             max_frame_size = listener.options.max_frame_size
-        self.proton = ProtonConnection(engine.events.collector, max_frame_size, int(engine.limits.idle_timeout * 1000))
+        self.proton = ProtonConnection(engine.events.collector, max_frame_size, int(engine.limits.idle_timeout * 1000),
+                                       engine.limits.max_message_size if client is None else 0)
         self.phase = "header"  # header -> sasl -> amqp
         self.preamble: Preamble | None = Preamble(self, sasl_client)  # None once the connection is gone
         self.user: str | None = None
