@@ -635,7 +635,7 @@ static void frame_start(reader_t *r, void *transport, size_t frame_size)
         }
         return;
     }
-    if (f.code == TRANSFER_CODE || (f.code < 0 && h[5] == 0 && r->head_len > FRAME_HEADER)) {
+    if (f.code == TRANSFER_CODE || (f.code < 0 && h[5] == 0 && doff < frame_size)) {
         /* a transfer the reader cannot read, or a performative it cannot name */
         if (assembling(r, -1)) {
             fail(r, "a frame the broker could not read in the middle of a large message");
@@ -745,8 +745,11 @@ static reader_t *reader_of(PyObject *capsule)
  * came. Returns the bytes read, or -1 once the peer closed or the socket failed (after handing proton what
  * came before), or -2 when the reader failed the connection (reader_error says why). A payload being
  * assembled is read straight into its body (recvmsg's first piece), what follows into `inbox`. */
-enum { INBOX = 256 * 1024 };
+enum { INBOX = 256 * 1024, SMALL_INBOX = 16 * 1024 };
 static unsigned char inbox[INBOX];
+/* Set under the GIL while a read uses `inbox` (the socket is read with the GIL released): a second thread
+ * reading at the same time uses a smaller one of its own. */
+static bool inbox_busy;
 
 static PyObject *read_socket(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
@@ -760,6 +763,11 @@ static PyObject *read_socket(PyObject *self, PyObject *const *args, Py_ssize_t n
         return NULL;
     Py_ssize_t total = 0;
     long result = 0;
+    unsigned char small[SMALL_INBOX];
+    bool mine = !inbox_busy;
+    unsigned char *box = mine ? inbox : small;
+    size_t box_size = mine ? INBOX : SMALL_INBOX;
+    inbox_busy = true;
     while (total < budget && r->error == NULL) {
         struct iovec pieces[2];
         int count = 0;
@@ -773,8 +781,8 @@ static PyObject *read_socket(PyObject *self, PyObject *const *args, Py_ssize_t n
             }
         }
         /* after a payload read straight into its body, only the next frame's start into the inbox */
-        pieces[count].iov_base = inbox;
-        pieces[count++].iov_len = direct ? HEAD_MAX : INBOX;
+        pieces[count].iov_base = box;
+        pieces[count++].iov_len = direct ? HEAD_MAX : box_size;
         struct msghdr message = {.msg_iov = pieces, .msg_iovlen = (size_t)count};
         size_t room = direct + pieces[count - 1].iov_len;
         ssize_t n;
@@ -797,11 +805,13 @@ static PyObject *read_socket(PyObject *self, PyObject *const *args, Py_ssize_t n
             if (r->left == 0)
                 end_payload(r, transport);
         }
-        follow(r, transport, inbox, (size_t)n - in_body);
+        follow(r, transport, box, (size_t)n - in_body);
         total += n;
         if ((size_t)n < room)
             break; /* the socket had no more: spare the call that would say so */
     }
+    if (mine)
+        inbox_busy = false;
     flush(r, transport);
     if (r->error != NULL)
         return PyLong_FromLong(-2);
