@@ -462,7 +462,6 @@ class ProtonConnection:
         self.transport = lib.pn_transport()
         # every byte of input goes to proton through it: it keeps large messages' bodies out of proton (_pn.c)
         self.reader = _pn.reader(max_message_size)
-        self.failed: str | None = None  # why the reader failed the connection
         self.transport_addr = address(self.transport)
         self.left = b""  # output taken from proton that the socket has not all taken yet (_pn.write) ...
         self.left_at = 0  # ... and how much of it it has
@@ -498,27 +497,20 @@ class ProtonConnection:
         return self.session
 
     # -- input -------------------------------------------------------------------------------
-    def push(self, data: bytes) -> None:
-        """Input read elsewhere (decrypted by TLS, or after the preamble), through the reader to proton."""
-        if not _feed(self.transport_addr, self.reader, data):
-            self._reader_failed()
+    def push(self, data: bytes) -> bool:
+        """Input read elsewhere (decrypted by TLS, or after the preamble), through the reader to proton. False:
+        the reader failed the connection (`failure` says why)."""
+        return bool(_feed(self.transport_addr, self.reader, data))
 
     def read(self, fd: int, budget: int) -> int:
-        """Read the socket through the reader into proton's input buffer (a plain connection past SASL); < 0:
-        closed."""
-        n = _read(self.transport_addr, fd, budget, self.reader)
-        if n == -2:
-            self._reader_failed()
-            return 0
-        return n
+        """Read the socket through the reader into proton's input buffer (a plain connection past SASL): the
+        bytes read; -1: closed; -2: the reader failed the connection (`failure` says why)."""
+        return _read(self.transport_addr, fd, budget, self.reader)
 
-    def _reader_failed(self) -> None:
-        """The reader met input it cannot follow in the middle of a large message: the connection is closed
-        with a framing error naming it (its input is dropped from there)."""
-        if self.failed is None:
-            self.failed = _pn.reader_error(self.reader) or "input the broker could not read"
-            log.warning("connection closed: %s", self.failed)
-            self.close(FRAMING_ERROR, self.failed)
+    def failure(self) -> str:
+        """Why the reader failed the connection: input it cannot follow in the middle of a large message (its
+        input is dropped from there)."""
+        return _pn.reader_error(self.reader) or "input the broker could not read"
 
     def close_tail(self) -> None:
         lib.pn_transport_close_tail(self.transport)

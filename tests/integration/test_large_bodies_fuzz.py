@@ -118,3 +118,29 @@ def test_large_bodies_through_tls(broker_factory, tmp_path):
     with Client(f"amqps://localhost:{b.port}", ssl_domain=domain, timeout=60) as c:
         c.send("q.tls.big", bodies)
         assert [bytes(m.body) for m in c.receiver("q.tls.big").receive_n(len(bodies))] == bodies
+
+
+def test_a_frame_it_cannot_read_mid_message_closes_the_connection_saying_so(broker):
+    """A transfer whose performative is not in the spec's small form, in the middle of a large message the
+    broker is assembling: the connection is closed with a framing error naming it (no half message is
+    queued), and the broker serves others."""
+    with RawAmqp(broker.host, broker.port) as raw:
+        raw.open()
+        raw.wait_open()
+        session = raw.conn.session()
+        session.open()
+        snd = open_sender(raw, session, "odd", "q.odd")
+        snd.delivery(b"d")
+        snd.stream(Message(body=b"p" * 500_000).encode()[:200_000])
+        assert raw.pump(lambda: written(raw), timeout=30)
+        # transfer(handle=0, more=false) described by the ulong 0x14 instead of the smallulong
+        body = b"\x00\x80" + (0x14).to_bytes(8, "big") + b"\xc0\x02\x01\x43" + b"x" * 10
+        raw.send_bytes((8 + len(body)).to_bytes(4, "big") + bytes([2, 0, 0, 0]) + body)
+        assert raw.pump(lambda: raw.conn.state & Endpoint.REMOTE_CLOSED or raw.eof, timeout=30)
+        condition = raw.condition
+        assert condition is not None and condition.name == "amqp:connection:framing-error", condition
+        assert "could not read" in condition.description, condition
+    with Client(broker) as c:
+        assert c.queue_depth("q.odd") == 0
+        c.send("q.odd", ["alive"])
+        assert [m.body for m in c.receiver("q.odd").receive_n(1)] == ["alive"]
