@@ -4,8 +4,9 @@ It reads what the queue holds and nothing else, at its own pace: an observer (to
 acquires) and a reader by seq (Queue.read_after: the live messages after the newest it sent, none acquired), never a
 subscriber, so the queue's dispatch never hands it anything and consumers here are untouched. A publisher's
 confirmation never waits for it. Every mirror reads at the same ticks, GATHER apart (one pass for all of its
-queues, at no wake-up of its own while clients keep the broker busy: a lazy timer), and sends, in the queue's order, what the standby lacks (protocol 2: up to BATCH_MESSAGES messages as one
-`B` transfer, untouched; protocol 1: each as an `E`, with the source seq in a message annotation), then the seqs
+queues, at no wake-up of its own while clients keep the broker busy: a lazy timer), and sends, in the queue's order,
+what the standby lacks (protocol 2: up to BATCH_MESSAGES messages as one `B` transfer, untouched; protocol 1: each as
+an `E`, with the source seq in a message annotation), then the seqs
 dequeued here since the last tick (`D`); once the queue is deleted here, `X`. A message consumed before the tick is
 never read nor sent. When the link's credit runs out (a catch-up), the reading goes on as the standby grants more.
 The standby settles each transfer once its own guards have it: that is its messages mirrored.
@@ -50,9 +51,9 @@ BATCH_MESSAGES: Final = 512  # messages per transfer at most
 PER_PASS: Final = 2000  # messages one read looks at, at most: a catch-up leaves the loop to the clients
 # Seconds between the reads of every mirror: at 1,000 msg/s a transfer, a settlement and a D a message would each cost
 # a wake-up on both sides, so what comes in GATHER is read and sent together (one wake-up for the mirrors of all the
-# queues, one write, one settlement back); a message waits GATHER at most (+ broker.loop.LAZY_SLACK when idle). 20 ms, not 5: at 1,000 msg/s the source
-# paid 1.2x its CPU a message for 200 wake-ups a second and as many settlements, and the lag budget is the sites'
-# round trip + 50 ms (bench/mirror.py).
+# queues, one write, one settlement back); a message waits GATHER at most (+ broker.loop.LAZY_SLACK when idle).
+# 20 ms, not 5: at 1,000 msg/s the source paid 1.2x its CPU a message for 200 wake-ups a second and as many
+# settlements, and the lag budget is the sites' round trip + 50 ms (bench/mirror.py).
 GATHER: Final = 0.020
 # Seconds between the lag book's time marks while the link is down or held up (an hour's partition: 3,600 marks); up,
 # one a read.
