@@ -52,7 +52,7 @@ $(VENV)/.installed: pyproject.toml setup.py haqueue/audit/_lines.c | apt
 # of a core for the same code (a fresh set-up's case). After a build, the library and the stamp take the time the
 # build started: a source touched but unchanged compiles to the same code, which the build does not rewrite, and the
 # library must be newer than it; a source edited while the build ran is newer than both, so it is compiled next time.
-$(VENV)/.compiled: $(VENV)/.installed $(wildcard haqueue/broker/*.py haqueue/broker/*.c haqueue/broker/*.h haqueue/store/*.py haqueue/ha/*.py) haqueue/shard/relayed_links.py haqueue/mirror/queue_mirror.py $(wildcard haqueue/messaging/*.py) haqueue/audit/_lines.c
+$(VENV)/.compiled: $(VENV)/.installed $(wildcard haqueue/broker/*.py haqueue/broker/*.c haqueue/broker/*.h haqueue/store/*.py haqueue/ha/*.py) haqueue/shard/relayed_links.py haqueue/mirror/queue_mirror.py haqueue/audit/queue_observer.py $(wildcard haqueue/messaging/*.py) haqueue/audit/_lines.c
 	@library=$$(ls haqueue/_hot_path__mypyc*.so 2>/dev/null | head -n 1); \
 	if [ -n "$$library" ] && [ -z "$$(find $(filter-out $<,$^) -newer "$$library")" ]; then \
 		echo "the hot path is compiled already: $$library is newer than its sources"; \

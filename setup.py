@@ -21,7 +21,7 @@ HOT_PATH = [
     "haqueue/store/store.py", "haqueue/store/records.py", "haqueue/store/pager.py",
     "haqueue/ha/replicating_subscription.py", "haqueue/ha/queue_replicator.py", "haqueue/ha/quorum.py",
     "haqueue/ha/queue_guard.py", "haqueue/ha/protocol.py",
-    "haqueue/shard/relayed_links.py", "haqueue/mirror/queue_mirror.py",
+    "haqueue/shard/relayed_links.py", "haqueue/mirror/queue_mirror.py", "haqueue/audit/queue_observer.py",
     "haqueue/messaging/heaps.py", "haqueue/messaging/priority.py", "haqueue/messaging/groups.py",
     "haqueue/messaging/last_value.py", "haqueue/messaging/scheduled.py",
 ]

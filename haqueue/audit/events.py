@@ -1,7 +1,7 @@
 """The audit log: a broker plug-in that writes replication events as JSON lines (schema.py).
 
 The hot path appends (time, seq, message bytes) to the queue's `_lines.Recorder`, in C, and
-returns: on a primary (or standalone broker) the recorder is the queue's observer; completions and
+returns: on a primary (or standalone broker) the recorder is the queue's observer (queue_observer.py); completions and
 a backup's replication reach it through the hooks below. At the end of every loop pass, before the
 engine writes the pass's output to the sockets (`broker.flush_hooks`), the recorders that recorded
 something are taken (under the current context: role, epoch, the backups ready for the queue),
@@ -26,6 +26,7 @@ from ..config import AuditConfig
 from . import _lines, schema
 from ._lines import Recorder
 from .lines import BACKUP_KINDS, PRIMARY_KINDS, Group, Kind, LineFormatter
+from .queue_observer import RecorderObserver
 from .writer import Writer
 
 if TYPE_CHECKING:
@@ -80,13 +81,13 @@ class AuditLog:
             recorder = self.queues[queue] = Recorder(self.pending)
             self.owners[recorder] = queue
             if self.primary_side:
-                queue.observers.append(recorder)
+                queue.observers.append(RecorderObserver(recorder))
 
     def promoted(self) -> None:
         """From now on this broker logs what clients do (what it logged as a backup is written)."""
         self.primary_side = True
         for queue, recorder in self.queues.items():
-            queue.observers.append(recorder)
+            queue.observers.append(RecorderObserver(recorder))
 
     # -- the hot path: append and return -------------------------------------------------------
     def completed(self, queue: Queue, entry: Entry) -> None:

@@ -21,7 +21,7 @@ from __future__ import annotations
 from typing import Final
 
 from ..broker.completion import Completion
-from ..broker.queue import Entry, Queue
+from ..broker.queue import Entry, Queue, QueueObserver
 from ..config import SYNC_MODES, HaConfig
 
 ALL: Final = SYNC_MODES[0]
@@ -47,7 +47,7 @@ def confirmations_needed(config: HaConfig) -> int:
     return max(wanted, majority) if is_quorum(config.sync) else wanted
 
 
-class Quorums:
+class Quorums(QueueObserver):
     """The guard and observer of every message-replicated queue: holds each publish until `needed` backups
     have voted for it, and every publish while `suspended` (a coordinator cannot prove this broker is
     still the primary).
@@ -129,9 +129,6 @@ class Quorums:
         return status
 
     # -- queue observer: a consumed message needs no more copies --------------------------------
-    def enqueued(self, queue: Queue, entry: Entry) -> None:
-        pass
-
     def dequeued(self, queue: Queue, entry: Entry) -> None:
         pending = self.pending.get(queue)
         completion = pending.pop(entry.seq, None) if pending else None

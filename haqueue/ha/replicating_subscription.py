@@ -24,7 +24,7 @@ from typing import Any, Callable, Final, Protocol
 from ..broker.completion import Completion
 from ..broker.message import delivery_count
 from ..broker.proton_adapter import ACCEPTED, Link, LinkHandler
-from ..broker.queue import DEQUEUED, Entry, Queue, seq_ranges
+from ..broker.queue import DEQUEUED, AcquireObserver, Entry, Queue, QueueObserver, seq_ranges
 from . import protocol
 from .quorum import Quorums
 from .test_hooks import caught_up_held
@@ -120,7 +120,7 @@ def _missing(runs: list[tuple[int, int]], live: list[int]) -> list[tuple[int, in
     return gaps
 
 
-class ReplicatingSubscription(LinkHandler):
+class ReplicatingSubscription(LinkHandler, QueueObserver, AcquireObserver):
     def __init__(self, backup: SubscriptionHost, link: Link, queue: Queue, have: list[tuple[int, int]]) -> None:
         self.backup = backup
         self.link = link

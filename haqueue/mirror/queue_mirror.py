@@ -31,12 +31,13 @@ import bisect
 import logging
 import time
 from collections import deque
-from typing import Any, Callable, Final, Protocol
+from typing import Any, Final, Protocol
 
 from ..broker.connection import Connection
 from ..broker.flow import LOW_WATER
+from ..broker.loop import Loop
 from ..broker.proton_adapter import ACCEPTED, Link, LinkHandler
-from ..broker.queue import ACQUIRED, Entry, Queue, seq_ranges
+from ..broker.queue import ACQUIRED, Entry, Queue, QueueObserver, seq_ranges
 from ..ha.protocol import batch_index, encode_ranges, message_tag
 from . import protocol
 from .annotation import with_seq
@@ -67,9 +68,30 @@ class MirrorHost(Protocol):
     standby: StandbyLink
     max_backlog_bytes: int  # read once, as the mirror starts (the config's)
 
+    ticks: "Ticks"
+
     def schedule(self, item: Any) -> None: ...  # the broker's: item.dispatch() at the end of the pass
-    def call_later(self, delay: float, fn: Callable[[], None], lazy: bool = False) -> Any: ...  # the engine's timer
     def stopped(self, mirror: "QueueMirror") -> None: ...
+
+
+class Ticks:
+    """The mirrors' one timer: those with something to read or send at the next tick, GATHER apart, run together.
+    A mirror joining costs an append, not a timer of its own (nor a clock reading): the first to join sets the
+    tick's timer, a lazy one, so that a busy broker (passing every few ms) is not woken for it at all."""
+
+    def __init__(self, loop: Loop) -> None:
+        self.loop = loop  # the engine's, called directly (compiled)
+        self.due: list[QueueMirror] = []
+
+    def join(self, mirror: "QueueMirror") -> None:
+        if not self.due:
+            self.loop.call_later(GATHER - time.monotonic() % GATHER, self._tick, True)
+        self.due.append(mirror)
+
+    def _tick(self) -> None:
+        due, self.due = self.due, []
+        for mirror in due:
+            mirror.gathered()
 
 
 class Holdings:
@@ -98,7 +120,7 @@ class Batch:
         self.done = False  # the standby confirmed it (before one sent earlier)
 
 
-class QueueMirror(LinkHandler):
+class QueueMirror(LinkHandler, QueueObserver):
     def __init__(self, host: MirrorHost, queue: Queue) -> None:
         self.host = host
         self.queue = queue
@@ -137,7 +159,7 @@ class QueueMirror(LinkHandler):
         self.gathering = False  # a GATHER timer is set
         self.deleted = False  # stopped: its queue deleted, or this cluster a standby now
         self.deletion: Deletion | None = None  # the queue was deleted: the standby is told on its link
-        self.call_later: Callable[[float, Callable[[], None], bool], Any] = host.call_later
+        self.ticks = host.ticks
         for entry in queue.entries():
             self.enqueued(queue, entry)
         queue.observers.append(self)
@@ -320,12 +342,11 @@ class QueueMirror(LinkHandler):
             self._limit()
 
     def _gather(self) -> None:
-        """Read and send at the next tick: GATHER apart, the same for every mirror, so that the mirrors of many queues
-        run in one pass; a lazy timer, so that a busy broker (passing every few ms) is not woken for it at all."""
+        """Read and send at the next tick (Ticks)."""
         self.gathering = True
-        self.call_later(GATHER - time.monotonic() % GATHER, self._gathered, True)
+        self.ticks.join(self)
 
-    def _gathered(self) -> None:
+    def gathered(self) -> None:
         """What came in since the last tick (if any is still here unsent), then the dequeues as one D (each names only
         seqs sent before it)."""
         self.gathering = False

@@ -26,7 +26,7 @@ from ..config import MirrorConfig
 from ..ha.ha_broker import HaBroker
 from . import protocol
 from .epoch import RECORD, EpochRecord
-from .queue_mirror import QueueMirror
+from .queue_mirror import QueueMirror, Ticks
 from .standby_link import StandbyLink
 from .wiring import WIRING_DELAY, WiringSender, snapshot
 
@@ -44,6 +44,7 @@ class MirrorSource:
         self.max_backlog_bytes = config.max_backlog_bytes
         self.schedule: Callable[[Any], None] = broker.schedule
         self.call_later = broker.engine.call_later
+        self.ticks = Ticks(broker.engine)
         tls = client_context(config.tls, "mirror.tls") if config.tls is not None else None
         self.standby = StandbyLink(broker.engine, config, tls, self.gone, self._wire)
         self.mirrors: dict[str, QueueMirror] = {}
