@@ -222,7 +222,7 @@ class Connection:
         if not blocked and (over if plain else self._finished()):
             self.abort()
             return
-        if self.output_waiters and self.backlog() <= engine.limits.output_buffer:
+        if self.output_waiters and self.backlog() <= engine.output_buffer:
             waiters, self.output_waiters = self.output_waiters, set()
             for link in waiters:
                 if link.handler is not None and not link.closed:

@@ -59,6 +59,7 @@ class Engine(Loop):
         self.handler = handler
         self.pass_end = pass_end
         self.limits = limits
+        self.output_buffer = limits.output_buffer  # asked at every delivery (Link.output_full): a native int here
         self.container_id = container_id.encode()
         self.password_checks = PasswordChecks(logins, self.call_soon_threadsafe)
         self.refusal_log = RefusalLog(log)

@@ -44,8 +44,11 @@ class Loop:
 
     def call_later(self, delay: float, callback: Callable[[], None], lazy: bool = False) -> None:
         """callback() after `delay` seconds; `lazy`: at the first pass from then on, waking for it LAZY_SLACK late."""
-        timers = self._lazy if lazy else self._timers
-        heapq.heappush(timers, (time.monotonic() + delay, next(self._timer_ids), callback))
+        self.call_at(time.monotonic() + delay, callback, lazy)
+
+    def call_at(self, when: float, callback: Callable[[], None], lazy: bool = False) -> None:
+        """callback() at time.monotonic() `when` (call_later's)."""
+        heapq.heappush(self._lazy if lazy else self._timers, (when, next(self._timer_ids), callback))
 
     def call_soon_threadsafe(self, callback: Callable[[], None]) -> None:
         """Run callback on the loop's thread (for coordinators with threads of their own, e.g. kazoo)."""

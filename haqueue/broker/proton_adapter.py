@@ -347,7 +347,7 @@ class Link:
         handler's on_credit is called once it has drained below that (a peer that reads its socket
         slowly gets nothing more meanwhile, and nothing stalls once it has read)."""
         conn = self.conn
-        if conn.backlog() <= conn.engine.limits.output_buffer:
+        if conn.backlog() <= conn.engine.output_buffer:
             return False
         conn.output_waiters.add(self)
         return True

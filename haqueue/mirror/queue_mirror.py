@@ -82,10 +82,12 @@ class Ticks:
     def __init__(self, loop: Loop) -> None:
         self.loop = loop  # the engine's, called directly (compiled)
         self.due: list[QueueMirror] = []
+        self.tick = self._tick  # one bound method for every tick's timer
 
     def join(self, mirror: "QueueMirror") -> None:
         if not self.due:
-            self.loop.call_later(GATHER - time.monotonic() % GATHER, self._tick, True)
+            now = time.monotonic()
+            self.loop.call_at(now - now % GATHER + GATHER, self.tick, True)
         self.due.append(mirror)
 
     def _tick(self) -> None:
