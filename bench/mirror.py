@@ -38,6 +38,7 @@ import multiprocessing
 import os
 import shlex
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -52,7 +53,10 @@ from delay_relay import DelayRelay  # type: ignore[import-not-found]  # noqa: E4
 MIRROR_USER, MIRROR_PASSWORD = "mirror", "bench-mirror"
 SITE_DELAY = 0.025
 CONFIG = "name: {name}\nlisten: ['127.0.0.1:{port}']\ndata_dir: {data_dir}\n"
-BROKER_CMD = "sh -c 'cd {tree} && exec {{python}} -m haqueue broker --config {{data_dir}}/broker.yaml'"
+BROKER_CMD = "sh -c 'cd {tree} && exec {valgrind}{{python}} -m haqueue broker --config {{data_dir}}/broker.yaml'"
+# --callgrind: a source under callgrind, counting only while a fixed-rate run is measured (callgrind_control), so
+# that its instructions a message are counted, which this machine's drift in speed does not move
+CALLGRIND = "valgrind --tool=callgrind --instr-atstart=no --callgrind-out-file={out}/callgrind.%p "
 
 
 # ---------------------------------------------------------------- the relay, in a process of its own
@@ -90,8 +94,10 @@ class Relay:
 class ConfigBroker(R.CommandBroker):
     """A broker of `tree` from a config file in its data dir: CONFIG plus `extra`."""
 
-    def __init__(self, tree: Path, label: str, extra: str) -> None:
-        super().__init__(BROKER_CMD.format(tree=shlex.quote(str(tree))), label, None, 60)
+    def __init__(self, tree: Path, label: str, extra: str, callgrind: bool = False) -> None:
+        valgrind = CALLGRIND.format(out=shlex.quote(str(R.OUT))) if callgrind else ""
+        super().__init__(BROKER_CMD.format(tree=shlex.quote(str(tree)), valgrind=valgrind), label, None, 60)
+        self.callgrind = callgrind
         Path(self.data_dir, "broker.yaml").write_text(
             CONFIG.format(name=f"bench{self.port}", port=self.port, data_dir=f"{self.data_dir}/data") + extra)
 
@@ -104,7 +110,7 @@ class Source(ConfigBroker):
     """A source broker; with a relay, it mirrors every queue to the standby behind it, and a browser of the
     standby records the lag of the lag runs."""
 
-    def __init__(self, spec: str, standby: ConfigBroker) -> None:
+    def __init__(self, spec: str, standby: ConfigBroker, callgrind: bool = False) -> None:
         kind, _, tree = spec.partition("@")
         label = {"off": "source, no mirror", "on": "source mirroring"}[kind] + (f" ({tree})" if tree else "")
         self.relay = Relay((R.HOST, standby.port)) if kind == "on" else None
@@ -113,11 +119,28 @@ class Source(ConfigBroker):
             cluster = "site-" + spec.replace("@", "-").replace("/", "_")
             extra = (f"mirror:\n  cluster: '{cluster}'\n  to: ['{self.relay.address}']\n"
                      f"  username: {MIRROR_USER}\n  password: {MIRROR_PASSWORD}\n  queues: ['*']\n")
-        super().__init__(Path(tree) if tree else R.REPO, label, extra)
+        super().__init__(Path(tree) if tree else R.REPO, label, extra, callgrind)
         self.standby = standby.endpoint
+        self.counting = False
 
     def counters(self) -> dict[str, int]:
         return {"wakeups": wakeups(self.pid)}
+
+    def watch_start(self) -> None:
+        if self.callgrind:
+            subprocess.run(["callgrind_control", "-z", str(self.pid)], check=True, capture_output=True)
+            subprocess.run(["callgrind_control", "-i", "on", str(self.pid)], check=True, capture_output=True)
+
+    def watch_stop(self) -> dict:
+        """Under callgrind, the instructions the source ran since watch_start (its dump's totals)."""
+        if not self.callgrind:
+            return {}
+        subprocess.run(["callgrind_control", "-i", "off", str(self.pid)], check=True, capture_output=True)
+        subprocess.run(["callgrind_control", "-d", str(self.pid)], check=True, capture_output=True)
+        dump = max(R.OUT.glob(f"callgrind.{self.pid}.*"), key=lambda p: p.stat().st_mtime)
+        totals = next(line for line in dump.read_text().splitlines() if line.startswith("totals:"))
+        dump.unlink()
+        return {"instructions": int(totals.split()[1])}
 
     def declare(self, queue: str) -> None:
         """The queue, and (mirroring) its copy on the standby."""
@@ -223,8 +246,8 @@ def cost(sources: list[Source], args) -> list[dict]:
     of the machine, which moves from minute to minute (the standby and relay niced meanwhile: main)."""
     outs: list[dict[str, Any]] = [{} for _ in sources]
     for source, out in zip(sources, outs):
-        out["saturation"] = measured(R.saturation(source, args.size, args.messages, args, clients=args.clients),
-                                     args.messages)
+        out["saturation"] = {"error": "not run under callgrind"} if args.callgrind else measured(
+            R.saturation(source, args.size, args.messages, args, clients=args.clients), args.messages)
     n = int(args.rate * args.duration)
     if args.fixed_rate_apart:
         for source, out in zip(sources, outs):
@@ -239,10 +262,14 @@ def cost(sources: list[Source], args) -> list[dict]:
 
 def measured(found: dict, n: int) -> dict:
     """A run's figures without its raw output, with the source's wake-ups per message."""
-    woken = ((found.get("raw") or {}).get("cpu") or {}).get("counters", {}).get("wakeups")
+    cpu = (found.get("raw") or {}).get("cpu") or {}
+    woken = cpu.get("counters", {}).get("wakeups")
+    instructions = cpu.get("watched", {}).get("instructions")
     out = {k: v for k, v in found.items() if k != "raw"}
     if woken is not None and "error" not in found:
         out["wakeups_per_msg"] = woken / n
+    if instructions is not None and "error" not in found:
+        out["instructions_per_msg"] = instructions / n
     return out
 
 
@@ -281,11 +308,15 @@ def lag_run(source: Source, args, producing: list[str]) -> dict:
 
 def summary(out: dict) -> str:
     sat, lat = out["saturation"], out["latency"]
-    if "error" in sat or "error" in lat:
-        return f"FAILED: {sat.get('error') or lat.get('error')}"
-    text = (f"{sat['msgs_per_s']:.0f} msg/s, {sat['broker_cpu_us_per_msg']:.1f} µs/msg; at {lat['rate_target']:g}/s "
-            f"{lat['broker_cpu_us_per_msg']:.1f} µs/msg, {lat.get('wakeups_per_msg', 0):.2f} wake-ups/msg, p99 "
-            f"{lat['p99_ms']:.2f} ms, other load {sat['other_load_cores']:.2f}/{lat['other_load_cores']:.2f}")
+    if "error" in lat:
+        return f"FAILED: {lat['error']}"
+    text = (f"{sat['msgs_per_s']:.0f} msg/s, {sat['broker_cpu_us_per_msg']:.1f} µs/msg, other load "
+            f"{sat['other_load_cores']:.2f}; " if "error" not in sat else "")
+    text += (f"at {lat['rate_target']:g}/s {lat['broker_cpu_us_per_msg']:.1f} µs/msg, "
+             f"{lat.get('wakeups_per_msg', 0):.2f} wake-ups/msg, p99 {lat['p99_ms']:.2f} ms, other load "
+             f"{lat['other_load_cores']:.2f}")
+    if "instructions_per_msg" in lat:
+        text += f", {lat['instructions_per_msg']:.0f} instructions/msg (callgrind)"
     for kind in ("latency_lag", "saturation_lag"):
         lag = out.get(kind)
         if lag and lag.get("n"):
@@ -300,7 +331,7 @@ def ratio_rows(results: dict[str, list[dict]]) -> list[str]:
     pairs = [(spec, "off") for spec in results if spec != "off"] + [("on", spec) for spec in results if "@" in spec]
     for spec, over in pairs:
         turns, base = results[spec], results[over]
-        r: dict[str, list[float]] = {"rate": [], "cpu": [], "cpu_fixed": [], "woken": [], "p99": []}
+        r: dict[str, list[float]] = {"rate": [], "cpu": [], "cpu_fixed": [], "woken": [], "p99": [], "instr": []}
         for a, b in zip(turns, base):
             sa, sb, la, lb = a["saturation"], b["saturation"], a["latency"], b["latency"]
             if "error" not in sa and "error" not in sb:
@@ -311,7 +342,10 @@ def ratio_rows(results: dict[str, list[dict]]) -> list[str]:
                 r["p99"].append(la["p99_ms"] / lb["p99_ms"])
                 if la.get("wakeups_per_msg") and lb.get("wakeups_per_msg"):
                     r["woken"].append(la["wakeups_per_msg"] / lb["wakeups_per_msg"])
-        rows.append(f"| `{spec}` / `{over}` | {med(r['cpu_fixed'], 2)} | {med(r['woken'], 2)} | {med(r['p99'], 2)} "
+                if la.get("instructions_per_msg") and lb.get("instructions_per_msg"):
+                    r["instr"].append(la["instructions_per_msg"] / lb["instructions_per_msg"])
+        rows.append(f"| `{spec}` / `{over}` | {med(r['cpu_fixed'], 2)} | {med(r['woken'], 2)} | {med(r['instr'], 3)} "
+                    f"| {med(r['p99'], 2)} "
                     f"| {med(r['rate'], 2)} | {med(r['cpu'], 2)} | {' '.join(f'{x:.2f}' for x in r['cpu_fixed'])} "
                     f"| {' '.join(f'{x:.2f}' for x in r['rate'])} | {' '.join(f'{x:.2f}' for x in r['cpu'])} |")
     return rows
@@ -361,9 +395,10 @@ def markdown(results: dict[str, list[dict]], partitions: dict[str, list[dict]], 
             f"| {med(loads, 2)} |")
     lines += ["", "Round by round, divided by `off`'s (or another set-up's) of the same round (median, min–max; "
               "then each round's):", "",
-              f"| set-up | source CPU ratio @ {args.rate:g}/s | wake-ups ratio @ {args.rate:g}/s | p99 ratio @ "
-              f"{args.rate:g}/s | msg/s ratio | source CPU ratio | CPU ratio @ {args.rate:g}/s per round | msg/s ratio "
-              f"per round | CPU ratio per round |", "|---|---|---|---|---|---|---|---|---|", *ratio_rows(results), ""]
+              f"| set-up | source CPU ratio @ {args.rate:g}/s | wake-ups ratio @ {args.rate:g}/s | instructions "
+              f"ratio @ {args.rate:g}/s (--callgrind) | p99 ratio @ {args.rate:g}/s | msg/s ratio | source CPU ratio "
+              f"| CPU ratio @ {args.rate:g}/s per round | msg/s ratio per round | CPU ratio per round |",
+              "|---|---|---|---|---|---|---|---|---|---|", *ratio_rows(results), ""]
     if partitions:
         lines += [f"Catch-up after a partition: the relay cut, {args.partition:g} s of publishing at {args.rate:g} "
                   f"msg/s with no consumer, the relay healed; drain = from the reconnection to no lag in the "
@@ -396,8 +431,13 @@ def main(argv: list[str] | None = None) -> int:
                     help="the fixed-rate runs one set-up after the other, not all at once")
     ap.add_argument("--no-lag", dest="lag", action="store_false", help="the cost runs only (no lag runs)")
     ap.add_argument("--standby-nice", type=int, default=19, help="the standby's and relay's nice during the cost runs")
+    ap.add_argument("--callgrind", action="store_true",
+                    help="the sources under callgrind: their instructions a message in the fixed-rate runs (no "
+                         "saturation, lag or partition runs; use a --rate callgrind keeps up with, e.g. 300)")
     ap.add_argument("--no-record", action="store_true")
     args = ap.parse_args(argv)
+    if args.callgrind:
+        args.lag, args.partition = False, 0
     args.durable, args.priorities = False, 0
     command = "python bench/mirror.py " + " ".join(shlex.quote(a) for a in (argv or sys.argv[1:]))
     load0 = R.loadavg()
@@ -411,7 +451,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         standby.start()
         for spec in specs:
-            sources[spec] = Source(spec, standby)
+            sources[spec] = Source(spec, standby, args.callgrind)
             sources[spec].start()
         for i in range(args.rounds):
             order = R.rotated(specs, i)
