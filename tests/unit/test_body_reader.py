@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import random
+from typing import Any
 
 import pytest
 from cproton_ffi import ffi, lib
@@ -207,22 +208,19 @@ def test_bodies_arrive_whole_through_the_reader(seed):
     run_seed(seed)
 
 
-def test_detach_mid_delivery_then_reused_handle_gets_whole_messages():
-    """The bug that corrupted messages once: a link detached in the middle of a large delivery, the peer
-    attaches a new link that reuses the handle, and its next message must arrive whole (not its last frame)."""
-    rng = random.Random(7)
+def attached(rng: random.Random) -> tuple["Pair", Any, Any]:
+    """A connection through the reader (64 KiB frames both ways) with a session and a sender "a" attached."""
     pair = Pair(rng, 65_536, 65_536)
     session = pair.conn.session()
     session.open()
     sender = session.sender("a")
     sender.open()
     pair.pump()
-    send_in_pieces(sender, rng.randbytes(500_000), 4)
-    pair.pump()
-    assert pair.state()[1] == 1  # followed
-    sender.close()
-    pair.pump()
-    assert pair.state()[1] == 0
+    return pair, session, sender
+
+
+def assert_a_new_link_gets_whole_messages(pair: "Pair", session, rng: random.Random) -> None:
+    """A link attached on the handle (or channel) a cut-off delivery used gets its next message whole."""
     again = session.sender("a")
     again.open()
     pair.pump()
@@ -233,14 +231,23 @@ def test_detach_mid_delivery_then_reused_handle_gets_whole_messages():
     assert pair.received[b"a"] == [data]
 
 
+def test_detach_mid_delivery_then_reused_handle_gets_whole_messages():
+    """The bug that corrupted messages once: a link detached in the middle of a large delivery, the peer
+    attaches a new link that reuses the handle, and its next message must arrive whole (not its last frame)."""
+    rng = random.Random(7)
+    pair, session, sender = attached(rng)
+    send_in_pieces(sender, rng.randbytes(500_000), 4)
+    pair.pump()
+    assert pair.state()[1] == 1  # followed
+    sender.close()
+    pair.pump()
+    assert pair.state()[1] == 0
+    assert_a_new_link_gets_whole_messages(pair, session, rng)
+
+
 def test_aborted_delivery_is_dropped_and_the_next_one_whole():
     rng = random.Random(8)
-    pair = Pair(rng, 65_536, 65_536)
-    session = pair.conn.session()
-    session.open()
-    sender = session.sender("a")
-    sender.open()
-    pair.pump()
+    pair, session, sender = attached(rng)
     delivery = send_in_pieces(sender, rng.randbytes(300_000), 3)
     pair.pump()
     delivery.abort()
@@ -272,12 +279,7 @@ def test_over_the_limit_body_is_dropped_and_reported_with_its_size():
 
 def test_a_message_shaped_like_a_token_is_a_message():
     """A 16-byte message (the token's size) is read as what it is."""
-    pair = Pair(random.Random(10), 65_536, 65_536)
-    session = pair.conn.session()
-    session.open()
-    sender = session.sender("a")
-    sender.open()
-    pair.pump()
+    pair, session, sender = attached(random.Random(10))
     for data in (bytes(16), b"\xff" * 16):
         send_in_pieces(sender, data, 1)
         sender.advance()
@@ -293,12 +295,7 @@ def frame(channel: int, performative: bytes, payload: bytes = b"") -> bytes:
 def test_a_performative_it_cannot_read_mid_delivery_fails_the_connection():
     """A transfer whose descriptor is a ulong (not the small form) in the middle of an assembled delivery:
     the connection fails with a reason, never a body made of the wrong bytes."""
-    pair = Pair(random.Random(11), 65_536, 65_536)
-    session = pair.conn.session()
-    session.open()
-    sender = session.sender("a")
-    sender.open()
-    pair.pump()
+    pair, session, sender = attached(random.Random(11))
     send_in_pieces(sender, random.Random(1).randbytes(200_000), 2)
     pair.pump()
     assert pair.state()[1] == 1
@@ -323,12 +320,7 @@ def test_session_ended_mid_delivery_then_reused_channel_gets_whole_messages():
     """A session ended in the middle of a large delivery (its links with it): a new session takes the
     channel, a new link the handle, and its next message arrives whole."""
     rng = random.Random(13)
-    pair = Pair(rng, 65_536, 65_536)
-    session = pair.conn.session()
-    session.open()
-    sender = session.sender("a")
-    sender.open()
-    pair.pump()
+    pair, session, sender = attached(rng)
     send_in_pieces(sender, rng.randbytes(500_000), 4)
     pair.pump()
     assert pair.state()[1] == 1
@@ -337,14 +329,7 @@ def test_session_ended_mid_delivery_then_reused_channel_gets_whole_messages():
     assert pair.state()[1] == 0
     session = pair.conn.session()
     session.open()
-    again = session.sender("a")
-    again.open()
-    pair.pump()
-    data = rng.randbytes(400_000)
-    send_in_pieces(again, data, 3)
-    again.advance()
-    pair.pump()
-    assert pair.received[b"a"] == [data]
+    assert_a_new_link_gets_whole_messages(pair, session, rng)
 
 
 def test_a_delivery_whose_body_is_gone_is_reported_alone():
@@ -380,12 +365,7 @@ def test_an_empty_frame_with_an_extended_header_mid_delivery_is_passed_on():
     """A heartbeat (no body) whose header is extended, in the middle of an assembled delivery, is no frame
     the reader fails to read: it goes to proton, and the message still arrives whole."""
     rng = random.Random(15)
-    pair = Pair(rng, 65_536, 65_536)
-    session = pair.conn.session()
-    session.open()
-    sender = session.sender("a")
-    sender.open()
-    pair.pump()
+    pair, session, sender = attached(rng)
     data = rng.randbytes(300_000)
     send_in_pieces(sender, data[:150_000], 2)
     pair.pump()
