@@ -12,6 +12,7 @@
  *   reader(limit) -> reader                      a connection's reader of its input (below: large bodies)
  *   read(transport, fd, budget, reader) -> int   socket -> the reader -> proton's input buffer
  *   feed(transport, reader, data) -> bool        bytes read elsewhere (TLS, the preamble) -> the reader -> proton
+ *   reader_close(reader)                         the connection is gone: the bodies its reader holds are freed
  *   write(transport, fd, left, at) -> (int, bytes, int)  proton's output -> socket, many frames a call
  *   drain(collector, limit) -> list              the collector's events up to one proton_adapter.py keeps
  *   send(link, tag, data, settled) -> int        a new delivery with these bytes, or the pieces of a
@@ -208,20 +209,30 @@ typedef struct {
 static PyObject *completed;      /* number -> the body's bytes, or its size (int) when it was over the limit */
 static uint64_t secret, issued_count;
 
+/* What the reader holds goes: the bodies being assembled and those drain has not taken. */
+static void reader_clear(reader_t *r)
+{
+    for (int i = 0; i < r->nslots; i++)
+        Py_CLEAR(r->slots[i].body);
+    r->nslots = 0;
+    r->cur = -1;
+    if (r->issued != NULL) {
+        for (Py_ssize_t i = 0; i < PyList_GET_SIZE(r->issued); i++)
+            if (PyDict_DelItem(completed, PyList_GET_ITEM(r->issued, i)) < 0)
+                PyErr_Clear();
+        if (PyList_SetSlice(r->issued, 0, PyList_GET_SIZE(r->issued), NULL) < 0)
+            PyErr_Clear();
+    }
+}
+
 static void reader_free(PyObject *capsule)
 {
     reader_t *r = PyCapsule_GetPointer(capsule, "haqueue.reader");
     if (r == NULL)
         return;
-    for (int i = 0; i < r->nslots; i++)
-        Py_XDECREF(r->slots[i].body);
+    reader_clear(r);
     PyMem_Free(r->slots);
-    if (r->issued != NULL) {
-        for (Py_ssize_t i = 0; i < PyList_GET_SIZE(r->issued); i++)
-            if (PyDict_DelItem(completed, PyList_GET_ITEM(r->issued, i)) < 0)
-                PyErr_Clear();
-        Py_DECREF(r->issued);
-    }
+    Py_XDECREF(r->issued);
     PyMem_Free(r);
 }
 
@@ -847,6 +858,19 @@ static PyObject *reader_state(PyObject *self, PyObject *capsule)
     return Py_BuildValue("(kin)", r->assembled, r->nslots, waiting);
 }
 
+/* reader_close(reader): the connection is gone (ProtonConnection.release). Its bodies go now, with proton's
+ * buffers, not when the reader object is collected: that may wait for a cyclic collection, which the broker
+ * makes rare, and a connection cut in the middle of large messages would keep them until then. */
+static PyObject *reader_close(PyObject *self, PyObject *capsule)
+{
+    reader_t *r = reader_of(capsule);
+    if (r == NULL)
+        return NULL;
+    reader_clear(r);
+    fail(r, "the connection is closed");
+    Py_RETURN_NONE;
+}
+
 static PyObject *reader_error(PyObject *self, PyObject *capsule)
 {
     reader_t *r = reader_of(capsule);
@@ -1224,6 +1248,7 @@ static PyMethodDef methods[] = {
      "feed(transport, reader, data) -> False once the reader failed the connection"},
     {"reader_state", reader_state, METH_O,
      "reader_state(reader) -> (deliveries assembled so far, deliveries in progress, bodies drain has not taken)"},
+    {"reader_close", reader_close, METH_O, "reader_close(reader): the connection is gone; what its reader holds is freed"},
     {"reader_error", reader_error, METH_O, "reader_error(reader) -> why the reader failed the connection, or None"},
     {"write", (PyCFunction)(void (*)(void))write_socket, METH_FASTCALL,
      "write(transport, fd, left, at) -> (WRITTEN, b\"\", 0), (CLOSED, b\"\", 0) all written and the transport "

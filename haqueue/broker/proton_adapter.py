@@ -556,7 +556,9 @@ class ProtonConnection:
         lib.pn_connection_close(self.ptr)
 
     def release(self) -> None:
-        """Free the transport and the connection (the socket is gone)."""
+        """Free the transport and the connection (the socket is gone), and the bodies the reader holds: now,
+        as proton's buffers are, not when this object is collected (perhaps only by a rare cyclic collection)."""
+        _pn.reader_close(self.reader)
         lib.pn_transport_unbind(self.transport)
         lib.pn_decref(self.transport)
         # release frees the connection's sessions, links and deliveries; the decref gives back our own
