@@ -12,7 +12,7 @@ import socket
 import ssl
 from typing import Any, Final, Protocol, TYPE_CHECKING
 
-from .errors import BrokerError
+from .errors import BrokerError, FRAMING_ERROR
 from .preamble import Preamble
 from .proton_adapter import WRITE_CLOSED, WRITE_FAILED, WRITE_FULL, WRITTEN, Link, LinkHandler, ProtonConnection
 from .sasl import SaslClient
@@ -52,7 +52,8 @@ class Connection:
         if client is None:
             assert listener is not None
             max_frame_size = listener.options.max_frame_size
-        self.proton = ProtonConnection(engine.events.collector, max_frame_size, int(engine.limits.idle_timeout * 1000))
+        self.proton = ProtonConnection(engine.events.collector, max_frame_size, int(engine.limits.idle_timeout * 1000),
+                                       engine.limits.max_message_size if client is None else 0)
         self.phase = "header"  # header -> sasl -> amqp
         self.preamble: Preamble | None = Preamble(self, sasl_client)  # None once the connection is gone
         self.user: str | None = None
@@ -89,7 +90,10 @@ class Connection:
         layers; what is left is read in the next pass. Returns the bytes read."""
         if self.phase == "amqp" and self.tls is None:  # the socket straight into proton's buffer
             n = self.proton.read(self.fd, budget)
-            if n < 0:
+            if n == -2:
+                self._unreadable()
+                n = 0
+            elif n < 0:
                 self.input_closed()
             self.engine.dirty.add(self)
             return max(n, 0)
@@ -153,8 +157,16 @@ class Connection:
 
     def push(self, data: bytes) -> None:
         """Bytes of AMQP for proton."""
-        self.proton.push(data)
+        if not self.proton.push(data):
+            self._unreadable()
         self.engine.dirty.add(self)
+
+    def _unreadable(self) -> None:
+        """Input the reader cannot follow (ProtonConnection.failure): closed with a framing error saying so."""
+        if not self.closing:
+            why = self.proton.failure()
+            log.warning("connection %s closed: %s", self.peer, why)
+            self.close(FRAMING_ERROR, why)
 
     def input_closed(self) -> None:
         if self.phase == "amqp":

@@ -25,7 +25,7 @@ from mypy_extensions import mypyc_attr
 from proton import Array, Data, Described, symbol, ulong
 
 from . import _pn, amqp_values
-from .errors import BrokerError, FRAMING_ERROR, MESSAGE_SIZE_EXCEEDED, NOT_IMPLEMENTED, RESOURCE_LIMIT
+from .errors import BrokerError, FRAMING_ERROR, INTERNAL, MESSAGE_SIZE_EXCEEDED, NOT_IMPLEMENTED, RESOURCE_LIMIT
 from .receive_credit import RECEIVE_BYTES, RECEIVE_FIRST, RECEIVE_MIN
 
 if TYPE_CHECKING:
@@ -74,12 +74,14 @@ _settle: Final = _pn.settle
 _drain: Final = _pn.drain
 _drained: Final = _pn.drained
 _read: Final = _pn.read
+_feed: Final = _pn.feed
 _write: Final = _pn.write
 _pending: Final = _pn.pending
 _TRANSFER: Final = _pn.TRANSFER
 _OUTCOME: Final = _pn.OUTCOME
 _FLOW: Final = _pn.FLOW
 _EVENT: Final = _pn.EVENT
+_LOST: Final = _pn.LOST
 _OUTPUT_CHUNK: Final = 256 * 1024  # bytes of proton's output taken at a time where it is not written by _pn.write
 _OUTPUT_BUFFER: Final = ffi.new("char[]", _OUTPUT_CHUNK)
 _OUTPUT_VIEW: Final = ffi.buffer(_OUTPUT_BUFFER)
@@ -454,9 +456,12 @@ class ProtonConnection:
     """One connection's proton objects: its pn_connection, the pn_transport bound to it and, for one
     the broker opens, the sessions of its links. Its bytes in and out pass through here."""
 
-    def __init__(self, collector: Any, max_frame_size: int | None, idle_ms: int) -> None:
-        """`max_frame_size` for a connection the broker accepted (it is the server), None for its own."""
+    def __init__(self, collector: Any, max_frame_size: int | None, idle_ms: int, max_message_size: int = 0) -> None:
+        """`max_frame_size` for a connection the broker accepted (it is the server), None for its own;
+        `max_message_size`: the largest message its reader keeps (0: any)."""
         self.transport = lib.pn_transport()
+        # every byte of input goes to proton through it: it keeps large messages' bodies out of proton (_pn.c)
+        self.reader = _pn.reader(max_message_size)
         self.transport_addr = address(self.transport)
         self.left = b""  # output taken from proton that the socket has not all taken yet (_pn.write) ...
         self.left_at = 0  # ... and how much of it it has
@@ -492,20 +497,20 @@ class ProtonConnection:
         return self.session
 
     # -- input -------------------------------------------------------------------------------
-    def push(self, data: bytes) -> None:
-        view = memoryview(data)
-        transport = self.transport
-        while view:
-            capacity = lib.pn_transport_capacity(transport)
-            if capacity <= 0:
-                break  # input side closed (error or close): proton has said what it will say
-            n = min(capacity, len(view))
-            lib.pn_transport_push(transport, ffi.from_buffer(view[:n]), n)
-            view = view[n:]
+    def push(self, data: bytes) -> bool:
+        """Input read elsewhere (decrypted by TLS, or after the preamble), through the reader to proton. False:
+        the reader failed the connection (`failure` says why)."""
+        return bool(_feed(self.transport_addr, self.reader, data))
 
     def read(self, fd: int, budget: int) -> int:
-        """Read the socket straight into proton's input buffer (a plain connection past SASL); < 0: closed."""
-        return _read(self.transport_addr, fd, budget)
+        """Read the socket through the reader into proton's input buffer (a plain connection past SASL): the
+        bytes read; -1: closed; -2: the reader failed the connection (`failure` says why)."""
+        return _read(self.transport_addr, fd, budget, self.reader)
+
+    def failure(self) -> str:
+        """Why the reader failed the connection: input it cannot follow in the middle of a large message (its
+        input is dropped from there)."""
+        return _pn.reader_error(self.reader) or "input the broker could not read"
 
     def close_tail(self) -> None:
         lib.pn_transport_close_tail(self.transport)
@@ -551,7 +556,9 @@ class ProtonConnection:
         lib.pn_connection_close(self.ptr)
 
     def release(self) -> None:
-        """Free the transport and the connection (the socket is gone)."""
+        """Free the transport and the connection (the socket is gone), and the bodies the reader holds: now,
+        as proton's buffers are, not when this object is collected (perhaps only by a rare cyclic collection)."""
+        _pn.reader_close(self.reader)
         lib.pn_transport_unbind(self.transport)
         lib.pn_decref(self.transport)
         # release frees the connection's sessions, links and deliveries; the decref gives back our own
@@ -607,8 +614,10 @@ class ProtonEvents:
                         self._on_outcome(link, item[2], item[3], item[4], item[5])
                     elif kind == _FLOW:
                         self._on_flow(link, item[2])
+                    elif kind == _LOST:
+                        self._on_lost(link, item[3])
                     else:
-                        self._on_raw_transfer(link, item[2])
+                        self._on_raw_transfer(link, item[2], item[3])
                 except Exception:
                     log.exception("error handling a delivery or flow on link '%s'", link.name)
 
@@ -635,9 +644,16 @@ class ProtonEvents:
         link.received(len(data))
         link.handler.on_message(delivery, data, settled)  # type: ignore[union-attr]
 
-    def _on_raw_transfer(self, link: Link, handle: int) -> None:
+    def _on_lost(self, link: Link, why: str) -> None:
+        """A message _pn.drain could not read (its link is past it): the link is closed saying why, so
+        that the peer learns its message was not taken."""
+        log.error("link '%s': a message could not be read: %s", link.name, why)
+        link.close(INTERNAL, f"a message could not be read: {why}")
+
+    def _on_raw_transfer(self, link: Link, handle: int, taken: bytes | int | None) -> None:
         """A delivery _pn.drain left to be handled here: aborted, over limits.max_message_size (whole or
-        not yet), a whole transactional one, or one that was behind such a message on its link."""
+        not yet), a whole transactional one, or one that was behind such a message on its link. `taken`:
+        the message's bytes when _pn's reader had them already, the size of one it dropped over the limit."""
         delivery = _delivery(handle)
         if lib.pn_delivery_aborted(delivery):
             lib.pn_delivery_settle(delivery)  # what proton held of it goes with it
@@ -645,23 +661,28 @@ class ProtonEvents:
         if not lib.pn_delivery_readable(delivery):
             return
         ptr = link.ptr
-        pending = lib.pn_delivery_pending(delivery)
+        pending = lib.pn_delivery_pending(delivery) if taken is None else \
+            taken if isinstance(taken, int) else len(taken)
         # Clients' messages only: what a primary sends its backups (batches, events) is the broker's own.
         limit = self.engine.limits.max_message_size if link.conn.client is None else 0
-        if limit and pending > limit:
-            if lib.pn_delivery_partial(delivery):
+        # (a body the reader dropped was over the limit it was given when the connection was made)
+        if isinstance(taken, int) or (limit and pending > limit):
+            if taken is None and lib.pn_delivery_partial(delivery):
                 link.close(MESSAGE_SIZE_EXCEEDED, f"message larger than limits.max_message_size {limit} bytes")
                 return
             lib.pn_link_advance(ptr)  # its bytes are dropped with the settlement
             link.settle(handle, REJECTED, MESSAGE_SIZE_EXCEEDED,
                         f"message of {pending} bytes is over limits.max_message_size {limit}")
             return
-        if lib.pn_delivery_partial(delivery):
-            return  # the broker's own, over the clients' limit: read once whole
-        buffer = bytearray(pending)  # a cold path: the copy into bytes below does not matter
-        if pending:
-            lib.pn_link_recv(ptr, ffi.from_buffer(buffer), pending)
-        data = bytes(buffer)
+        if isinstance(taken, bytes):
+            data = taken
+        else:
+            if lib.pn_delivery_partial(delivery):
+                return  # the broker's own, over the clients' limit: read once whole
+            buffer = bytearray(pending)  # a cold path: the copy into bytes below does not matter
+            if pending:
+                lib.pn_link_recv(ptr, ffi.from_buffer(buffer), pending)
+            data = bytes(buffer)
         lib.pn_link_advance(ptr)
         settled = bool(lib.pn_delivery_settled(delivery))
         if lib.pn_delivery_remote_state(delivery) == TRANSACTIONAL:
