@@ -121,7 +121,6 @@ class Source(ConfigBroker):
                      f"  username: {MIRROR_USER}\n  password: {MIRROR_PASSWORD}\n  queues: ['*']\n")
         super().__init__(Path(tree) if tree else R.REPO, label, extra, callgrind)
         self.standby = standby.endpoint
-        self.counting = False
 
     def counters(self) -> dict[str, int]:
         return {"wakeups": wakeups(self.pid)}

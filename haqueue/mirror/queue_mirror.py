@@ -158,7 +158,7 @@ class QueueMirror(LinkHandler, QueueObserver):
         self.next_mark = 0.0
         self.over_limit = False
         self.dequeues: list[int] = []  # seqs dequeued here, for the next D
-        self.gathering = False  # a GATHER timer is set
+        self.gathering = False  # joined the next tick (Ticks)
         self.deleted = False  # stopped: its queue deleted, or this cluster a standby now
         self.deletion: Deletion | None = None  # the queue was deleted: the standby is told on its link
         self.ticks = host.ticks
